@@ -1,0 +1,201 @@
+//! `PortAllocation`: the ports one workload (a group of roles) needs from a pool.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Upper bound on replicas of one role: keeps one PortAllocation's holdings (and the pool write
+/// that carries them) small enough for a single compare-and-swap.
+pub const MAX_REPLICAS: i32 = 1024;
+
+/// The ports a group of roles needs. Allocated client-side by `kubectl portalloc create|sync`.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "portalloc.dev",
+    version = "v1alpha1",
+    kind = "PortAllocation",
+    plural = "portallocations",
+    shortname = "palloc",
+    doc = "The ports a group of roles (a workload) needs from a PortPool.",
+    category = "portalloc",
+    namespaced,
+    status = "PortAllocationStatus",
+    printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.pool"}"#,
+    printcolumn = r#"{"name":"Roles","type":"string","jsonPath":".status.roles"}"#,
+    printcolumn = r#"{"name":"Ports","type":"string","jsonPath":".status.ports"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.pool == oldSelf.pool").message("spec.pool is immutable: delete the PortAllocation (which releases its ports) and create it again").field_path(".pool"))]
+pub struct PortAllocationSpec {
+    /// Name of the PortPool to allocate from.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub pool: String,
+
+    /// The roles of the workload, each with its replicas and ports. Role names are unique.
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub roles: Vec<Role>,
+}
+
+/// One role of a workload: `replicas` pods that share RoleScoped ports and each get their own
+/// PodScoped ports.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(env_names_unique()).message("env names must be unique within a role, across its ports and references"))]
+pub struct Role {
+    /// A DNS-1035 label, e.g. `prefill`.
+    #[schemars(length(min = 1, max = 63), regex(pattern = super::DNS_LABEL))]
+    pub name: String,
+
+    /// How many pods this role has; pods are addressed by index 0..replicas-1.
+    #[schemars(range(min = 0, max = 1024))]
+    pub replicas: i32,
+
+    /// Ports this role needs. Port names are unique within the role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub ports: Vec<PortRequest>,
+
+    /// Environment variables resolved from other roles' ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["env".into()]))]
+    pub references: Vec<PortReference>,
+}
+
+fn env_names_unique() -> &'static str {
+    "(!has(self.ports) || self.ports.all(p, self.ports.exists_one(q, q.env == p.env))) && \
+     (!has(self.ports) || !has(self.references) || self.references.all(r, !self.ports.exists(p, p.env == r.env)))"
+}
+
+/// One named port of a role.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.port) || self.scope == 'RoleScoped'").message("a requested port must be RoleScoped: one fixed port cannot be unique per pod").field_path(".port"))]
+pub struct PortRequest {
+    /// A DNS-1035 label, unique within the role, e.g. `http`.
+    #[schemars(length(min = 1, max = 63), regex(pattern = super::DNS_LABEL))]
+    pub name: String,
+
+    /// `PodScoped` (one port per pod index) or `RoleScoped` (one port shared by every pod of the
+    /// role; on hostNetwork such pods need anti-affinity so two never share a node).
+    #[serde(default)]
+    pub scope: Scope,
+
+    /// The environment variable that carries this port, e.g. `PREFILL_PORT`.
+    #[schemars(length(min = 1, max = 128), regex(pattern = super::ENV_NAME))]
+    pub env: String,
+
+    /// A requested (fixed) port. Omit it to have one chosen automatically.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+}
+
+/// Whether a port is shared by the role's pods or unique to each pod.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// One port for every pod of the role.
+    RoleScoped,
+    /// One port per pod index.
+    #[default]
+    PodScoped,
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::RoleScoped => "RoleScoped",
+            Self::PodScoped => "PodScoped",
+        })
+    }
+}
+
+/// An environment variable whose value is another role's port.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PortReference {
+    /// The environment variable to set, e.g. `ROUTER_PORT`.
+    #[schemars(length(min = 1, max = 128), regex(pattern = super::ENV_NAME))]
+    pub env: String,
+
+    /// `role.port` (a RoleScoped port, or a PodScoped port of a one-replica role),
+    /// `role.port[i]` (pod i's port) or `role.port[*]` (all pods' ports, comma-separated).
+    #[schemars(length(min = 3, max = 140))]
+    #[x_kube(validation = Rule::new(REFERENCE_SYNTAX_RULE).message("must be role.port, role.port[i] or role.port[*], e.g. prefill.bootstrap[*]"))]
+    pub from: String,
+}
+
+const REFERENCE_SYNTAX_RULE: &str =
+    r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?[.][a-z]([-a-z0-9]*[a-z0-9])?(\\[([0-9]+|\\*)\\])?$')";
+
+/// Observed state, written by the allocator after the pool write that commits the ports.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PortAllocationStatus {
+    /// The spec generation these assignments satisfy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Pending` (not yet allocated), `Allocated`, or `Failed` (see conditions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// UID of the pool object the ports were committed to. If the pool is deleted and recreated,
+    /// a different UID tells `repair` that the pool lost these holdings and they must be restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "poolUID")]
+    pub pool_uid: Option<String>,
+
+    /// The roles with their replicas, e.g. `router:1,prefill:2`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles: Option<String>,
+
+    /// `allocated/desired` port count, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<String>,
+
+    /// The allocated ports, per role and port name, values in pod-index order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["role".into(), "port".into()]))]
+    pub assignments: Vec<PortAssignment>,
+
+    /// `Allocated` with a reason such as `PoolFull`, `PortHeld`, `PoolNotFound`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Lifecycle of a PortAllocation.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Pending,
+    Allocated,
+    Failed,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Pending => "Pending",
+            Self::Allocated => "Allocated",
+            Self::Failed => "Failed",
+        })
+    }
+}
+
+/// The ports allocated to one (role, port) pair.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PortAssignment {
+    pub role: String,
+    pub port: String,
+    pub scope: Scope,
+    pub env: String,
+    /// One value for RoleScoped, one per pod index for PodScoped.
+    pub values: Vec<i32>,
+}
