@@ -1,0 +1,383 @@
+//! What one PortAllocation holds, slot by slot, and the compact text form a
+//! PortPool's status keeps per holder:
+//!
+//! `decode.http=30001,-,30003 prefill.grpc=30100`
+//!
+//! One space-separated group per (role, port), values in index order, `-` for
+//! an index that holds nothing. Role and port names are DNS labels, so `.`,
+//! `=`, `,` and ` ` never occur inside them and the form is unambiguous.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use thiserror::Error;
+
+/// The longest DNS label Kubernetes accepts.
+const MAX_NAME_LEN: usize = 63;
+
+/// Whether `name` can appear in the encoding: 1 to 63 characters of
+/// `[a-z0-9-]`. Kubernetes validates role and port names more strictly
+/// (DNS labels, IANA service names); this is what keeps the text unambiguous.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// One held port of a PortAllocation: the `index`-th replica's port `port`
+/// of role `role`. Role-scoped ports always use index 0.
+///
+/// Field order gives the ordering (role, port, index) the encoding relies on.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SlotKey {
+    pub role: String,
+    pub port: String,
+    pub index: u32,
+}
+
+impl SlotKey {
+    pub fn new(role: impl Into<String>, port: impl Into<String>, index: u32) -> SlotKey {
+        SlotKey {
+            role: role.into(),
+            port: port.into(),
+            index,
+        }
+    }
+
+    /// Checks that both names can be encoded; the error names the bad one.
+    pub fn validate(&self) -> Result<(), HoldingsError> {
+        for name in [&self.role, &self.port] {
+            if !is_valid_name(name) {
+                return Err(HoldingsError::BadName {
+                    name: name.clone(),
+                    group: self.group_name(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// "role.port", the key of this slot's group.
+    pub fn group_name(&self) -> String {
+        format!("{}.{}", self.role, self.port)
+    }
+}
+
+/// "decode.http[2]": how messages name a slot.
+impl fmt::Display for SlotKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}[{}]", self.role, self.port, self.index)
+    }
+}
+
+/// Why a stored holdings string could not be read. The tool writes these
+/// strings itself, so an error means the status was edited or corrupted.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum HoldingsError {
+    #[error(
+        "holdings group \"{group}\" is malformed: write \"<role>.<port>=<ports>\", e.g. \"decode.http=30001,-,30003\""
+    )]
+    Malformed { group: String },
+
+    #[error(
+        "\"{name}\" in holdings group \"{group}\" is not a valid name: use 1-63 lowercase letters, digits and '-'"
+    )]
+    BadName { name: String, group: String },
+
+    #[error(
+        "\"{value}\" in holdings group \"{group}\" is not a port: write a port in 1..65535, or \"-\" for an index that holds none"
+    )]
+    BadPort { value: String, group: String },
+
+    #[error("\"{key}\" has more than one holdings group: merge them into one")]
+    DuplicateGroup { key: String },
+}
+
+/// Every port one PortAllocation holds, by slot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Holdings(BTreeMap<SlotKey, u16>);
+
+impl Holdings {
+    pub fn new() -> Holdings {
+        Holdings::default()
+    }
+
+    /// Adds or replaces a slot's port, returning the port it had. Names must
+    /// pass `SlotKey::validate` for `encode` to read back.
+    pub fn insert(&mut self, slot: SlotKey, port: u16) -> Option<u16> {
+        self.0.insert(slot, port)
+    }
+
+    pub fn remove(&mut self, slot: &SlotKey) -> Option<u16> {
+        self.0.remove(slot)
+    }
+
+    pub fn get(&self, slot: &SlotKey) -> Option<u16> {
+        self.0.get(slot).copied()
+    }
+
+    pub fn contains(&self, slot: &SlotKey) -> bool {
+        self.0.contains_key(slot)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Slots and their ports, ordered by slot.
+    pub fn iter(&self) -> impl Iterator<Item = (&SlotKey, u16)> + '_ {
+        self.0.iter().map(|(slot, &port)| (slot, port))
+    }
+
+    /// The held ports, in slot order (not sorted by port).
+    pub fn ports(&self) -> impl Iterator<Item = u16> + '_ {
+        self.0.values().copied()
+    }
+
+    pub fn as_map(&self) -> &BTreeMap<SlotKey, u16> {
+        &self.0
+    }
+
+    /// The compact text form; `Holdings::decode` reads it back.
+    pub fn encode(&self) -> String {
+        // ~6 bytes per port plus the group names; reserve to avoid regrowth.
+        let mut text = String::with_capacity(self.0.len() * 7);
+        let mut group: Option<(&str, &str)> = None;
+        let mut next_index = 0u32;
+        for (slot, port) in &self.0 {
+            let key = (slot.role.as_str(), slot.port.as_str());
+            if group != Some(key) {
+                if group.is_some() {
+                    text.push(' ');
+                }
+                text.push_str(key.0);
+                text.push('.');
+                text.push_str(key.1);
+                text.push('=');
+                group = Some(key);
+                next_index = 0;
+            } else {
+                text.push(',');
+            }
+            // Indices this group skipped hold nothing.
+            for _ in next_index..slot.index {
+                text.push_str("-,");
+            }
+            text.push_str(&port.to_string());
+            next_index = slot.index + 1;
+        }
+        text
+    }
+
+    /// Reads the text `encode` writes. Extra whitespace between groups is
+    /// tolerated; anything else out of shape is an error quoting the group.
+    pub fn decode(text: &str) -> Result<Holdings, HoldingsError> {
+        let mut holdings = Holdings::new();
+        let mut seen_keys = std::collections::BTreeSet::new();
+        for group in text.split_ascii_whitespace() {
+            let malformed = || HoldingsError::Malformed {
+                group: group.to_owned(),
+            };
+            let (key, values) = group.split_once('=').ok_or_else(malformed)?;
+            let (role, port_name) = key.split_once('.').ok_or_else(malformed)?;
+            for name in [role, port_name] {
+                if !is_valid_name(name) {
+                    return Err(HoldingsError::BadName {
+                        name: name.to_owned(),
+                        group: group.to_owned(),
+                    });
+                }
+            }
+            if values.is_empty() {
+                return Err(malformed());
+            }
+            if !seen_keys.insert(key) {
+                return Err(HoldingsError::DuplicateGroup {
+                    key: key.to_owned(),
+                });
+            }
+            for (index, value) in values.split(',').enumerate() {
+                if value == "-" {
+                    continue;
+                }
+                let port = parse_port(value).ok_or_else(|| HoldingsError::BadPort {
+                    value: value.to_owned(),
+                    group: group.to_owned(),
+                })?;
+                let index = u32::try_from(index).map_err(|_| malformed())?;
+                holdings.insert(SlotKey::new(role, port_name, index), port);
+            }
+        }
+        Ok(holdings)
+    }
+}
+
+fn parse_port(value: &str) -> Option<u16> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse::<u16>().ok().filter(|&port| port != 0)
+}
+
+impl fmt::Display for Holdings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.encode())
+    }
+}
+
+impl FromStr for Holdings {
+    type Err = HoldingsError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Holdings::decode(text)
+    }
+}
+
+impl FromIterator<(SlotKey, u16)> for Holdings {
+    fn from_iter<I: IntoIterator<Item = (SlotKey, u16)>>(iter: I) -> Self {
+        Holdings(iter.into_iter().collect())
+    }
+}
+
+impl Extend<(SlotKey, u16)> for Holdings {
+    fn extend<I: IntoIterator<Item = (SlotKey, u16)>>(&mut self, iter: I) {
+        self.0.extend(iter);
+    }
+}
+
+impl IntoIterator for Holdings {
+    type Item = (SlotKey, u16);
+    type IntoIter = std::collections::btree_map::IntoIter<SlotKey, u16>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn holdings(entries: &[(&str, &str, u32, u16)]) -> Holdings {
+        entries
+            .iter()
+            .map(|&(role, port, index, value)| (SlotKey::new(role, port, index), value))
+            .collect()
+    }
+
+    #[test]
+    fn encodes_groups_in_order_with_gaps() {
+        let held = holdings(&[
+            ("prefill", "grpc", 0, 30100),
+            ("decode", "http", 2, 30003),
+            ("decode", "http", 0, 30001),
+            ("decode", "metrics", 0, 30200),
+        ]);
+        let text = held.encode();
+        assert_eq!(
+            text,
+            "decode.http=30001,-,30003 decode.metrics=30200 prefill.grpc=30100"
+        );
+        assert_eq!(Holdings::decode(&text), Ok(held));
+        assert_eq!(Holdings::new().encode(), "");
+        assert_eq!(Holdings::decode("  "), Ok(Holdings::new()));
+    }
+
+    #[test]
+    fn a_group_may_start_with_missing_indices() {
+        let held = holdings(&[("a", "p", 3, 7)]);
+        assert_eq!(held.encode(), "a.p=-,-,-,7");
+        assert_eq!(Holdings::decode("a.p=-,-,-,7"), Ok(held));
+    }
+
+    #[test]
+    fn decode_errors_quote_the_bad_group() {
+        let message = |text: &str| Holdings::decode(text).unwrap_err().to_string();
+        assert_eq!(
+            message("decode.http=30001 decodehttp=5"),
+            r#"holdings group "decodehttp=5" is malformed: write "<role>.<port>=<ports>", e.g. "decode.http=30001,-,30003""#
+        );
+        assert_eq!(
+            message("decode.http=30001,x"),
+            r#""x" in holdings group "decode.http=30001,x" is not a port: write a port in 1..65535, or "-" for an index that holds none"#
+        );
+        assert_eq!(
+            message("Decode.http=1"),
+            r#""Decode" in holdings group "Decode.http=1" is not a valid name: use 1-63 lowercase letters, digits and '-'"#
+        );
+        assert_eq!(
+            message("a.b=1 a.b=2"),
+            r#""a.b" has more than one holdings group: merge them into one"#
+        );
+        for bad in [
+            "a.b=",
+            "a.b=1,,2",
+            "a.b=0",
+            "a.b=65536",
+            "a.b=+1",
+            "a.b.c=1",
+            "=1",
+        ] {
+            assert!(Holdings::decode(bad).is_err(), "{bad:?} should not decode");
+        }
+    }
+
+    #[test]
+    fn ten_thousand_ports_encode_well_under_a_mebibyte() {
+        let pod_scoped: Holdings = (0..10_000)
+            .map(|i| (SlotKey::new("decode", "http", i), 20_000 + i as u16))
+            .collect();
+        assert!(pod_scoped.encode().len() < 64 * 1024);
+
+        // Worst realistic spread: every port its own group with long names.
+        let spread: Holdings = (0..10_000)
+            .map(|i| {
+                let role = format!("inference-server-role-{i:05}");
+                (SlotKey::new(role, "metrics-http", 0), 20_000 + i as u16)
+            })
+            .collect();
+        assert!(spread.encode().len() < 512 * 1024);
+    }
+
+    #[test]
+    fn slot_validation_names_the_bad_name() {
+        assert_eq!(SlotKey::new("decode", "http", 0).validate(), Ok(()));
+        let err = SlotKey::new("decode", "http.alt", 0)
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(r#""http.alt" in holdings group"#)
+        );
+    }
+
+    fn arb_name() -> impl Strategy<Value = String> {
+        "[a-z0-9-]{1,12}"
+    }
+
+    fn arb_holdings() -> impl Strategy<Value = Holdings> {
+        prop::collection::btree_map((arb_name(), arb_name(), 0u32..12), 1u16.., 0..40).prop_map(
+            |map| {
+                map.into_iter()
+                    .map(|((role, port, index), value)| (SlotKey::new(role, port, index), value))
+                    .collect()
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn encode_decode_round_trips(held in arb_holdings()) {
+            let text = held.encode();
+            prop_assert_eq!(Holdings::decode(&text), Ok(held));
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! The pure allocation core: port sets, bands, the held-port bitmap, pool
+//! state, holdings and their text form, and the planner. No I/O, no async,
+//! no Kubernetes types: everything here is plain data and deterministic
+//! given the random number generator passed in.
+
+pub mod alloc_error;
+pub mod band;
+pub mod bitmap;
+pub mod holding;
+pub mod planner;
+pub mod pool_state;
+pub mod range;
+
+pub use alloc_error::AllocError;
+pub use band::{Band, Bands, StaticBand, StaticBandError, auto_static_band_size};
+pub use bitmap::PortBitmap;
+pub use holding::{Holdings, HoldingsError, SlotKey, is_valid_name};
+pub use planner::{Plan, PortDemand, Scope, desired_slots, execute, plan};
+pub use pool_state::{BandUsage, PoolState};
+pub use range::{MAX_PORT, MIN_PORT, PortRange, PortSet, RangeError};
