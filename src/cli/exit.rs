@@ -1,0 +1,76 @@
+//! Stable, documented exit codes. Scripts may rely on these; never renumber them.
+
+use std::process::ExitCode;
+
+use crate::k8s::{ApiErrorKind, KubeError};
+
+/// Exit codes of `kubectl portalloc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    Ok = 0,
+    /// Anything not covered below.
+    Failure = 1,
+    /// Bad flags or arguments (clap's own code).
+    Usage = 2,
+    /// A named object (pool, PortAllocation) does not exist.
+    NotFound = 3,
+    /// The request was understood but cannot be satisfied: pool full, port held, pool in use.
+    Refused = 4,
+    /// The API server said Forbidden.
+    Forbidden = 5,
+    /// The API server was unreachable, timed out, or conflicts outlasted the retry budget:
+    /// running the same command again is safe.
+    Unavailable = 6,
+    /// The input is invalid: a manifest, a reference, a range (client-side or server-side).
+    Invalid = 7,
+    /// The portalloc.dev CRDs are not installed.
+    CrdsMissing = 8,
+    /// No usable kubeconfig or context.
+    Config = 9,
+}
+
+impl Exit {
+    pub fn code(self) -> ExitCode {
+        ExitCode::from(self as u8)
+    }
+}
+
+/// An error that knows its exit code. Everything else maps to [`Exit::Failure`].
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CliError {
+    pub exit: Exit,
+    pub message: String,
+}
+
+impl CliError {
+    pub fn new(exit: Exit, message: impl Into<String>) -> Self {
+        Self {
+            exit,
+            message: message.into(),
+        }
+    }
+}
+
+/// Pick the exit code for an error from any layer.
+pub fn exit_for(err: &anyhow::Error) -> Exit {
+    for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<CliError>() {
+            return e.exit;
+        }
+        if let Some(e) = cause.downcast_ref::<KubeError>() {
+            return match e.kind() {
+                ApiErrorKind::Config => Exit::Config,
+                ApiErrorKind::CrdsMissing => Exit::CrdsMissing,
+                ApiErrorKind::Forbidden => Exit::Forbidden,
+                ApiErrorKind::NotFound => Exit::NotFound,
+                ApiErrorKind::Conflict => Exit::Refused,
+                ApiErrorKind::Invalid => Exit::Invalid,
+                ApiErrorKind::Unavailable => Exit::Unavailable,
+                ApiErrorKind::Other => Exit::Failure,
+            };
+        }
+    }
+    Exit::Failure
+}

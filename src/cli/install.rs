@@ -1,0 +1,41 @@
+//! `kubectl portalloc install`: the CRDs, server-side applied.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::GlobalArgs;
+use crate::k8s;
+
+const EXAMPLES: &str = "\
+Examples:
+  # Install (or upgrade) the CRDs and wait until they are served
+  kubectl portalloc install
+
+  # Print the CRDs instead, e.g. to commit them to a GitOps repository
+  kubectl portalloc install --dry-run > portalloc-crds.yaml";
+
+/// Install or upgrade the PortPool and PortAllocation CRDs (server-side apply).
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct InstallArgs {
+    /// Print the CRDs as YAML and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// How long to wait for the CRDs to become Established.
+    #[arg(long, default_value = "60s", value_parser = super::global::parse_duration)]
+    pub timeout: Duration,
+}
+
+pub async fn run(global: &GlobalArgs, args: InstallArgs) -> anyhow::Result<()> {
+    if args.dry_run {
+        print!("{}", crate::api::crds_yaml());
+        return Ok(());
+    }
+    let (client, _) = k8s::connect(&global.client_options()).await?;
+    for name in k8s::install_crds(&client, args.timeout).await? {
+        println!("customresourcedefinition/{name} installed and established");
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! API failures turned into messages that say what went wrong, on which object, and what to do.
+
+use kube::core::Status;
+
+/// What kind of failure, for exit codes and retry decisions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiErrorKind {
+    Config,
+    CrdsMissing,
+    Forbidden,
+    NotFound,
+    Conflict,
+    Invalid,
+    /// The API server could not be reached or did not answer in time: worth retrying later.
+    Unavailable,
+    Other,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("{message}")]
+    Config { message: String },
+
+    #[error(
+        "the portalloc.dev CRDs are not installed in this cluster ({resource} is unknown to the API server): \
+         run `kubectl portalloc install`, or `kubectl apply --server-side -f crds/portalloc-crds.yaml`"
+    )]
+    CrdsMissing { resource: String },
+
+    #[error(
+        "forbidden: you may not {verb} {resource}{scope}: {message}. Ask a cluster administrator to bind \
+         the portalloc ClusterRoles (see rbac/ in the kubectl-portalloc repository)"
+    )]
+    Forbidden {
+        verb: String,
+        resource: String,
+        scope: String,
+        message: String,
+    },
+
+    #[error("{kind} {name:?} not found{scope}{hint}")]
+    NotFound {
+        kind: String,
+        name: String,
+        scope: String,
+        hint: String,
+    },
+
+    #[error("{message}")]
+    Invalid { message: String },
+
+    #[error("the API server is unavailable while trying to {verb} {resource}: {message} (safe to retry)")]
+    Unavailable {
+        verb: String,
+        resource: String,
+        message: String,
+    },
+
+    #[error("{verb} {resource}: {message}")]
+    Other {
+        verb: String,
+        resource: String,
+        message: String,
+    },
+}
+
+impl KubeError {
+    pub fn kind(&self) -> ApiErrorKind {
+        match self {
+            Self::Config { .. } => ApiErrorKind::Config,
+            Self::CrdsMissing { .. } => ApiErrorKind::CrdsMissing,
+            Self::Forbidden { .. } => ApiErrorKind::Forbidden,
+            Self::NotFound { .. } => ApiErrorKind::NotFound,
+            Self::Invalid { .. } => ApiErrorKind::Invalid,
+            Self::Unavailable { .. } => ApiErrorKind::Unavailable,
+            Self::Other { .. } => ApiErrorKind::Other,
+        }
+    }
+}
+
+/// The operation that failed, so the message can name it.
+#[derive(Clone, Debug)]
+pub struct Op<'a> {
+    /// Kubernetes verb: get, list, create, update, patch, delete.
+    pub verb: &'a str,
+    /// Plural resource, e.g. `portpools.portalloc.dev` or `portpools.portalloc.dev/status`.
+    pub resource: &'a str,
+    /// The object's kind for "not found" messages, e.g. `PortPool`.
+    pub kind: &'a str,
+    pub name: Option<&'a str>,
+    pub namespace: Option<&'a str>,
+}
+
+impl Op<'_> {
+    fn scope(&self) -> String {
+        match self.namespace {
+            Some(ns) => format!(" in namespace {ns:?}"),
+            None => String::new(),
+        }
+    }
+}
+
+/// Turn a kube error into one that says what to do next.
+pub fn explain(err: kube::Error, op: &Op<'_>) -> KubeError {
+    match err {
+        kube::Error::Api(response) => explain_status(&response, op),
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
+            KubeError::Unavailable {
+                verb: op.verb.into(),
+                resource: op.resource.into(),
+                message: error_chain(&err),
+            }
+        }
+        other => KubeError::Other {
+            verb: op.verb.into(),
+            resource: op.resource.into(),
+            message: error_chain(&other),
+        },
+    }
+}
+
+fn explain_status(response: &Status, op: &Op<'_>) -> KubeError {
+    let status = &response.message;
+    match response.code {
+        403 => KubeError::Forbidden {
+            verb: op.verb.into(),
+            resource: op.resource.into(),
+            scope: op.scope(),
+            message: status.clone(),
+        },
+        // A missing object names itself in the message; a missing resource type does not.
+        404 if status.contains("could not find the requested resource") => KubeError::CrdsMissing {
+            resource: op.resource.into(),
+        },
+        404 => KubeError::NotFound {
+            kind: op.kind.into(),
+            name: op.name.unwrap_or_default().into(),
+            scope: op.scope(),
+            hint: String::new(),
+        },
+        409 => KubeError::Other {
+            verb: op.verb.into(),
+            resource: op.resource.into(),
+            message: format!("conflict: {status}"),
+        },
+        400 | 422 => KubeError::Invalid {
+            message: status.clone(),
+        },
+        429 | 500 | 503 | 504 => KubeError::Unavailable {
+            verb: op.verb.into(),
+            resource: op.resource.into(),
+            message: status.clone(),
+        },
+        _ => KubeError::Other {
+            verb: op.verb.into(),
+            resource: op.resource.into(),
+            message: format!("{status} (HTTP {})", response.code),
+        },
+    }
+}
+
+/// `e: cause: cause` on one line; hyper's top-level messages alone are too vague.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
