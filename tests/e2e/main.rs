@@ -1,0 +1,6 @@
+//! End-to-end tests against a real kube-apiserver and etcd (see `support`). One binary, so one
+//! control plane serves the whole run; each test works in its own namespace.
+
+mod support;
+
+mod crd_validation;

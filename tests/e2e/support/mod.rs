@@ -1,0 +1,136 @@
+//! Test support: one real control plane per test run, a namespace per test.
+//!
+//! The control plane comes from `scripts/local-cluster.sh up` (kube-apiserver and etcd built
+//! from their Go modules) and stops by itself when this test process exits. To run against a
+//! cluster you already have, set `PORTALLOC_TEST_REUSE_CLUSTER=1` and point `KUBECONFIG` at it.
+
+#![allow(dead_code)]
+
+pub mod cli;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// The admin context (client certificate in system:masters).
+pub const ADMIN_CONTEXT: &str = "portalloc-local";
+/// A user with no rights unless a test grants them.
+pub const USER_CONTEXT: &str = "portalloc-local-user";
+pub const USER_NAME: &str = "portalloc-user";
+
+pub struct TestCluster {
+    pub kubeconfig: PathBuf,
+    /// Whether this is the local control plane (with its two contexts) or a reused cluster.
+    pub local: bool,
+}
+
+static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
+
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The cluster for this test run, started (and given our CRDs) on first use.
+pub fn cluster() -> &'static TestCluster {
+    CLUSTER.get_or_init(|| {
+        let cluster = start_or_reuse().unwrap_or_else(|e| panic!("no test cluster: {e}"));
+        let installed = cli::run_with(&cluster.kubeconfig, &["install", "--timeout", "60s"]);
+        assert!(installed.ok(), "installing the CRDs failed: {installed}");
+        cluster
+    })
+}
+
+fn start_or_reuse() -> Result<TestCluster, String> {
+    if std::env::var("PORTALLOC_TEST_REUSE_CLUSTER").as_deref() == Ok("1") {
+        let path = std::env::var("KUBECONFIG")
+            .map_err(|_| "PORTALLOC_TEST_REUSE_CLUSTER=1 needs KUBECONFIG".to_string())?;
+        let first = std::env::split_paths(&path)
+            .next()
+            .ok_or("KUBECONFIG is empty")?;
+        return Ok(TestCluster {
+            kubeconfig: first,
+            local: false,
+        });
+    }
+    let dir = repo_root()
+        .join("target")
+        .join(format!("e2e-cluster-{}", std::process::id()));
+    let output = Command::new(repo_root().join("scripts/local-cluster.sh"))
+        .arg("up")
+        .env("PORTALLOC_CLUSTER_DIR", &dir)
+        .env(
+            "PORTALLOC_CLUSTER_OWNER_PID",
+            std::process::id().to_string(),
+        )
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run scripts/local-cluster.sh: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "scripts/local-cluster.sh up failed ({}): {stdout}",
+            output.status
+        ));
+    }
+    let kubeconfig = stdout
+        .lines()
+        .last()
+        .ok_or("local-cluster.sh printed nothing")?;
+    Ok(TestCluster {
+        kubeconfig: PathBuf::from(kubeconfig.trim()),
+        local: true,
+    })
+}
+
+/// A client for the given kubeconfig context (`None`: the current one).
+pub async fn client_for(context: Option<&str>) -> Client {
+    let cluster = cluster();
+    let kubeconfig = Kubeconfig::read_from(&cluster.kubeconfig).expect("test kubeconfig reads");
+    let options = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    let config = Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .expect("test kubeconfig is valid");
+    Client::try_from(config).expect("client builds")
+}
+
+/// An admin client. Clients are per test: each test has its own runtime.
+pub async fn client() -> Client {
+    client_for(None).await
+}
+
+/// A fresh namespace for one test, so tests run in parallel without seeing each other.
+/// There is no namespace controller in this control plane, so namespaces are never deleted;
+/// the whole control plane goes away with the test run instead.
+pub async fn namespace(client: &Client, test: &str) -> String {
+    let name = unique_name(test);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"portalloc.dev/test": "true"}}
+    }))
+    .unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("create test namespace");
+    name
+}
+
+/// `<prefix>-<random>`, a DNS label usable for namespaces and cluster-scoped pools alike.
+pub fn unique_name(prefix: &str) -> String {
+    let suffix: u32 = rand::random::<u32>() % 1_000_000;
+    let prefix: String = prefix
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect();
+    format!("{}-{suffix:06}", prefix.trim_matches('-'))
+}
