@@ -58,8 +58,17 @@ build() {
   echo "$dir"
 }
 
+# A random loopback port nobody listens on, below the NodePort and ephemeral ranges that tests use.
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+  local port
+  for _ in $(seq 200); do
+    port=$((20000 + RANDOM % 10000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return
+    fi
+  done
+  die "no free loopback port found in 20000-29999"
 }
 
 alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
