@@ -4,6 +4,6 @@
 //! - [`core`]: the pure allocation core: ranges, bands, bitmaps, planning. No I/O.
 
 pub mod api;
+pub mod cli;
 pub mod core;
 pub mod k8s;
-pub mod cli;

@@ -9,7 +9,10 @@ fn main() -> ExitCode {
     // Writing to a closed pipe (`kubectl portalloc get | head`) must end quietly, not panic.
     reset_sigpipe();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

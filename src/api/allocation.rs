@@ -31,7 +31,10 @@ pub const MAX_REPLICAS: i32 = 1024;
 #[x_kube(validation = Rule::new("self.pool == oldSelf.pool").message("spec.pool is immutable: delete the PortAllocation (which releases its ports) and create it again").field_path(".pool"))]
 pub struct PortAllocationSpec {
     /// Name of the PortPool to allocate from.
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     pub pool: String,
 
     /// The roles of the workload, each with its replicas and ports. Role names are unique.
@@ -130,8 +133,7 @@ pub struct PortReference {
     pub from: String,
 }
 
-const REFERENCE_SYNTAX_RULE: &str =
-    r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?[.][a-z]([-a-z0-9]*[a-z0-9])?(\\[([0-9]+|\\*)\\])?$')";
+const REFERENCE_SYNTAX_RULE: &str = r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?[.][a-z]([-a-z0-9]*[a-z0-9])?(\\[([0-9]+|\\*)\\])?$')";
 
 /// Observed state, written by the allocator after the pool write that commits the ports.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

@@ -8,11 +8,13 @@ mod allocation;
 mod pool;
 mod port_range_text;
 mod static_band;
+mod validate;
 
 pub use allocation::*;
 pub use pool::*;
 pub use port_range_text::PortRangeText;
 pub use static_band::StaticBandSetting;
+pub use validate::SpecError;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -69,12 +71,31 @@ mod tests {
     fn crds_carry_subresources_short_names_and_categories() {
         for crd in crds() {
             let names = &crd.spec.names;
-            assert_eq!(names.categories.as_deref(), Some(&[CATEGORY.to_string()][..]));
-            assert_eq!(names.short_names.as_ref().map(Vec::len), Some(1), "{}", crd.spec.names.kind);
+            assert_eq!(
+                names.categories.as_deref(),
+                Some(&[CATEGORY.to_string()][..])
+            );
+            assert_eq!(
+                names.short_names.as_ref().map(Vec::len),
+                Some(1),
+                "{}",
+                crd.spec.names.kind
+            );
             let version = &crd.spec.versions[0];
             assert_eq!(version.name, VERSION);
-            assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
-            assert!(version.additional_printer_columns.as_ref().is_some_and(|c| c.len() >= 4));
+            assert!(
+                version
+                    .subresources
+                    .as_ref()
+                    .and_then(|s| s.status.as_ref())
+                    .is_some()
+            );
+            assert!(
+                version
+                    .additional_printer_columns
+                    .as_ref()
+                    .is_some_and(|c| c.len() >= 4)
+            );
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::k8s::{ApiErrorKind, KubeError};
+use crate::k8s::{AllocateError, ApiErrorKind, KubeError};
 
 /// Exit codes of `kubectl portalloc`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,18 +59,35 @@ pub fn exit_for(err: &anyhow::Error) -> Exit {
         if let Some(e) = cause.downcast_ref::<CliError>() {
             return e.exit;
         }
+        if let Some(e) = cause.downcast_ref::<AllocateError>() {
+            match e {
+                AllocateError::Spec { .. } | AllocateError::PoolSpec { .. } => {
+                    return Exit::Invalid;
+                }
+                AllocateError::PoolNotFound { .. } => return Exit::NotFound,
+                AllocateError::PortHeld { .. } | AllocateError::Refused { .. } => {
+                    return Exit::Refused;
+                }
+                AllocateError::Exhausted { .. } => return Exit::Unavailable,
+                AllocateError::Kube(e) => return kube_exit(e),
+            }
+        }
         if let Some(e) = cause.downcast_ref::<KubeError>() {
-            return match e.kind() {
-                ApiErrorKind::Config => Exit::Config,
-                ApiErrorKind::CrdsMissing => Exit::CrdsMissing,
-                ApiErrorKind::Forbidden => Exit::Forbidden,
-                ApiErrorKind::NotFound => Exit::NotFound,
-                ApiErrorKind::Conflict => Exit::Refused,
-                ApiErrorKind::Invalid => Exit::Invalid,
-                ApiErrorKind::Unavailable => Exit::Unavailable,
-                ApiErrorKind::Other => Exit::Failure,
-            };
+            return kube_exit(e);
         }
     }
     Exit::Failure
+}
+
+fn kube_exit(e: &KubeError) -> Exit {
+    match e.kind() {
+        ApiErrorKind::Config => Exit::Config,
+        ApiErrorKind::CrdsMissing => Exit::CrdsMissing,
+        ApiErrorKind::Forbidden => Exit::Forbidden,
+        ApiErrorKind::NotFound => Exit::NotFound,
+        ApiErrorKind::Conflict => Exit::Refused,
+        ApiErrorKind::Invalid => Exit::Invalid,
+        ApiErrorKind::Unavailable => Exit::Unavailable,
+        ApiErrorKind::Other => Exit::Failure,
+    }
 }

@@ -26,7 +26,13 @@ pub struct GlobalArgs {
     pub request_timeout: Option<Duration>,
 
     /// Log verbosity: 0 is quiet, 1 reports retries, 2 and up trace each request.
-    #[arg(short = 'v', long = "v", global = true, value_name = "LEVEL", default_value_t = 0)]
+    #[arg(
+        short = 'v',
+        long = "v",
+        global = true,
+        value_name = "LEVEL",
+        default_value_t = 0
+    )]
     pub verbosity: u8,
 }
 
@@ -43,7 +49,8 @@ impl GlobalArgs {
 /// kubectl's duration syntax: a bare number is seconds; otherwise ms, s, m or h suffixes.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let bad = || format!("invalid duration {text:?}: write e.g. 30s, 1m, 500ms or a number of seconds");
+    let bad =
+        || format!("invalid duration {text:?}: write e.g. 30s, 1m, 500ms or a number of seconds");
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit() && c != '.') {
         Some(at) => text.split_at(at),
         None => (text, "s"),

@@ -1,15 +1,29 @@
 //! The command line: argument parsing and one file per verb. Each verb is a thin shell over
 //! [`crate::k8s`] (API access) and [`crate::core`] (decisions).
 
+mod allocations;
+mod create;
+mod delete;
 mod exit;
+mod get;
 mod global;
 mod install;
+mod manifest;
+mod output;
+mod pool;
+mod release;
+mod report;
+mod session;
+mod sync;
 mod version;
 
 use clap::{Parser, Subcommand};
 
 pub use exit::{CliError, Exit, exit_for};
 pub use global::GlobalArgs;
+pub use manifest::{Manifest, parse_manifests};
+pub use pool::describe_text as pool_describe_text;
+use session::Session;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -47,13 +61,31 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     Install(install::InstallArgs),
+    /// Create, list, inspect and delete PortPools.
+    #[command(after_help = "Examples:
+  kubectl portalloc pool create default --range 20000-29999
+  kubectl portalloc pool get
+  kubectl portalloc pool describe default")]
+    Pool(pool::PoolArgs),
+    Create(create::CreateArgs),
+    Sync(sync::SyncArgs),
+    Get(get::GetArgs),
+    Release(release::ReleaseArgs),
+    Delete(delete::DeleteArgs),
     Version(version::VersionArgs),
 }
 
 /// Run one parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let global = &cli.global;
     match cli.command {
-        Command::Install(args) => install::run(&cli.global, args).await,
+        Command::Install(args) => install::run(global, args).await,
+        Command::Pool(args) => pool::run(global, args).await,
+        Command::Create(args) => create::run(global, args).await,
+        Command::Sync(args) => sync::run(global, args).await,
+        Command::Get(args) => get::run(global, args).await,
+        Command::Release(args) => release::run(global, args).await,
+        Command::Delete(args) => delete::run(global, args).await,
         Command::Version(args) => version::run(args),
     }
 }

@@ -4,7 +4,9 @@ use clap::Args;
 
 /// Print the plugin's version.
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  kubectl portalloc version\n  kubectl portalloc version -o json")]
+#[command(
+    after_help = "Examples:\n  kubectl portalloc version\n  kubectl portalloc version -o json"
+)]
 pub struct VersionArgs {
     /// Output format: text or json.
     #[arg(short = 'o', long, default_value = "text", value_parser = ["text", "json"])]

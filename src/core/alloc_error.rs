@@ -20,7 +20,7 @@ pub enum AllocError {
     Held { port: u16 },
 
     #[error(
-        "pool is full: it has {size} ports, {used} in use, {free} free, and this allocation needs {needed} more: add ranges to the pool, lower replicas, or delete allocations that are no longer used"
+        "pool is full: it has {size} ports, {used} in use and {free} free, but this allocation needs {needed}; nothing was allocated. Add ranges to the pool, lower replicas, or delete PortAllocations no longer in use"
     )]
     PoolFull {
         size: u32,

@@ -6,15 +6,19 @@
 pub mod alloc_error;
 pub mod band;
 pub mod bitmap;
+pub mod hazards;
 pub mod holding;
 pub mod planner;
 pub mod pool_state;
 pub mod range;
+pub mod reference;
 
 pub use alloc_error::AllocError;
 pub use band::{Band, Bands, StaticBand, StaticBandError, auto_static_band_size};
 pub use bitmap::PortBitmap;
+pub use hazards::{DEFAULT_NODE_PORTS, Hazard, LINUX_EPHEMERAL, hazards};
 pub use holding::{Holdings, HoldingsError, SlotKey, is_valid_name};
 pub use planner::{Plan, PortDemand, Scope, desired_slots, execute, plan};
 pub use pool_state::{BandUsage, PoolState};
 pub use range::{MAX_PORT, MIN_PORT, PortRange, PortSet, RangeError};
+pub use reference::{Reference, ReferenceSyntaxError, Selector};

@@ -254,7 +254,7 @@ mod tests {
         }
         assert_eq!(
             state.full_error(12).to_string(),
-            "pool is full: it has 2768 ports, 2760 in use, 8 free, and this allocation needs 12 more: add ranges to the pool, lower replicas, or delete allocations that are no longer used"
+            "pool is full: it has 2768 ports, 2760 in use and 8 free, but this allocation needs 12; nothing was allocated. Add ranges to the pool, lower replicas, or delete PortAllocations no longer in use"
         );
     }
 

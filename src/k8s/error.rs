@@ -49,7 +49,9 @@ pub enum KubeError {
     #[error("{message}")]
     Invalid { message: String },
 
-    #[error("the API server is unavailable while trying to {verb} {resource}: {message} (safe to retry)")]
+    #[error(
+        "the API server is unavailable while trying to {verb} {resource}: {message} (safe to retry)"
+    )]
     Unavailable {
         verb: String,
         resource: String,

@@ -1,0 +1,179 @@
+//! Reading PortPool and PortAllocation manifests from a file or stdin (`-f -`).
+
+use std::io::Read;
+
+use serde::Deserialize;
+
+use super::{CliError, Exit};
+use crate::api::{GROUP, PortAllocation, PortPool, VERSION};
+
+/// One document of a manifest stream.
+#[derive(Clone, Debug)]
+pub enum Manifest {
+    Pool(PortPool),
+    Allocation(PortAllocation),
+}
+
+/// Read every document; fail on the first bad one, naming it, before anything is applied.
+pub fn read_manifests(path: &str) -> Result<Vec<Manifest>, CliError> {
+    let (source, text) = if path == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map_err(|e| {
+            CliError::new(Exit::Invalid, format!("cannot read standard input: {e}"))
+        })?;
+        ("<stdin>".to_string(), text)
+    } else {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::new(Exit::Invalid, format!("cannot read {path}: {e}")))?;
+        (path.to_string(), text)
+    };
+    parse_manifests(&source, &text)
+}
+
+pub fn parse_manifests(source: &str, text: &str) -> Result<Vec<Manifest>, CliError> {
+    let invalid = |message: String| CliError::new(Exit::Invalid, message);
+    let mut manifests = Vec::new();
+    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let at = format!("{source}: document {}", index + 1);
+        let value = serde_yaml::Value::deserialize(document)
+            .map_err(|e| invalid(format!("{at}: not valid YAML: {e}")))?;
+        if value.is_null() {
+            continue;
+        }
+        let api_version = value
+            .get("apiVersion")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        let kind = value
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        let expected = format!("{GROUP}/{VERSION}");
+        if api_version != expected || !matches!(kind, "PortPool" | "PortAllocation") {
+            return Err(invalid(format!(
+                "{at}: kind {kind:?} of apiVersion {api_version:?} is not for this plugin: \
+                 expected kind PortPool or PortAllocation with apiVersion {expected}"
+            )));
+        }
+        let name = value
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(|n| n.as_str())
+            .unwrap_or_default()
+            .to_string();
+        if name.is_empty() {
+            return Err(invalid(format!("{at}: {kind} has no metadata.name")));
+        }
+        let at = format!("{at} ({kind} {name:?})");
+        let manifest = if kind == "PortPool" {
+            Manifest::Pool(strict(&at, value)?)
+        } else {
+            Manifest::Allocation(strict(&at, value)?)
+        };
+        manifests.push(manifest);
+    }
+    if manifests.is_empty() {
+        return Err(invalid(format!(
+            "{source}: no PortPool or PortAllocation found"
+        )));
+    }
+    Ok(manifests)
+}
+
+/// Deserialize, refusing fields the type does not have: a typo like `replica:` must not be
+/// silently dropped.
+fn strict<T: serde::de::DeserializeOwned>(
+    at: &str,
+    value: serde_yaml::Value,
+) -> Result<T, CliError> {
+    let mut unknown = Vec::new();
+    let typed: Result<T, _> = serde_ignored::deserialize(value, |path| {
+        let path = path.to_string();
+        // apiVersion and kind were checked above; the typed object does not keep them.
+        if !path.starts_with("status") && path != "apiVersion" && path != "kind" {
+            unknown.push(path);
+        }
+    });
+    // An unknown field is usually the cause of a missing one (`range:` for `ranges:`): say it first.
+    match (typed, unknown.first()) {
+        (Ok(typed), None) => Ok(typed),
+        (Ok(_), Some(field)) => Err(CliError::new(
+            Exit::Invalid,
+            format!("{at}: unknown field {field:?}"),
+        )),
+        (Err(e), Some(field)) => Err(CliError::new(
+            Exit::Invalid,
+            format!("{at}: unknown field {field:?} ({e})"),
+        )),
+        (Err(e), None) => Err(CliError::new(Exit::Invalid, format!("{at}: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "
+apiVersion: portalloc.dev/v1alpha1
+kind: PortPool
+metadata: {name: p}
+spec: {ranges: [\"30000-30100\"]}
+---
+apiVersion: portalloc.dev/v1alpha1
+kind: PortAllocation
+metadata: {name: a, namespace: ns}
+spec:
+  pool: p
+  roles:
+  - {name: web, replicas: 2, ports: [{name: http, env: HTTP_PORT}]}
+";
+
+    #[test]
+    fn reads_pools_and_allocations() {
+        let manifests = parse_manifests("t", GOOD).unwrap();
+        assert!(matches!(&manifests[0], Manifest::Pool(p) if p.spec.ranges.len() == 1));
+        assert!(matches!(&manifests[1], Manifest::Allocation(a) if a.spec.roles[0].replicas == 2));
+    }
+
+    #[test]
+    fn bad_documents_are_named() {
+        let cases = [
+            (
+                "kind: Pod\napiVersion: v1\nmetadata: {name: x}".to_string(),
+                "document 1: kind \"Pod\"",
+            ),
+            (
+                GOOD.replace("replicas: 2", "replica: 2"),
+                "document 2 (PortAllocation \"a\"): ",
+            ),
+            (
+                GOOD.replace("ranges:", "range:"),
+                "unknown field \"spec.range\"",
+            ),
+            ("a: [".to_string(), "not valid YAML"),
+            (String::new(), "no PortPool or PortAllocation"),
+            (GOOD.replace("name: p}", "}"), "has no metadata.name"),
+        ];
+        for (text, expected) in cases {
+            let err = parse_manifests("t", &text).unwrap_err();
+            assert_eq!(err.exit, Exit::Invalid);
+            assert!(
+                err.message.contains(expected),
+                "{expected:?} not in: {}",
+                err.message
+            );
+        }
+    }
+
+    #[test]
+    fn misspelled_fields_are_refused_not_dropped() {
+        let text = GOOD.replace("env: HTTP_PORT", "env: HTTP_PORT, prot: 80");
+        let err = parse_manifests("t", &text).unwrap_err();
+        assert!(
+            err.message
+                .contains("unknown field \"spec.roles.0.ports.0.prot\""),
+            "{}",
+            err.message
+        );
+    }
+}

@@ -1,0 +1,486 @@
+//! `kubectl portalloc pool create|get|describe|delete`.
+
+use std::fmt::Write as _;
+
+use clap::{Args, Subcommand};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::{Client, ResourceExt};
+use tabled::Tabled;
+
+use super::output::{OutputFormat, age, bar, print_names, print_objects, print_rows};
+use super::{CliError, Exit, GlobalArgs, Session};
+use crate::api::{PortPool, PortPoolSpec, PortRangeText, Protocol, StaticBandSetting};
+use crate::core::{Band, hazards};
+use crate::k8s::{Anomaly, KubeError, Op, PoolRecord, explain};
+
+const POOLS: &str = "portpools.portalloc.dev";
+
+#[derive(Args, Debug)]
+pub struct PoolArgs {
+    #[command(subcommand)]
+    pub command: PoolCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCommand {
+    Create(CreateArgs),
+    Get(GetArgs),
+    Describe(DescribeArgs),
+    Delete(DeleteArgs),
+}
+
+/// Create a PortPool.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  # A TCP pool for hostNetwork servers, kept clear of the NodePort and ephemeral ranges
+  kubectl portalloc pool create llm --range 20000-29999
+
+  # Two ranges, a few ports excluded, a UDP pool
+  kubectl portalloc pool create rdma --range 40000-40999,42000-42099 --exclude 40500,40600-40610 --protocol UDP")]
+pub struct CreateArgs {
+    /// Pool name (cluster-scoped).
+    pub name: String,
+    /// Port ranges, "A-B" or "A", comma-separated or repeated.
+    #[arg(
+        long = "range",
+        required = true,
+        value_delimiter = ',',
+        value_name = "A-B"
+    )]
+    pub ranges: Vec<String>,
+    /// Ports or ranges inside the pool never to hand out.
+    #[arg(long, value_delimiter = ',', value_name = "A-B")]
+    pub exclude: Vec<String>,
+    #[arg(long, default_value = "TCP", value_parser = ["TCP", "UDP", "SCTP"])]
+    pub protocol: String,
+    /// Ports at the low end kept for requested ports: Auto, None, or a count.
+    #[arg(long, default_value = "Auto")]
+    pub static_band: String,
+    /// Create the pool even if it overlaps another pool of the same protocol.
+    #[arg(long)]
+    pub allow_overlap: bool,
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<OutputFormat>,
+}
+
+/// List PortPools with their usage.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  kubectl portalloc pool get
+  kubectl portalloc pool get default -o yaml")]
+pub struct GetArgs {
+    pub name: Option<String>,
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+}
+
+/// Show a pool's ranges, bands, usage, holders and warnings.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  kubectl portalloc pool describe default")]
+pub struct DescribeArgs {
+    pub name: String,
+}
+
+/// Delete a PortPool; refused while any PortAllocation holds ports in it.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  kubectl portalloc pool delete old-pool
+  # Delete even though ports are held (the holders keep their records; see `repair`)
+  kubectl portalloc pool delete old-pool --force")]
+pub struct DeleteArgs {
+    pub name: String,
+    /// Delete even while ports are held.
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub async fn run(global: &GlobalArgs, args: PoolArgs) -> anyhow::Result<()> {
+    let session = Session::connect(global).await?;
+    match args.command {
+        PoolCommand::Create(args) => create(&session.client, args).await,
+        PoolCommand::Get(args) => get(&session.client, args).await,
+        PoolCommand::Describe(args) => describe(&session.client, args).await,
+        PoolCommand::Delete(args) => delete(&session.client, args).await,
+    }
+}
+
+fn op<'a>(verb: &'a str, name: Option<&'a str>) -> Op<'a> {
+    Op {
+        verb,
+        resource: POOLS,
+        kind: "PortPool",
+        name,
+        namespace: None,
+    }
+}
+
+pub async fn get_pool(client: &Client, name: &str) -> Result<PortPool, KubeError> {
+    let pools: Api<PortPool> = Api::all(client.clone());
+    pools
+        .get(name)
+        .await
+        .map_err(|e| match explain(e, &op("get", Some(name))) {
+            KubeError::NotFound {
+                kind, name, scope, ..
+            } => KubeError::NotFound {
+                kind,
+                name,
+                scope,
+                hint: ": list pools with `kubectl portalloc pool get`".into(),
+            },
+            other => other,
+        })
+}
+
+fn parse_static_band(text: &str) -> Result<StaticBandSetting, CliError> {
+    match text {
+        "Auto" | "auto" => Ok(StaticBandSetting::Auto),
+        "None" | "none" => Ok(StaticBandSetting::None),
+        n => n.parse().map(StaticBandSetting::Count).map_err(|_| {
+            CliError::new(
+                Exit::Invalid,
+                format!("--static-band {text:?}: write Auto, None, or a port count"),
+            )
+        }),
+    }
+}
+
+async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
+    let spec = PortPoolSpec {
+        ranges: args
+            .ranges
+            .iter()
+            .map(|r| PortRangeText(r.trim().to_string()))
+            .collect(),
+        exclude: args
+            .exclude
+            .iter()
+            .map(|r| PortRangeText(r.trim().to_string()))
+            .collect(),
+        protocol: match args.protocol.as_str() {
+            "UDP" => Protocol::Udp,
+            "SCTP" => Protocol::Sctp,
+            _ => Protocol::Tcp,
+        },
+        static_band: parse_static_band(&args.static_band)?,
+    };
+    let ports = spec
+        .port_set()
+        .map_err(|e| CliError::new(Exit::Invalid, format!("PortPool {:?}: {e}", args.name)))?;
+    let pools: Api<PortPool> = Api::all(client.clone());
+    if !args.allow_overlap {
+        let existing = pools
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| explain(e, &op("list", None)))?;
+        for other in existing
+            .items
+            .iter()
+            .filter(|p| p.spec.protocol == spec.protocol)
+        {
+            if let Ok(theirs) = other.spec.port_set()
+                && ports.overlaps(&theirs)
+            {
+                return Err(CliError::new(
+                    Exit::Refused,
+                    format!(
+                        "PortPool {:?} would overlap {} pool {:?} ({theirs}): a port could then be handed out \
+                         by both; choose disjoint ranges, or pass --allow-overlap",
+                        args.name,
+                        spec.protocol,
+                        other.name_any()
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+    let pool = PortPool::new(&args.name, spec);
+    let created = pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .map_err(|e| {
+            match e {
+        kube::Error::Api(s) if s.is_already_exists() => CliError::new(
+            Exit::Refused,
+            format!(
+                "PortPool {:?} already exists: see it with `kubectl portalloc pool describe {}`",
+                args.name, args.name
+            ),
+        )
+        .into(),
+        other => anyhow::Error::from(explain(other, &op("create", Some(&args.name)))),
+    }
+        })?;
+    // Counts for the printer columns from the start, not only after the first allocation.
+    let record = PoolRecord::load(created.clone())?;
+    let mut initialized = created;
+    initialized.status = Some(record.current_status());
+    let written = pools
+        .replace_status(&args.name, &PostParams::default(), &initialized)
+        .await
+        .map_err(|e| explain(e, &op("update", Some(&args.name))))?;
+    for hazard in hazards(&record.ports) {
+        eprintln!("warning: PortPool {:?}: {}", args.name, hazard.message);
+    }
+    match args.output {
+        Some(OutputFormat::Json | OutputFormat::Yaml) => {
+            print_objects(&[written], args.output.unwrap(), true)
+        }
+        Some(OutputFormat::Name) => print_names("portpool.portalloc.dev", [args.name]),
+        _ => {
+            println!(
+                "portpool.portalloc.dev/{} created: {} {} ports ({}), static band {}",
+                args.name,
+                record.state.size(),
+                record.pool.spec.protocol,
+                record.ports,
+                record.state.bands().static_len
+            );
+            Ok(())
+        }
+    }
+}
+
+#[derive(Tabled)]
+struct PoolRow {
+    #[tabled(rename = "NAME")]
+    name: String,
+    #[tabled(rename = "PROTOCOL")]
+    protocol: String,
+    #[tabled(rename = "RANGES")]
+    ranges: String,
+    #[tabled(rename = "SIZE")]
+    size: u32,
+    #[tabled(rename = "ALLOCATED")]
+    allocated: u32,
+    #[tabled(rename = "AVAILABLE")]
+    available: u32,
+    #[tabled(rename = "HOLDERS")]
+    holders: usize,
+    #[tabled(rename = "AGE")]
+    age: String,
+}
+
+fn row(pool: &PortPool) -> PoolRow {
+    let ranges = pool
+        .spec
+        .ranges
+        .iter()
+        .map(|r| r.0.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let base = PoolRow {
+        name: pool.name_any(),
+        protocol: pool.spec.protocol.to_string(),
+        ranges,
+        size: 0,
+        allocated: 0,
+        available: 0,
+        holders: 0,
+        age: age(pool.metadata.creation_timestamp.as_ref()),
+    };
+    match PoolRecord::load(pool.clone()) {
+        Ok(record) => PoolRow {
+            size: record.state.size(),
+            allocated: record.state.held_count(),
+            available: record.state.free_count(),
+            holders: record.holders.len() + record.opaque.len(),
+            ..base
+        },
+        Err(_) => base,
+    }
+}
+
+async fn get(client: &Client, args: GetArgs) -> anyhow::Result<()> {
+    let pools: Api<PortPool> = Api::all(client.clone());
+    let items = match &args.name {
+        Some(name) => vec![get_pool(client, name).await?],
+        None => {
+            let mut items = pools
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| explain(e, &op("list", None)))?
+                .items;
+            items.sort_by_key(|p| p.name_any());
+            items
+        }
+    };
+    match args.output {
+        OutputFormat::Json | OutputFormat::Yaml => {
+            print_objects(&items, args.output, args.name.is_some())
+        }
+        OutputFormat::Name => {
+            print_names("portpool.portalloc.dev", items.iter().map(|p| p.name_any()))
+        }
+        OutputFormat::Table | OutputFormat::Wide => {
+            if items.is_empty() {
+                eprintln!(
+                    "No PortPools found. Create one with `kubectl portalloc pool create NAME --range A-B`."
+                );
+                return Ok(());
+            }
+            print_rows(items.iter().map(row).collect())
+        }
+    }
+}
+
+async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
+    let pool = get_pool(client, &args.name).await?;
+    let record = PoolRecord::load(pool)
+        .map_err(|e| CliError::new(Exit::Invalid, format!("PortPool {:?}: {e}", args.name)))?;
+    print!("{}", describe_text(&record));
+    Ok(())
+}
+
+/// The `pool describe` page. Pure, so it is tested without a cluster.
+pub fn describe_text(record: &PoolRecord) -> String {
+    let spec = &record.pool.spec;
+    let state = &record.state;
+    let mut out = String::new();
+    let _ = writeln!(out, "Name:         {}", record.name());
+    let _ = writeln!(out, "Protocol:     {}", spec.protocol);
+    let _ = writeln!(
+        out,
+        "Ranges:       {}",
+        spec.ranges
+            .iter()
+            .map(|r| r.0.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let excluded = if spec.exclude.is_empty() {
+        "<none>".to_string()
+    } else {
+        spec.exclude
+            .iter()
+            .map(|r| r.0.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(out, "Exclude:      {excluded}");
+    let _ = writeln!(out, "Size:         {} ports", state.size());
+    let _ = writeln!(
+        out,
+        "Allocated:    {} {}",
+        state.held_count(),
+        bar(state.held_count(), state.size(), 30)
+    );
+    let _ = writeln!(out, "Available:    {}", state.free_count());
+    let _ = writeln!(out, "Bands:");
+    let bands = state.bands();
+    for (band, label) in [(Band::Static, "static "), (Band::Dynamic, "dynamic")] {
+        let indices = bands.indices(band);
+        let usage = state.usage(band);
+        let bounds = match (
+            state.ports().nth(indices.start),
+            indices
+                .end
+                .checked_sub(1)
+                .and_then(|i| state.ports().nth(i)),
+        ) {
+            (Some(first), Some(last)) if !indices.is_empty() => format!("{first}-{last}"),
+            _ => "<empty>".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "  {label}  {bounds:<13} {:>5}/{:<5} used {}",
+            usage.used,
+            usage.size,
+            bar(usage.used, usage.size, 20)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Holders:      {}",
+        record.holders.len() + record.opaque.len()
+    );
+    for (uid, holder) in &record.holders {
+        let _ = writeln!(
+            out,
+            "  {}  ({} ports, uid {uid})",
+            holder.owner,
+            holder.holdings.len()
+        );
+        let _ = writeln!(out, "    {}", holder.holdings.encode());
+    }
+    let mut warnings: Vec<String> = hazards(&record.ports)
+        .into_iter()
+        .map(|h| h.message)
+        .collect();
+    for anomaly in &record.anomalies {
+        warnings.push(match anomaly {
+            Anomaly::Undecodable { owner, error, .. } => format!("holder {owner} has an unreadable entry ({error}): run `kubectl portalloc repair`"),
+            Anomaly::OutsidePool { owner, slot, port, .. } => format!("{owner} holds port {port} ({slot}), which is outside the pool or excluded: run `kubectl portalloc repair`"),
+            Anomaly::Duplicate { port, first, second } => format!("port {port} is held by both {first} and {second}: run `kubectl portalloc repair`"),
+        });
+    }
+    if warnings.is_empty() {
+        let _ = writeln!(out, "Warnings:     <none>");
+    } else {
+        let _ = writeln!(out, "Warnings:");
+        for warning in warnings {
+            let _ = writeln!(out, "  - {warning}");
+        }
+    }
+    out
+}
+
+async fn delete(client: &Client, args: DeleteArgs) -> anyhow::Result<()> {
+    let pools: Api<PortPool> = Api::all(client.clone());
+    let pool = get_pool(client, &args.name).await?;
+    let record = PoolRecord::load(pool.clone()).ok();
+    let holders: Vec<String> = record
+        .as_ref()
+        .map(|r| {
+            r.holders
+                .values()
+                .map(|h| format!("{} ({} ports)", h.owner, h.holdings.len()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !holders.is_empty() && !args.force {
+        return Err(CliError::new(
+            Exit::Refused,
+            format!(
+                "PortPool {:?} still has {} holders: {}. Delete those PortAllocations first \
+                 (`kubectl portalloc delete NAME -n NAMESPACE`), or pass --force",
+                args.name,
+                holders.len(),
+                holders.join(", ")
+            ),
+        )
+        .into());
+    }
+    // The resourceVersion precondition makes "no holders" and "deleted" one atomic step: an
+    // allocation that lands in between makes this delete fail instead of orphaning its ports.
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: if args.force {
+                None
+            } else {
+                pool.resource_version()
+            },
+            uid: pool.uid(),
+        }),
+        ..Default::default()
+    };
+    pools.delete(&args.name, &params).await.map_err(|e| match e {
+        kube::Error::Api(s) if s.is_conflict() => CliError::new(
+            Exit::Unavailable,
+            format!("PortPool {:?} changed while deleting it (a new allocation?): run the command again", args.name),
+        )
+        .into(),
+        other => anyhow::Error::from(explain(other, &op("delete", Some(&args.name)))),
+    })?;
+    println!("portpool.portalloc.dev/{} deleted", args.name);
+    if !holders.is_empty() {
+        eprintln!(
+            "warning: {} PortAllocations still record ports of this pool; recreating the pool and running \
+             `kubectl portalloc repair --apply` restores them",
+            holders.len()
+        );
+    }
+    Ok(())
+}

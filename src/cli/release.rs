@@ -1,0 +1,51 @@
+//! `kubectl portalloc release NAME [--role R]`: give ports back, keep the object.
+
+use clap::Args;
+
+use super::allocations::get_allocation;
+use super::report::print_report;
+use super::{CliError, Exit, GlobalArgs, Session};
+use crate::k8s::{owner_of, recorded_holdings};
+
+/// Give a PortAllocation's ports (or one role's) back to the pool; the object stays.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  # Free every port of sglang-pd
+  kubectl portalloc release sglang-pd -n llm
+
+  # Free only the decode role's ports; `sync` allocates them again
+  kubectl portalloc release sglang-pd --role decode")]
+pub struct ReleaseArgs {
+    pub name: String,
+    /// Release only this role's ports.
+    #[arg(long)]
+    pub role: Option<String>,
+}
+
+pub async fn run(global: &GlobalArgs, args: ReleaseArgs) -> anyhow::Result<()> {
+    let session = Session::connect(global).await?;
+    let pa = get_allocation(&session.client, &session.namespace, &args.name).await?;
+    if let Some(role) = &args.role {
+        let in_spec = pa.spec.role(role).is_some();
+        let held = pa.status.as_ref().is_some_and(|s| {
+            recorded_holdings(s)
+                .iter()
+                .any(|(slot, _)| &slot.role == role)
+        });
+        if !in_spec && !held {
+            let roles: Vec<&str> = pa.spec.roles.iter().map(|r| r.name.as_str()).collect();
+            return Err(CliError::new(
+                Exit::Invalid,
+                format!(
+                    "PortAllocation {} has no role {role:?} (roles: {})",
+                    owner_of(&pa),
+                    roles.join(", ")
+                ),
+            )
+            .into());
+        }
+    }
+    let report = session.allocator.release(pa, args.role).await?;
+    print_report(&report, session.verbosity);
+    Ok(())
+}

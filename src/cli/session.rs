@@ -1,0 +1,32 @@
+//! What every verb that talks to the cluster needs: a client, the namespace, an allocator.
+
+use kube::Client;
+
+use super::GlobalArgs;
+use crate::k8s::{self, Allocator};
+
+pub struct Session {
+    pub client: Client,
+    /// `-n`, else the context's namespace.
+    pub namespace: String,
+    pub allocator: Allocator,
+    pub verbosity: u8,
+}
+
+impl Session {
+    pub async fn connect(global: &GlobalArgs) -> anyhow::Result<Session> {
+        let (client, default_namespace) = k8s::connect(&global.client_options()).await?;
+        let mut allocator = Allocator::new(client.clone());
+        allocator.verbosity = global.verbosity;
+        if let Some(timeout) = global.request_timeout.filter(|t| !t.is_zero()) {
+            // A retry budget longer than the user's patience would hide the timeout they asked for.
+            allocator.policy.max_elapsed = allocator.policy.max_elapsed.min(timeout * 4);
+        }
+        Ok(Session {
+            client,
+            namespace: global.namespace.clone().unwrap_or(default_namespace),
+            allocator,
+            verbosity: global.verbosity,
+        })
+    }
+}
