@@ -3,4 +3,6 @@
 
 mod support;
 
+mod allocation;
+mod concurrency;
 mod crd_validation;

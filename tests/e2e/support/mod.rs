@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod invariants;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -133,4 +134,40 @@ pub fn unique_name(prefix: &str) -> String {
         .take(40)
         .collect();
     format!("{}-{suffix:06}", prefix.trim_matches('-'))
+}
+
+/// A PortPool manifest.
+pub fn pool_yaml(name: &str, ranges: &str, protocol: &str) -> String {
+    format!(
+        "apiVersion: portalloc.dev/v1alpha1\nkind: PortPool\nmetadata:\n  name: {name}\nspec:\n  ranges: [{ranges}]\n  protocol: {protocol}\n"
+    )
+}
+
+/// Create a pool through the plugin (overlap allowed: tests share one cluster).
+pub fn create_pool(name: &str, ranges: &str) {
+    let run = cli::run(&["pool", "create", name, "--range", ranges, "--allow-overlap"]);
+    assert!(run.ok(), "pool create {name}: {run}");
+}
+
+/// A PortAllocation with one role of `replicas` pods, each with the given PodScoped ports.
+pub fn simple_allocation(
+    name: &str,
+    pool: &str,
+    role: &str,
+    replicas: u32,
+    ports: &[&str],
+) -> String {
+    let ports: Vec<String> = ports
+        .iter()
+        .map(|p| {
+            format!(
+                "{{name: {p}, scope: PodScoped, env: {}_PORT}}",
+                p.to_uppercase().replace('-', "_")
+            )
+        })
+        .collect();
+    format!(
+        "apiVersion: portalloc.dev/v1alpha1\nkind: PortAllocation\nmetadata:\n  name: {name}\nspec:\n  pool: {pool}\n  roles:\n  - name: {role}\n    replicas: {replicas}\n    ports: [{}]\n",
+        ports.join(", ")
+    )
 }

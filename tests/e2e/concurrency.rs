@@ -1,0 +1,139 @@
+//! Many `kubectl-portalloc` processes allocating from one pool at the same moment.
+
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use kube::api::Api;
+use portalloc::api::PortAllocation;
+
+use crate::support::invariants::{assert_consistent, pool_record};
+use crate::support::{self, cli};
+
+struct Outcome {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Start every process before waiting for any, so they contend for real.
+fn race(ns: &str, manifests: &[String]) -> Vec<Outcome> {
+    let kubeconfig = &support::cluster().kubeconfig;
+    let dir = tempfile::tempdir().unwrap();
+    let children: Vec<_> = manifests
+        .iter()
+        .enumerate()
+        .map(|(i, manifest)| {
+            let path = dir.path().join(format!("{i}.yaml"));
+            std::fs::write(&path, manifest).unwrap();
+            Command::new(cli::BIN)
+                .args(["create", "-f", path.to_str().unwrap(), "-n", ns, "-v", "1"])
+                .env("KUBECONFIG", kubeconfig)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn kubectl-portalloc")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|child| {
+            let output = child.wait_with_output().unwrap();
+            Outcome {
+                code: output.status.code().unwrap_or(-1),
+                stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            }
+        })
+        .collect()
+}
+
+/// `[attempts=N conflicts=M]` as printed with -v 1, and retry lines on stderr.
+fn conflicts_of(outcome: &Outcome) -> u32 {
+    outcome
+        .stdout
+        .split("conflicts=")
+        .nth(1)
+        .and_then(|rest| {
+            rest.trim_end_matches(|c: char| !c.is_ascii_digit())
+                .split(']')
+                .next()
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| outcome.stderr.matches("409 Conflict").count() as u32)
+}
+
+/// 24 processes, 2 ports each, 40 ports in the pool: exactly 20 win, 4 fail cleanly.
+#[tokio::test]
+async fn concurrent_processes_never_share_a_port_and_losers_leave_nothing() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "race").await;
+    let pool = support::unique_name("race");
+    support::create_pool(&pool, "32000-32039");
+    let manifests: Vec<String> = (0..24)
+        .map(|i| support::simple_allocation(&format!("job-{i}"), &pool, "worker", 2, &["rpc"]))
+        .collect();
+
+    let started = Instant::now();
+    let outcomes = race(&ns, &manifests);
+    let wall = started.elapsed();
+
+    let winners: Vec<&Outcome> = outcomes.iter().filter(|o| o.code == 0).collect();
+    let losers: Vec<&Outcome> = outcomes.iter().filter(|o| o.code != 0).collect();
+    let conflicts: u32 = outcomes.iter().map(conflicts_of).sum();
+    eprintln!(
+        "concurrency: 24 processes, {} won, {} refused, {conflicts} conflicts retried, wall {:.2}s",
+        winners.len(),
+        losers.len(),
+        wall.as_secs_f64()
+    );
+    for loser in &losers {
+        assert_eq!(
+            loser.code, 4,
+            "a loser must fail as refused (pool full), not otherwise: {}",
+            loser.stderr
+        );
+        assert!(loser.stderr.contains("pool is full"), "{}", loser.stderr);
+    }
+    assert_eq!(winners.len(), 20, "40 ports / 2 per allocation");
+
+    let holdings = assert_consistent(&client, &pool).await;
+    assert_eq!(holdings.len(), 20);
+    assert!(
+        holdings.values().all(|h| h.len() == 2),
+        "every winner holds exactly its 2 ports"
+    );
+    let record = pool_record(&client, &pool).await;
+    assert_eq!(record.state.held_count(), 40);
+    // Losers leave no object behind, and no half allocation.
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
+    let live = api.list(&Default::default()).await.unwrap().items;
+    assert_eq!(live.len(), 20, "refused PortAllocations must not remain");
+}
+
+/// 16 processes, 8 ports each, plenty of room: all win, all distinct, both objects agree.
+#[tokio::test]
+async fn sixteen_concurrent_eight_port_allocations_all_succeed_without_duplicates() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "race16").await;
+    let pool = support::unique_name("race16");
+    support::create_pool(&pool, "32100-32299");
+    let manifests: Vec<String> = (0..16)
+        .map(|i| {
+            support::simple_allocation(&format!("group-{i}"), &pool, "worker", 4, &["http", "rpc"])
+        })
+        .collect();
+    let started = Instant::now();
+    let outcomes = race(&ns, &manifests);
+    let wall = started.elapsed();
+    let conflicts: u32 = outcomes.iter().map(conflicts_of).sum();
+    eprintln!(
+        "concurrency: 16 processes x 8 ports, {conflicts} conflicts retried, wall {:.2}s",
+        wall.as_secs_f64()
+    );
+    for outcome in &outcomes {
+        assert_eq!(outcome.code, 0, "{}", outcome.stderr);
+    }
+    let holdings = assert_consistent(&client, &pool).await;
+    assert_eq!(holdings.len(), 16);
+    assert_eq!(holdings.values().map(|h| h.len()).sum::<usize>(), 128);
+}
