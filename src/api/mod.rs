@@ -7,12 +7,14 @@
 mod allocation;
 mod pool;
 mod port_range_text;
+mod resolve;
 mod static_band;
 mod validate;
 
 pub use allocation::*;
 pub use pool::*;
 pub use port_range_text::PortRangeText;
+pub use resolve::{EnvVar, ResolveError, index_from_pod_name};
 pub use static_band::StaticBandSetting;
 pub use validate::SpecError;
 

@@ -2,8 +2,10 @@
 //! [`crate::k8s`] (API access) and [`crate::core`] (decisions).
 
 mod allocations;
+mod completion;
 mod create;
 mod delete;
+mod describe;
 mod exit;
 mod get;
 mod global;
@@ -13,15 +15,19 @@ mod output;
 mod pool;
 mod release;
 mod report;
+mod resolve;
 mod session;
 mod sync;
 mod version;
 
 use clap::{Parser, Subcommand};
 
+pub use completion::{KUBECTL_COMPLETE_NAME, complete, kubectl_plugin_script};
+pub use describe::describe_text;
 pub use exit::{CliError, Exit, exit_for};
 pub use global::GlobalArgs;
 pub use manifest::{Manifest, parse_manifests};
+pub use output::Paint;
 pub use pool::describe_text as pool_describe_text;
 use session::Session;
 
@@ -70,8 +76,11 @@ pub enum Command {
     Create(create::CreateArgs),
     Sync(sync::SyncArgs),
     Get(get::GetArgs),
+    Describe(describe::DescribeArgs),
+    Resolve(resolve::ResolveArgs),
     Release(release::ReleaseArgs),
     Delete(delete::DeleteArgs),
+    Completion(completion::CompletionArgs),
     Version(version::VersionArgs),
 }
 
@@ -84,8 +93,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Create(args) => create::run(global, args).await,
         Command::Sync(args) => sync::run(global, args).await,
         Command::Get(args) => get::run(global, args).await,
+        Command::Describe(args) => describe::run(global, args).await,
+        Command::Resolve(args) => resolve::run(global, args).await,
         Command::Release(args) => release::run(global, args).await,
         Command::Delete(args) => delete::run(global, args).await,
+        Command::Completion(args) => completion::run(args),
         Command::Version(args) => version::run(args),
     }
 }

@@ -109,3 +109,43 @@ mod tests {
         assert_eq!(age(None), "<unknown>");
     }
 }
+
+/// Colour, only on a terminal and never with `NO_COLOR` set (https://no-color.org).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Paint {
+    enabled: bool,
+}
+
+impl Paint {
+    pub fn for_stdout() -> Paint {
+        use std::io::IsTerminal;
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Paint {
+            enabled: !no_color && io::stdout().is_terminal(),
+        }
+    }
+
+    pub fn plain() -> Paint {
+        Paint { enabled: false }
+    }
+
+    fn wrap(&self, code: &str, text: &str) -> String {
+        if self.enabled {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    }
+
+    pub fn warn(&self, text: &str) -> String {
+        self.wrap("33", text)
+    }
+
+    pub fn phase(&self, phase: &str) -> String {
+        match phase {
+            "Allocated" => self.wrap("32", phase),
+            "Failed" => self.wrap("31", phase),
+            _ => self.wrap("33", phase),
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! `kubectl portalloc describe NAME`: every role, pod, port, env and reference of one
+//! PortAllocation, with its conditions.
+
+use std::fmt::Write as _;
+
+use clap::Args;
+use kube::ResourceExt;
+
+use super::allocations::get_allocation;
+use super::output::{Paint, age};
+use super::{GlobalArgs, Session};
+use crate::api::{PortAllocation, Scope};
+
+/// Show every role, pod index, port, env name and resolved reference of a PortAllocation.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  kubectl portalloc describe sglang-pd -n llm")]
+pub struct DescribeArgs {
+    pub name: String,
+}
+
+pub async fn run(global: &GlobalArgs, args: DescribeArgs) -> anyhow::Result<()> {
+    let session = Session::connect(global).await?;
+    let pa = get_allocation(&session.client, &session.namespace, &args.name).await?;
+    print!("{}", describe_text(&pa, &Paint::for_stdout()));
+    Ok(())
+}
+
+/// The describe page. Pure, so it is tested without a cluster.
+pub fn describe_text(pa: &PortAllocation, paint: &Paint) -> String {
+    let status = pa.status.clone().unwrap_or_default();
+    let mut out = String::new();
+    let _ = writeln!(out, "Name:         {}", pa.name_any());
+    let _ = writeln!(out, "Namespace:    {}", pa.namespace().unwrap_or_default());
+    let pool_uid = status
+        .pool_uid
+        .as_deref()
+        .map(|u| format!(" (uid {u})"))
+        .unwrap_or_default();
+    let _ = writeln!(out, "Pool:         {}{pool_uid}", pa.spec.pool);
+    let phase = status
+        .phase
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| "Pending".into());
+    let _ = writeln!(out, "Phase:        {}", paint.phase(&phase));
+    let desired = pa.spec.desired_port_count();
+    let _ = writeln!(
+        out,
+        "Ports:        {}",
+        status
+            .ports
+            .clone()
+            .unwrap_or_else(|| format!("0/{desired}"))
+    );
+    let _ = writeln!(
+        out,
+        "Age:          {}",
+        age(pa.metadata.creation_timestamp.as_ref())
+    );
+    let _ = writeln!(out, "Roles:");
+    let mut role_scoped = Vec::new();
+    for (r, role) in pa.spec.roles.iter().enumerate() {
+        let plural = if role.replicas == 1 { "" } else { "s" };
+        let _ = writeln!(out, "  {} ({} replica{plural})", role.name, role.replicas);
+        if role.ports.is_empty() && role.references.is_empty() {
+            let _ = writeln!(out, "    <no ports>");
+        }
+        if !role.ports.is_empty() {
+            let _ = writeln!(
+                out,
+                "    {:<6} {:<16} {:<11} {:<7} ENV",
+                "POD", "PORT", "SCOPE", "VALUE"
+            );
+        }
+        for index in 0..role.replicas.max(0) as u32 {
+            for port in &role.ports {
+                let values = pa.allocated_values(&role.name, &port.name);
+                let (pod, value) = match port.scope {
+                    Scope::RoleScoped if index > 0 => continue,
+                    Scope::RoleScoped => ("all".to_string(), values.first()),
+                    Scope::PodScoped => (index.to_string(), values.get(index as usize)),
+                };
+                let value = value
+                    .map(u16::to_string)
+                    .unwrap_or_else(|| paint.warn("<none>"));
+                let requested = if port.port.is_some() {
+                    " (requested)"
+                } else {
+                    ""
+                };
+                let _ = writeln!(
+                    out,
+                    "    {pod:<6} {:<16} {:<11} {value:<7} {}{requested}",
+                    port.name,
+                    port.scope.to_string(),
+                    port.env
+                );
+            }
+        }
+        if role.replicas == 0 && !role.ports.is_empty() {
+            let _ = writeln!(out, "    (no pods: nothing allocated)");
+        }
+        if role.ports.iter().any(|p| p.scope == Scope::RoleScoped) && role.replicas > 1 {
+            role_scoped.push(role.name.clone());
+        }
+        if !role.references.is_empty() {
+            let _ = writeln!(out, "    References:");
+            for (i, reference) in role.references.iter().enumerate() {
+                let field = format!("spec.roles[{r}].references[{i}].from");
+                let value = match pa.resolve_reference(&field, &reference.from) {
+                    Ok(value) => value,
+                    Err(e) => paint.warn(&format!("<{e}>")),
+                };
+                let _ = writeln!(
+                    out,
+                    "      {} = {}  (from {})",
+                    reference.env, value, reference.from
+                );
+            }
+        }
+    }
+    let _ = writeln!(out, "Conditions:");
+    if status.conditions.is_empty() {
+        let _ = writeln!(
+            out,
+            "  <none>: run `kubectl portalloc sync {} -n {}`",
+            pa.name_any(),
+            pa.namespace().unwrap_or_default()
+        );
+    }
+    for condition in &status.conditions {
+        let _ = writeln!(
+            out,
+            "  {}={}  reason {}  since {}",
+            condition.type_,
+            condition.status,
+            condition.reason,
+            age(Some(&condition.last_transition_time))
+        );
+        let _ = writeln!(out, "    {}", condition.message);
+    }
+    if !role_scoped.is_empty() {
+        let _ = writeln!(out, "Notes:");
+        for role in role_scoped {
+            let _ = writeln!(
+                out,
+                "  - {}",
+                paint.warn(&format!(
+                    "role {role} has RoleScoped ports shared by all its pods: on hostNetwork give the role \
+                     pod anti-affinity (kubernetes.io/hostname) so two of its pods never share a node"
+                ))
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,208 @@
+//! `kubectl portalloc resolve`: the environment a pod should get.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use clap::Args;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+
+use super::allocations::get_allocation;
+use super::{CliError, Exit, GlobalArgs, Session};
+use crate::api::{EnvVar, PortAllocation, index_from_pod_name};
+use crate::k8s::{FIELD_MANAGER, Op, explain};
+
+const EXAMPLES: &str = "Examples:
+  # What pod 1 of the decode role gets, as KEY=VALUE lines
+  kubectl portalloc resolve sglang-pd --role decode --index 1
+
+  # The same, from the pod's name, for a shell
+  eval \"$(kubectl portalloc resolve sglang-pd --role decode --pod sglang-pd-decode-1 -o export)\"
+
+  # One ConfigMap with every pod's env file (<role>-<index>.env), written to the cluster
+  kubectl portalloc resolve sglang-pd --all -o configmap --apply";
+
+/// Print the environment one pod should get: its ports and its role's references.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct ResolveArgs {
+    /// The PortAllocation.
+    pub name: String,
+    /// The pod's role.
+    #[arg(long, required_unless_present = "all")]
+    pub role: Option<String>,
+    /// The pod's index in its role.
+    #[arg(long, conflicts_with_all = ["pod", "all"])]
+    pub index: Option<u32>,
+    /// The pod's name; its trailing -<index> gives the index.
+    #[arg(long, conflicts_with = "all")]
+    pub pod: Option<String>,
+    /// Every pod of every role (with -o configmap, json or yaml).
+    #[arg(long, conflicts_with = "role")]
+    pub all: bool,
+    /// env (KEY=VALUE), export (shell), json, yaml, or configmap (with --all).
+    #[arg(short = 'o', long, default_value = "env", value_parser = ["env", "export", "json", "yaml", "configmap"])]
+    pub output: String,
+    /// With -o configmap: write the ConfigMap to the cluster (server-side apply).
+    #[arg(long)]
+    pub apply: bool,
+    /// With -o configmap: its name (default: <name>-ports).
+    #[arg(long)]
+    pub configmap_name: Option<String>,
+}
+
+pub async fn run(global: &GlobalArgs, args: ResolveArgs) -> anyhow::Result<()> {
+    if args.output == "configmap" && !args.all {
+        return Err(CliError::new(
+            Exit::Usage,
+            "-o configmap needs --all: it holds every pod's env file",
+        )
+        .into());
+    }
+    if args.apply && args.output != "configmap" {
+        return Err(CliError::new(Exit::Usage, "--apply goes with --all -o configmap").into());
+    }
+    let session = Session::connect(global).await?;
+    let pa = get_allocation(&session.client, &session.namespace, &args.name).await?;
+    let invalid = |e: crate::api::ResolveError| {
+        let exit = match e {
+            crate::api::ResolveError::NotAllocated { .. } => Exit::Refused,
+            _ => Exit::Invalid,
+        };
+        CliError::new(exit, e.to_string())
+    };
+    if args.all {
+        let all = pa.resolve_all().map_err(invalid)?;
+        return match args.output.as_str() {
+            "configmap" => {
+                let configmap = env_configmap(&pa, &all, args.configmap_name.as_deref());
+                if args.apply {
+                    apply_configmap(&session, &configmap).await
+                } else {
+                    print!("{}", serde_yaml::to_string(&configmap)?);
+                    Ok(())
+                }
+            }
+            "json" | "yaml" => {
+                let flat: BTreeMap<String, BTreeMap<String, String>> = all
+                    .iter()
+                    .map(|(pod, env)| (pod.clone(), flat(env)))
+                    .collect();
+                print_structured(&args.output, &flat)
+            }
+            _ => {
+                let mut out = std::io::stdout().lock();
+                for (pod, env) in &all {
+                    writeln!(out, "# {pod}")?;
+                    write!(out, "{}", env_file(env, &args.output))?;
+                }
+                Ok(())
+            }
+        };
+    }
+    let role = args.role.as_deref().unwrap_or_default();
+    let index = match (args.index, &args.pod) {
+        (Some(index), _) => index,
+        (None, Some(pod)) => index_from_pod_name(pod, role).map_err(invalid)?,
+        (None, None) => {
+            return Err(CliError::new(
+                Exit::Usage,
+                "say which pod: --index I or --pod NAME (or --all for every pod)",
+            )
+            .into());
+        }
+    };
+    let env = pa.resolve_env(role, index).map_err(invalid)?;
+    match args.output.as_str() {
+        "json" | "yaml" => print_structured(&args.output, &flat(&env)),
+        format => {
+            print!("{}", env_file(&env, format));
+            Ok(())
+        }
+    }
+}
+
+fn flat(env: &[EnvVar]) -> BTreeMap<String, String> {
+    env.iter()
+        .map(|e| (e.name.clone(), e.value.clone()))
+        .collect()
+}
+
+fn print_structured<T: serde::Serialize>(format: &str, value: &T) -> anyhow::Result<()> {
+    if format == "json" {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        print!("{}", serde_yaml::to_string(value)?);
+    }
+    Ok(())
+}
+
+/// `KEY=VALUE` lines, or `export KEY=VALUE` for a shell. Values are digits and commas, so no
+/// quoting is needed.
+pub fn env_file(env: &[EnvVar], format: &str) -> String {
+    let prefix = if format == "export" { "export " } else { "" };
+    env.iter()
+        .map(|e| format!("{prefix}{}={}\n", e.name, e.value))
+        .collect()
+}
+
+/// A ConfigMap with one `<role>-<index>.env` key per pod, owned by the PortAllocation so it goes
+/// away with it (where a garbage collector runs).
+pub fn env_configmap(
+    pa: &PortAllocation,
+    all: &BTreeMap<String, Vec<EnvVar>>,
+    name: Option<&str>,
+) -> ConfigMap {
+    let name = name
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{}-ports", pa.name_any()));
+    let data = all
+        .iter()
+        .map(|(pod, env)| (format!("{pod}.env"), env_file(env, "env")))
+        .collect();
+    let owner = kube::Resource::controller_owner_ref(pa, &());
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: pa.namespace(),
+            labels: Some(BTreeMap::from([(
+                "portalloc.dev/allocation".to_string(),
+                pa.name_any(),
+            )])),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+async fn apply_configmap(session: &Session, configmap: &ConfigMap) -> anyhow::Result<()> {
+    let namespace = configmap.namespace().unwrap_or_default();
+    let name = configmap.name_any();
+    let api: Api<ConfigMap> = Api::namespaced(session.client.clone(), &namespace);
+    let mut body = serde_json::to_value(configmap)?;
+    body["apiVersion"] = "v1".into();
+    body["kind"] = "ConfigMap".into();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|e| {
+        explain(
+            e,
+            &Op {
+                verb: "patch",
+                resource: "configmaps",
+                kind: "ConfigMap",
+                name: Some(&name),
+                namespace: Some(&namespace),
+            },
+        )
+    })?;
+    println!("configmap/{name} applied in {namespace}");
+    Ok(())
+}
