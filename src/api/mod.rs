@@ -7,6 +7,7 @@
 mod allocation;
 mod pool;
 mod port_range_text;
+mod rbg;
 mod resolve;
 mod static_band;
 mod validate;
@@ -14,6 +15,7 @@ mod validate;
 pub use allocation::*;
 pub use pool::*;
 pub use port_range_text::PortRangeText;
+pub use rbg::{ImportError, Imported, RBG_ANNOTATION, import_rbg};
 pub use resolve::{EnvVar, ResolveError, index_from_pod_name};
 pub use static_band::StaticBandSetting;
 pub use validate::SpecError;

@@ -9,6 +9,7 @@ mod describe;
 mod exit;
 mod get;
 mod global;
+mod import;
 mod install;
 mod manifest;
 mod output;
@@ -80,6 +81,7 @@ pub enum Command {
     Resolve(resolve::ResolveArgs),
     Release(release::ReleaseArgs),
     Delete(delete::DeleteArgs),
+    Import(import::ImportArgs),
     Completion(completion::CompletionArgs),
     Version(version::VersionArgs),
 }
@@ -97,6 +99,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resolve(args) => resolve::run(global, args).await,
         Command::Release(args) => release::run(global, args).await,
         Command::Delete(args) => delete::run(global, args).await,
+        Command::Import(args) => import::run(args),
         Command::Completion(args) => completion::run(args),
         Command::Version(args) => version::run(args),
     }

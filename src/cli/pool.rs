@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
+use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use tabled::Tabled;
@@ -11,7 +12,7 @@ use super::output::{OutputFormat, age, bar, print_names, print_objects, print_ro
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::api::{PortPool, PortPoolSpec, PortRangeText, Protocol, StaticBandSetting};
 use crate::core::{Band, hazards};
-use crate::k8s::{Anomaly, KubeError, Op, PoolRecord, explain};
+use crate::k8s::{Anomaly, KubeError, Op, PoolRecord, error_chain, explain};
 
 const POOLS: &str = "portpools.portalloc.dev";
 
@@ -330,12 +331,53 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
     let pool = get_pool(client, &args.name).await?;
     let record = PoolRecord::load(pool)
         .map_err(|e| CliError::new(Exit::Invalid, format!("PortPool {:?}: {e}", args.name)))?;
-    print!("{}", describe_text(&record));
+    let node_ports = node_port_conflicts(client, &record).await;
+    print!("{}", describe_text(&record, &node_ports));
     Ok(())
 }
 
+/// Ports of the pool that NodePort (or LoadBalancer) Services use: kube-proxy forwards those on
+/// every node, so a hostNetwork server bound there never receives that traffic.
+async fn node_port_conflicts(client: &Client, record: &PoolRecord) -> Vec<String> {
+    let services: Api<Service> = Api::all(client.clone());
+    let list = match services.list(&ListParams::default()).await {
+        Ok(list) => list,
+        Err(e) => {
+            return vec![format!(
+                "could not check NodePort Services ({}); ports they use are not reported",
+                error_chain(&e)
+            )];
+        }
+    };
+    let protocol = record.pool.spec.protocol.to_string();
+    let mut found = Vec::new();
+    for service in &list.items {
+        let ports = service.spec.as_ref().and_then(|s| s.ports.as_ref());
+        for port in ports.into_iter().flatten() {
+            let Some(node_port) = port.node_port.and_then(|p| u16::try_from(p).ok()) else {
+                continue;
+            };
+            let same_protocol = port.protocol.as_deref().unwrap_or("TCP") == protocol;
+            if same_protocol && record.ports.contains(node_port) {
+                let held = match record.holder_of(node_port) {
+                    Some((_, holder, slot)) => {
+                        format!(", and the pool has handed it to {} ({slot})", holder.owner)
+                    }
+                    None => String::new(),
+                };
+                found.push(format!(
+                    "port {node_port} is a NodePort of Service {}/{}{held}: kube-proxy forwards it on every node; exclude it from the pool",
+                    service.namespace().unwrap_or_default(),
+                    service.name_any()
+                ));
+            }
+        }
+    }
+    found
+}
+
 /// The `pool describe` page. Pure, so it is tested without a cluster.
-pub fn describe_text(record: &PoolRecord) -> String {
+pub fn describe_text(record: &PoolRecord, node_ports: &[String]) -> String {
     let spec = &record.pool.spec;
     let state = &record.state;
     let mut out = String::new();
@@ -409,6 +451,7 @@ pub fn describe_text(record: &PoolRecord) -> String {
         .into_iter()
         .map(|h| h.message)
         .collect();
+    warnings.extend(node_ports.iter().cloned());
     for anomaly in &record.anomalies {
         warnings.push(match anomaly {
             Anomaly::Undecodable { owner, error, .. } => format!("holder {owner} has an unreadable entry ({error}): run `kubectl portalloc repair`"),
