@@ -81,11 +81,13 @@ pub async fn complete(words: Vec<String>) {
         None => (String::new(), Vec::new()),
     };
     let (_, slot) = locate(&before, &partial);
-    let (candidates, directive) = match slot {
+    let (mut candidates, directive) = match slot {
         Slot::Subcommand(names) | Slot::Flag(names) => (names, NO_FILE_COMPLETION),
         Slot::FlagValue(flag) => flag_values(&flag, &before).await,
         Slot::Positional(path) => (positionals(&path, &before).await, NO_FILE_COMPLETION),
     };
+    candidates.sort();
+    candidates.dedup();
     for candidate in candidates.iter().filter(|c| c.starts_with(&partial)) {
         println!("{candidate}");
     }

@@ -49,6 +49,16 @@ pub fn parse_manifests(source: &str, text: &str) -> Result<Vec<Manifest>, CliErr
             .and_then(|v| v.as_str())
             .unwrap_or_default();
         let expected = format!("{GROUP}/{VERSION}");
+        // Mixed files (the CRs next to the workloads that use them) are normal: other kinds are
+        // kubectl's business. Within our own group, an unknown kind or version is a mistake.
+        let ours = api_version.split('/').next() == Some(GROUP);
+        if !ours && !api_version.is_empty() && !kind.is_empty() {
+            eprintln!(
+                "{source}: document {}: skipping {kind} ({api_version}): not a portalloc.dev kind",
+                index + 1
+            );
+            continue;
+        }
         if api_version != expected || !matches!(kind, "PortPool" | "PortAllocation") {
             return Err(invalid(format!(
                 "{at}: kind {kind:?} of apiVersion {api_version:?} is not for this plugin: \
@@ -140,7 +150,19 @@ spec:
         let cases = [
             (
                 "kind: Pod\napiVersion: v1\nmetadata: {name: x}".to_string(),
-                "document 1: kind \"Pod\"",
+                "no PortPool or PortAllocation found",
+            ),
+            (
+                GOOD.replace("kind: PortPool", "kind: PortPol"),
+                "document 1: kind \"PortPol\"",
+            ),
+            (
+                GOOD.replace("v1alpha1\nkind: PortPool", "v1\nkind: PortPool"),
+                "kind \"PortPool\" of apiVersion \"portalloc.dev/v1\"",
+            ),
+            (
+                "metadata: {name: x}".to_string(),
+                "kind \"\" of apiVersion \"\"",
             ),
             (
                 GOOD.replace("replicas: 2", "replica: 2"),

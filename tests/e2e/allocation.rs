@@ -117,7 +117,7 @@ async fn resync_is_stable_and_writes_nothing() {
         assert!(run.ok(), "{run}");
         assert!(run.stdout.contains("(unchanged)"), "{run}");
     }
-    let run = cli::run(&["sync", "--all", "-A"]);
+    let run = cli::run(&["sync", "--all", "-n", &ns]);
     assert!(run.ok(), "{run}");
 
     let after = get_pa(&client, &ns, "pd").await;

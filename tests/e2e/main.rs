@@ -6,3 +6,5 @@ mod support;
 mod allocation;
 mod concurrency;
 mod crd_validation;
+mod examples;
+mod verbs;

@@ -1,0 +1,317 @@
+//! Every example in examples/ applied to the real API server, the way its comments say.
+
+use std::path::Path;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use portalloc::api::{PortAllocation, PortPool};
+use serde::Deserialize;
+
+use crate::support::invariants::assert_consistent;
+use crate::support::{self, cli};
+
+/// An example's text with its pool renamed, since pools are cluster-wide and tests share a cluster.
+fn example(file: &str, pool: &str, unique_pool: &str) -> String {
+    let text = std::fs::read_to_string(support::repo_root().join("examples").join(file)).unwrap();
+    text.replace(
+        &format!("name: {pool}\n"),
+        &format!("name: {unique_pool}\n"),
+    )
+    .replace(
+        &format!("pool: {pool}\n"),
+        &format!("pool: {unique_pool}\n"),
+    )
+}
+
+/// Server-side apply every document of the given kinds, as `kubectl apply --server-side` would.
+async fn apply_kinds(client: &Client, ns: &str, text: &str, kinds: &[&str]) -> usize {
+    let params = PatchParams::apply("e2e-examples").force();
+    let mut applied = 0;
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let value = serde_json::Value::deserialize(document).unwrap();
+        let kind = value["kind"].as_str().unwrap_or_default();
+        if !kinds.contains(&kind) {
+            continue;
+        }
+        let name = value["metadata"]["name"].as_str().unwrap().to_string();
+        let result = match kind {
+            "Deployment" => Api::<Deployment>::namespaced(client.clone(), ns)
+                .patch(&name, &params, &Patch::Apply(&value))
+                .await
+                .map(|_| ()),
+            "StatefulSet" => Api::<StatefulSet>::namespaced(client.clone(), ns)
+                .patch(&name, &params, &Patch::Apply(&value))
+                .await
+                .map(|_| ()),
+            "PortPool" => Api::<PortPool>::all(client.clone())
+                .patch(&name, &params, &Patch::Apply(&value))
+                .await
+                .map(|_| ()),
+            "PortAllocation" => Api::<PortAllocation>::namespaced(client.clone(), ns)
+                .patch(&name, &params, &Patch::Apply(&value))
+                .await
+                .map(|_| ()),
+            other => panic!("unexpected kind {other}"),
+        };
+        result.unwrap_or_else(|e| panic!("{kind}/{name} was rejected by the API server: {e}"));
+        applied += 1;
+    }
+    applied
+}
+
+fn env_lines(text: &str) -> Vec<(&str, &str)> {
+    text.lines().filter_map(|l| l.split_once('=')).collect()
+}
+
+#[tokio::test]
+async fn sglang_prefill_decode_on_host_network() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "ex-sglang").await;
+    let pool = support::unique_name("ex-sglang");
+    let text = example("sglang-pd-hostnetwork.yaml", "llm", &pool);
+    let path = std::env::temp_dir().join(format!("{pool}.yaml"));
+    std::fs::write(&path, &text).unwrap();
+    let file = path.to_str().unwrap();
+
+    // The three commands of the example's header, in order.
+    let run = cli::run(&["create", "-f", file, "-n", &ns]);
+    assert!(run.ok(), "{run}");
+    assert!(
+        run.stderr.contains("skipping Deployment (apps/v1)"),
+        "{run}"
+    );
+    let run = cli::run(&[
+        "resolve",
+        "sglang-pd",
+        "--all",
+        "-o",
+        "configmap",
+        "--apply",
+        "-n",
+        &ns,
+    ]);
+    assert!(run.ok(), "{run}");
+    assert_eq!(
+        apply_kinds(
+            &client,
+            &ns,
+            &text,
+            &["Deployment", "StatefulSet", "PortPool", "PortAllocation"]
+        )
+        .await,
+        5
+    );
+
+    let configmap = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get("sglang-pd-ports")
+        .await
+        .unwrap();
+    let data = configmap.data.unwrap();
+    let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        vec![
+            "decode-0.env",
+            "decode-1.env",
+            "decode-2.env",
+            "prefill-0.env",
+            "prefill-1.env",
+            "router-0.env"
+        ]
+    );
+    assert_eq!(
+        configmap.metadata.owner_references.unwrap()[0].name,
+        "sglang-pd"
+    );
+
+    // What decode-1 sources: its own ports, the router's, and every prefill bootstrap port.
+    let pa = Api::<PortAllocation>::namespaced(client.clone(), &ns)
+        .get("sglang-pd")
+        .await
+        .unwrap();
+    let bootstrap: Vec<String> = pa
+        .allocated_values("prefill", "bootstrap")
+        .iter()
+        .map(u16::to_string)
+        .collect();
+    let decode1 = env_lines(&data["decode-1.env"]);
+    let names: Vec<&str> = decode1.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        names,
+        vec![
+            "DECODE_PORT",
+            "NIXL_PORT",
+            "ROUTER_PORT",
+            "PREFILL_BOOTSTRAP_PORTS"
+        ]
+    );
+    assert_eq!(
+        decode1[1].1,
+        pa.allocated_values("decode", "nixl")[1].to_string()
+    );
+    assert_eq!(decode1[3].1, bootstrap.join(","));
+    assert_eq!(bootstrap.len(), 2);
+    let prefill0 = env_lines(&data["prefill-0.env"]);
+    assert_eq!(prefill0[2], ("ROUTER_PORT", decode1[2].1));
+
+    // kubectl apply of the same file afterwards leaves the allocation alone.
+    assert_consistent(&client, &pool).await;
+    let run = cli::run(&["sync", "sglang-pd", "-n", &ns]);
+    assert!(run.stdout.contains("(unchanged)"), "{run}");
+
+    let statefulset = Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .get("decode")
+        .await
+        .unwrap();
+    let spec = statefulset.spec.unwrap();
+    assert_eq!(
+        spec.replicas,
+        Some(3),
+        "the StatefulSet's replicas match the role's"
+    );
+    assert_eq!(spec.template.spec.unwrap().host_network, Some(true));
+}
+
+#[tokio::test]
+async fn statefulset_reads_its_port_from_the_configmap() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "ex-sts").await;
+    let pool = support::unique_name("ex-sts");
+    support::create_pool(&pool, "33000-33099");
+    let text = example("statefulset-configmap.yaml", "llm", &pool);
+    let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns], &text);
+    assert!(run.ok(), "{run}");
+    let run = cli::run(&[
+        "resolve",
+        "workers",
+        "--all",
+        "-o",
+        "configmap",
+        "--apply",
+        "-n",
+        &ns,
+    ]);
+    assert!(run.ok(), "{run}");
+    assert_eq!(apply_kinds(&client, &ns, &text, &["StatefulSet"]).await, 1);
+    let data = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get("workers-ports")
+        .await
+        .unwrap()
+        .data
+        .unwrap();
+    assert_eq!(data.len(), 4);
+    // The file name the pod's shell computes (worker-${POD_NAME##*-}.env) exists for every pod.
+    for ordinal in 0..4 {
+        let pod = format!("workers-{ordinal}");
+        let key = format!("worker-{}.env", pod.rsplit('-').next().unwrap());
+        let env = env_lines(&data[&key]);
+        assert_eq!(
+            env.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            vec!["RPC_PORT", "METRICS_PORT"]
+        );
+        assert!(
+            env.iter()
+                .all(|(_, v)| v.parse::<u16>().is_ok_and(|p| (33000..=33099).contains(&p)))
+        );
+    }
+    let resolved = cli::run(&[
+        "resolve",
+        "workers",
+        "--role",
+        "worker",
+        "--pod",
+        "workers-2",
+        "-n",
+        &ns,
+    ]);
+    assert_eq!(
+        resolved.stdout, data["worker-2.env"],
+        "resolve and the ConfigMap agree"
+    );
+}
+
+#[tokio::test]
+async fn gitops_walkthrough() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "ex-gitops").await;
+    let pool = support::unique_name("ex-gitops");
+    let pool_text = example("gitops/pool.yaml", "gitops", &pool);
+    let allocations = example("gitops/allocations.yaml", "gitops", &pool);
+    // `kubectl apply` of both files: the objects exist, without ports.
+    apply_kinds(&client, &ns, &pool_text, &["PortPool"]).await;
+    apply_kinds(&client, &ns, &allocations, &["PortAllocation"]).await;
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        api.get("vllm-leader-worker")
+            .await
+            .unwrap()
+            .status
+            .is_none()
+    );
+
+    let run = cli::run(&["sync", "--all", "-n", &ns]);
+    assert!(run.ok(), "{run}");
+    for pa in api.list(&Default::default()).await.unwrap().items {
+        let status = pa.status.clone().unwrap();
+        assert_eq!(
+            status.phase.map(|p| p.to_string()).as_deref(),
+            Some("Allocated"),
+            "{}",
+            pa.name_any()
+        );
+    }
+    let exporters = api.get("metrics-exporters").await.unwrap();
+    assert_eq!(
+        exporters.allocated_values("exporter", "admin"),
+        vec![24001],
+        "the well-known port is honoured"
+    );
+    let run = cli::run(&[
+        "resolve",
+        "vllm-leader-worker",
+        "--role",
+        "worker",
+        "--index",
+        "2",
+        "-n",
+        &ns,
+    ]);
+    assert!(run.ok(), "{run}");
+    let leader = api.get("vllm-leader-worker").await.unwrap();
+    assert!(
+        run.stdout.contains(&format!(
+            "LEADER_PORT={}\n",
+            leader.allocated_values("leader", "http")[0]
+        )),
+        "{run}"
+    );
+    assert_consistent(&client, &pool).await;
+
+    // The walkthrough's README names files that exist.
+    let readme =
+        std::fs::read_to_string(support::repo_root().join("examples/gitops/README.md")).unwrap();
+    for file in [
+        "examples/gitops/pool.yaml",
+        "examples/gitops/allocations.yaml",
+        "crds/portalloc-crds.yaml",
+    ] {
+        assert!(
+            readme.contains(file) && Path::new(support::repo_root()).join(file).exists(),
+            "{file}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn quickstart_example_applies() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "ex-quick").await;
+    let pool = support::unique_name("ex-quick");
+    let text = example("quickstart.yaml", "quickstart", &pool);
+    let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns], &text);
+    assert!(run.ok(), "{run}");
+    assert!(run.stdout.contains("9 ports held"), "{run}");
+    assert_consistent(&client, &pool).await;
+}
