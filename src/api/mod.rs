@@ -5,6 +5,8 @@
 //! checked-in YAML drifts.
 
 mod allocation;
+#[cfg(test)]
+mod fixtures;
 mod pool;
 mod port_range_text;
 mod rbg;

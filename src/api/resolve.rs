@@ -256,19 +256,9 @@ impl PortAllocation {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{
-        PortAllocationSpec, PortAllocationStatus, PortAssignment, PortReference, PortRequest,
-    };
+    use super::super::fixtures::{pd_roles, port, reference};
+    use super::super::{PortAllocationSpec, PortAllocationStatus, PortAssignment};
     use super::*;
-
-    fn port(name: &str, scope: Scope, env: &str) -> PortRequest {
-        PortRequest {
-            name: name.into(),
-            scope,
-            env: env.into(),
-            port: None,
-        }
-    }
 
     fn assignment(role: &str, port: &str, scope: Scope, values: &[i32]) -> PortAssignment {
         PortAssignment {
@@ -281,46 +271,20 @@ mod tests {
     }
 
     fn pd() -> PortAllocation {
+        let mut roles = pd_roles(2, 2);
+        roles[2]
+            .ports
+            .push(port("metrics", Scope::RoleScoped, "METRICS_PORT"));
+        roles[2].references = vec![
+            reference("ROUTER", "router.http"),
+            reference("BOOTSTRAPS", "prefill.bootstrap[*]"),
+            reference("FIRST", "prefill.bootstrap[0]"),
+        ];
         let mut pa = PortAllocation::new(
             "pd",
             PortAllocationSpec {
                 pool: "p".into(),
-                roles: vec![
-                    Role {
-                        name: "router".into(),
-                        replicas: 1,
-                        ports: vec![port("http", Scope::RoleScoped, "ROUTER_PORT")],
-                        references: vec![],
-                    },
-                    Role {
-                        name: "prefill".into(),
-                        replicas: 2,
-                        ports: vec![port("bootstrap", Scope::PodScoped, "BOOTSTRAP_PORT")],
-                        references: vec![],
-                    },
-                    Role {
-                        name: "decode".into(),
-                        replicas: 2,
-                        ports: vec![
-                            port("http", Scope::PodScoped, "DECODE_PORT"),
-                            port("metrics", Scope::RoleScoped, "METRICS_PORT"),
-                        ],
-                        references: vec![
-                            PortReference {
-                                env: "ROUTER".into(),
-                                from: "router.http".into(),
-                            },
-                            PortReference {
-                                env: "BOOTSTRAPS".into(),
-                                from: "prefill.bootstrap[*]".into(),
-                            },
-                            PortReference {
-                                env: "FIRST".into(),
-                                from: "prefill.bootstrap[0]".into(),
-                            },
-                        ],
-                    },
-                ],
+                roles,
             },
         );
         pa.metadata.namespace = Some("llm".into());

@@ -304,41 +304,15 @@ fn check_env(field: &str, env: &str) -> Result<(), SpecError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{PortReference, PortRequest};
+    use super::super::PortReference;
+    use super::super::PortRequest;
+    use super::super::fixtures::{pd_roles, port};
     use super::*;
-
-    fn port(name: &str, scope: Scope, env: &str) -> PortRequest {
-        PortRequest {
-            name: name.into(),
-            scope,
-            env: env.into(),
-            port: None,
-        }
-    }
 
     fn spec() -> PortAllocationSpec {
         PortAllocationSpec {
             pool: "default".into(),
-            roles: vec![
-                Role {
-                    name: "router".into(),
-                    replicas: 1,
-                    ports: vec![port("http", Scope::RoleScoped, "ROUTER_PORT")],
-                    references: vec![],
-                },
-                Role {
-                    name: "prefill".into(),
-                    replicas: 2,
-                    ports: vec![port("bootstrap", Scope::PodScoped, "BOOTSTRAP_PORT")],
-                    references: vec![],
-                },
-                Role {
-                    name: "decode".into(),
-                    replicas: 1,
-                    ports: vec![port("http", Scope::PodScoped, "DECODE_PORT")],
-                    references: vec![],
-                },
-            ],
+            roles: pd_roles(2, 1),
         }
     }
 

@@ -24,19 +24,10 @@ pub async fn get_allocation(
     name: &str,
 ) -> Result<PortAllocation, KubeError> {
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), namespace);
-    api.get(name).await.map_err(
-        |e| match explain(e, &op("get", Some(name), Some(namespace))) {
-            KubeError::NotFound {
-                kind, name, scope, ..
-            } => KubeError::NotFound {
-                kind,
-                name,
-                scope,
-                hint: ": list them with `kubectl portalloc get -A`".into(),
-            },
-            other => other,
-        },
-    )
+    api.get(name).await.map_err(|e| {
+        explain(e, &op("get", Some(name), Some(namespace)))
+            .with_hint(": list them with `kubectl portalloc get -A`")
+    })
 }
 
 /// All PortAllocations in `namespace`, or in every namespace; sorted by namespace and name.

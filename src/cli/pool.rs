@@ -118,20 +118,10 @@ fn op<'a>(verb: &'a str, name: Option<&'a str>) -> Op<'a> {
 
 pub async fn get_pool(client: &Client, name: &str) -> Result<PortPool, KubeError> {
     let pools: Api<PortPool> = Api::all(client.clone());
-    pools
-        .get(name)
-        .await
-        .map_err(|e| match explain(e, &op("get", Some(name))) {
-            KubeError::NotFound {
-                kind, name, scope, ..
-            } => KubeError::NotFound {
-                kind,
-                name,
-                scope,
-                hint: ": list pools with `kubectl portalloc pool get`".into(),
-            },
-            other => other,
-        })
+    pools.get(name).await.map_err(|e| {
+        explain(e, &op("get", Some(name)))
+            .with_hint(": list pools with `kubectl portalloc pool get`")
+    })
 }
 
 fn parse_static_band(text: &str) -> Result<StaticBandSetting, CliError> {

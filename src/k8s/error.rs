@@ -67,6 +67,21 @@ pub enum KubeError {
 }
 
 impl KubeError {
+    /// Add what to do next to a "not found"; other errors pass through unchanged.
+    pub fn with_hint(self, hint: &str) -> KubeError {
+        match self {
+            KubeError::NotFound {
+                kind, name, scope, ..
+            } => KubeError::NotFound {
+                kind,
+                name,
+                scope,
+                hint: hint.to_string(),
+            },
+            other => other,
+        }
+    }
+
     pub fn kind(&self) -> ApiErrorKind {
         match self {
             Self::Config { .. } => ApiErrorKind::Config,

@@ -1,0 +1,50 @@
+//! Builders for specs in unit tests, so each test states only what it is about.
+
+use super::{PortReference, PortRequest, Role, Scope};
+
+pub fn port(name: &str, scope: Scope, env: &str) -> PortRequest {
+    PortRequest {
+        name: name.into(),
+        scope,
+        env: env.into(),
+        port: None,
+    }
+}
+
+pub fn role(name: &str, replicas: i32, ports: Vec<PortRequest>) -> Role {
+    Role {
+        name: name.into(),
+        replicas,
+        ports,
+        references: vec![],
+    }
+}
+
+pub fn reference(env: &str, from: &str) -> PortReference {
+    PortReference {
+        env: env.into(),
+        from: from.into(),
+    }
+}
+
+/// router (1 pod, RoleScoped http), prefill (`prefill` pods, PodScoped bootstrap),
+/// decode (`decode` pods, PodScoped http): the shape of a prefill/decode group.
+pub fn pd_roles(prefill: i32, decode: i32) -> Vec<Role> {
+    vec![
+        role(
+            "router",
+            1,
+            vec![port("http", Scope::RoleScoped, "ROUTER_PORT")],
+        ),
+        role(
+            "prefill",
+            prefill,
+            vec![port("bootstrap", Scope::PodScoped, "BOOTSTRAP_PORT")],
+        ),
+        role(
+            "decode",
+            decode,
+            vec![port("http", Scope::PodScoped, "DECODE_PORT")],
+        ),
+    ]
+}
