@@ -145,8 +145,7 @@ fn explain_status(response: &Status, op: &Op<'_>) -> KubeError {
             scope: op.scope(),
             message: status.clone(),
         },
-        // A missing object names itself in the message; a missing resource type does not.
-        404 if status.contains("could not find the requested resource") => KubeError::CrdsMissing {
+        404 if is_unknown_resource(response) => KubeError::CrdsMissing {
             resource: op.resource.into(),
         },
         404 => KubeError::NotFound {
@@ -174,6 +173,19 @@ fn explain_status(response: &Status, op: &Op<'_>) -> KubeError {
             message: format!("{status} (HTTP {})", response.code),
         },
     }
+}
+
+/// A 404 for the resource type itself (our CRDs are not installed) rather than for one object.
+/// A missing object comes back as a Status with reason NotFound and details naming it; an
+/// unknown resource path comes back as plain text ("404 page not found") or a Status without
+/// details ("the server could not find the requested resource").
+pub fn is_unknown_resource(status: &Status) -> bool {
+    status.code == 404
+        && (status.details.is_none()
+            || status.message.contains("page not found")
+            || status
+                .message
+                .contains("could not find the requested resource"))
 }
 
 /// `e: cause: cause` on one line; hyper's top-level messages alone are too vague.
