@@ -28,6 +28,9 @@ pub enum Exit {
     CrdsMissing = 8,
     /// No usable kubeconfig or context.
     Config = 9,
+    /// `repair` without `--apply` found something to change or report (as `kubectl diff`
+    /// signals differences, but with a code of its own: 1 already means failure here).
+    Differences = 10,
 }
 
 impl Exit {

@@ -15,6 +15,7 @@ mod manifest;
 mod output;
 mod pool;
 mod release;
+mod repair;
 mod report;
 mod resolve;
 mod session;
@@ -81,6 +82,7 @@ pub enum Command {
     Resolve(resolve::ResolveArgs),
     Release(release::ReleaseArgs),
     Delete(delete::DeleteArgs),
+    Repair(repair::RepairArgs),
     Import(import::ImportArgs),
     Completion(completion::CompletionArgs),
     Version(version::VersionArgs),
@@ -99,6 +101,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resolve(args) => resolve::run(global, args).await,
         Command::Release(args) => release::run(global, args).await,
         Command::Delete(args) => delete::run(global, args).await,
+        Command::Repair(args) => repair::run(global, args).await,
         Command::Import(args) => import::run(args),
         Command::Completion(args) => completion::run(args),
         Command::Version(args) => version::run(args),

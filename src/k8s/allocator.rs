@@ -523,7 +523,7 @@ fn describe_cause(cause: &RetryCause) -> String {
 }
 
 /// Conflicts and transient failures are retried; anything else is final.
-fn retry_cause(err: &kube::Error) -> Option<RetryCause> {
+pub(super) fn retry_cause(err: &kube::Error) -> Option<RetryCause> {
     match err {
         kube::Error::Api(status) if status.is_conflict() => Some(RetryCause::Conflict),
         kube::Error::Api(status) if matches!(status.code, 429 | 500 | 502 | 503 | 504) => Some(

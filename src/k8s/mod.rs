@@ -7,6 +7,7 @@ mod client;
 mod crds;
 mod error;
 mod pool_record;
+mod repair;
 mod retry;
 
 pub use allocation_status::{CONDITION_ALLOCATED, Failure, allocation_status, recorded_holdings};
@@ -15,6 +16,10 @@ pub use client::{ClientOptions, connect};
 pub use crds::{crds_installed, install_crds};
 pub use error::{ApiErrorKind, KubeError, Op, error_chain, explain};
 pub use pool_record::{Anomaly, HolderEntry, PoolRecord};
+pub use repair::{
+    Change, Finding, FollowUp, FreeReason, PoolRepair, RepairError, RepairPlan, Repairer, Restored,
+    plan_repair,
+};
 pub use retry::{Attempts, RetryCause, RetryPolicy};
 
 /// The field manager name our writes are recorded under.

@@ -7,4 +7,5 @@ mod allocation;
 mod concurrency;
 mod crd_validation;
 mod examples;
+mod repair;
 mod verbs;

@@ -1,0 +1,207 @@
+//! `kubectl portalloc repair [--pool P] [--apply]`: make pools match the live PortAllocations.
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use super::report::print_report;
+use super::{CliError, Exit, GlobalArgs, Session};
+use crate::k8s::{FollowUp, PoolRepair, RepairError, RepairPlan, Repairer};
+
+/// Free ports whose PortAllocation is gone and restore holdings a recreated pool lost.
+///
+/// For each pool: read it, then list every PortAllocation, and compute what differs. Entries whose
+/// PortAllocation no longer exists (by UID) are freed. Holdings a live PortAllocation's status
+/// records against an earlier pool object of the same name (the pool was deleted and created
+/// again) are restored where the port is still in the pool, still asked for and free. Ports held
+/// twice, ports outside the pool and stale statuses are reported, never moved.
+///
+/// Without --apply nothing is written and the exit code is 10 when there is anything to report.
+/// With --apply the pool's status is replaced with a compare-and-swap on the version read, so a
+/// concurrent allocation is never lost: if the pool changed meanwhile, repair reads it again.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  # Show what repair would change in every pool (exit code 10 if anything)
+  kubectl portalloc repair
+
+  # Make the changes in one pool
+  kubectl portalloc repair --pool default --apply
+
+  # After `pool delete --force` and creating the pool again: every holding comes back
+  kubectl portalloc pool create default --range 30000-32767
+  kubectl portalloc repair --pool default --apply")]
+pub struct RepairArgs {
+    /// Only this pool (default: every pool).
+    #[arg(long, value_name = "NAME")]
+    pub pool: Option<String>,
+    /// Write the changes (default: only show them).
+    #[arg(long)]
+    pub apply: bool,
+    /// Print the diff as json or yaml instead of lines.
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<RepairOutput>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RepairOutput {
+    Json,
+    Yaml,
+}
+
+/// One pool in `-o json|yaml`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PoolOutput<'a> {
+    #[serde(flatten)]
+    plan: &'a RepairPlan,
+    applied: bool,
+    attempts: u32,
+    conflicts: u32,
+    synced: Vec<String>,
+}
+
+pub async fn run(global: &GlobalArgs, args: RepairArgs) -> anyhow::Result<()> {
+    let session = Session::connect(global).await?;
+    let repairer = Repairer::new(session.client.clone(), session.allocator.clone());
+    let pools = match &args.pool {
+        Some(pool) => vec![pool.clone()],
+        None => repairer.pool_names().await?,
+    };
+    if pools.is_empty() && args.output.is_none() {
+        eprintln!("No PortPools found.");
+    }
+    let mut results = Vec::new();
+    let mut follow_up_failures = 0;
+    for pool in &pools {
+        let repair = repairer
+            .repair_pool(pool, args.apply)
+            .await
+            .map_err(into_cli_error)?;
+        if args.output.is_none() {
+            print_pool(&repair, session.verbosity);
+        }
+        follow_up_failures += repair
+            .follow_ups
+            .iter()
+            .filter(|f| matches!(f, FollowUp::Failed { .. }))
+            .count();
+        results.push(repair);
+    }
+    if let Some(format) = args.output {
+        let out: Vec<PoolOutput> = results
+            .iter()
+            .map(|r| PoolOutput {
+                plan: &r.plan,
+                applied: r.applied,
+                attempts: r.attempts,
+                conflicts: r.conflicts,
+                synced: r
+                    .follow_ups
+                    .iter()
+                    .filter_map(|f| match f {
+                        FollowUp::Synced(report) => {
+                            Some(format!("{}/{}", report.namespace, report.name))
+                        }
+                        _ => None,
+                    })
+                    .collect(),
+            })
+            .collect();
+        match format {
+            RepairOutput::Json => println!("{}", serde_json::to_string_pretty(&out)?),
+            RepairOutput::Yaml => print!("{}", serde_yaml::to_string(&out)?),
+        }
+    }
+    if follow_up_failures > 0 {
+        return Err(CliError::new(
+            Exit::Unavailable,
+            format!(
+                "the pool was repaired, but {follow_up_failures} restored PortAllocations could not be synced \
+                 (see above): run `kubectl portalloc sync --all -A`"
+            ),
+        )
+        .into());
+    }
+    let pending: Vec<&RepairPlan> = results
+        .iter()
+        .map(|r| &r.plan)
+        .filter(|p| !p.is_clean())
+        .collect();
+    if !args.apply && !pending.is_empty() {
+        let changes: usize = pending.iter().map(|p| p.changes.len()).sum();
+        let findings: usize = pending.iter().map(|p| p.findings.len()).sum();
+        return Err(CliError::new(
+            Exit::Differences,
+            format!(
+                "differences found in {} of {} pools ({changes} changes, {findings} findings); nothing was \
+                 written{}",
+                pending.len(),
+                pools.len(),
+                if changes > 0 {
+                    ": run again with --apply to make the changes"
+                } else {
+                    ""
+                }
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn into_cli_error(error: RepairError) -> anyhow::Error {
+    match error {
+        RepairError::Kube(e) => e.into(),
+        e @ RepairError::PoolSpec { .. } => CliError::new(Exit::Invalid, e.to_string()).into(),
+        e @ RepairError::Exhausted { .. } => CliError::new(Exit::Unavailable, e.to_string()).into(),
+    }
+}
+
+fn print_pool(repair: &PoolRepair, verbosity: u8) {
+    let plan = &repair.plan;
+    let pool = format!("pool/{}", plan.pool);
+    if plan.is_clean() {
+        println!(
+            "{pool}: consistent ({} holders, {} ports held)",
+            plan.holders, plan.held_ports
+        );
+        return;
+    }
+    for change in &plan.changes {
+        println!("{:<8} {pool}  {change}", change.verb());
+    }
+    for finding in &plan.findings {
+        println!("{:<8} {pool}  {finding}", finding.verb());
+    }
+    let what = format!(
+        "{} changes, {} findings",
+        plan.changes.len(),
+        plan.findings.len()
+    );
+    if repair.applied {
+        let retries = if repair.attempts > 1 {
+            format!(
+                " after {} attempts ({} conflicts)",
+                repair.attempts, repair.conflicts
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "{pool}: applied {what}{retries}; now {} holders, {} ports held",
+            plan.holders, plan.held_ports
+        );
+    } else if plan.changes.is_empty() {
+        println!("{pool}: {what}; nothing for repair to change");
+    } else {
+        println!("{pool}: {what} (dry run: nothing written; --apply makes the changes)");
+    }
+    for follow_up in &repair.follow_ups {
+        match follow_up {
+            FollowUp::Synced(report) => print_report(report, verbosity),
+            FollowUp::Gone { owner, freed } => println!(
+                "{owner} was deleted during repair: its {freed} restored ports were freed again"
+            ),
+            FollowUp::Failed { owner, error } => eprintln!("error: sync of {owner}: {error}"),
+        }
+    }
+}
