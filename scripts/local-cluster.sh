@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # A real, local Kubernetes control plane for development and tests: etcd + kube-apiserver, both
 # built from their Go modules (tests/controlplane/*), on loopback, with TLS, RBAC, an admin identity
-# (client certificate in system:masters) and an unprivileged identity for RBAC tests.
+# (client certificate in system:masters) and two unprivileged identities for RBAC tests.
 #
 #   scripts/local-cluster.sh up      build (cached) and start; prints the kubeconfig path last
 #   scripts/local-cluster.sh down    stop exactly what `up` started and delete its state
 #   scripts/local-cluster.sh status  say whether it runs, and where
 #   scripts/local-cluster.sh build   only build (or find in the cache) the two binaries
+#   scripts/local-cluster.sh stop [--kill]  stop kube-apiserver and etcd but keep their data, certs
+#                                    and ports (--kill: SIGKILL, as a crash; default SIGTERM)
+#   scripts/local-cluster.sh start   start them again from what `stop` kept, on the same ports
+#   scripts/local-cluster.sh restart [--kill]  stop, then start (fault tests use this)
 #
 # Environment:
 #   PORTALLOC_CLUSTER_DIR   runtime state (certs, data, logs, kubeconfig); default .local-cluster/
@@ -95,6 +99,7 @@ make_pki() {
     -days 3650 -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
   client_cert admin "/O=system:masters/CN=admin"
   client_cert user "/CN=portalloc-user"
+  client_cert user2 "/CN=portalloc-user2"
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 }
@@ -128,11 +133,17 @@ users:
   user:
     client-certificate-data: $(b64 "$pki/user.crt")
     client-key-data: $(b64 "$pki/user.key")
+- name: portalloc-user2
+  user:
+    client-certificate-data: $(b64 "$pki/user2.crt")
+    client-key-data: $(b64 "$pki/user2.key")
 contexts:
 - name: portalloc-local
   context: {cluster: portalloc-local, user: portalloc-admin, namespace: default}
 - name: portalloc-local-user
   context: {cluster: portalloc-local, user: portalloc-user, namespace: default}
+- name: portalloc-local-user2
+  context: {cluster: portalloc-local, user: portalloc-user2, namespace: default}
 current-context: portalloc-local
 EOF
 }
@@ -150,32 +161,20 @@ wait_for() {
 
 etcd_healthy() { curl -fsS --max-time 2 "http://127.0.0.1:$(cat "$cluster_dir/etcd.port")/health" >/dev/null 2>&1; }
 
-up() {
-  if alive "$cluster_dir/apiserver.pid" && ready; then
-    log "already running"
-    echo "$cluster_dir/kubeconfig"
-    return
-  fi
-  # Anything half-started by an earlier, interrupted `up` goes first.
-  down_quiet
-  local bins etcd_port peer_port port
-  bins=$(build)
-  mkdir -p "$cluster_dir"
-  make_pki
-  etcd_port=$(free_port)
-  peer_port=$(free_port)
-  port=$(free_port)
-  echo "$etcd_port" >"$cluster_dir/etcd.port"
-  echo "$port" >"$cluster_dir/apiserver.port"
-
-  local started=$SECONDS
+# Start etcd and kube-apiserver from the state in $cluster_dir (certs, data, ports), and wait
+# until both answer. Used by `up` on fresh state and by `start` on what `stop` kept.
+start_servers() {
+  local bins=$1 etcd_port peer_port port started=$SECONDS
+  etcd_port=$(cat "$cluster_dir/etcd.port")
+  peer_port=$(cat "$cluster_dir/etcd-peer.port")
+  port=$(cat "$cluster_dir/apiserver.port")
   # setsid: the servers outlive this script but not `down`, which kills their process groups.
   setsid "$bins/etcd" --name portalloc-local --data-dir "$cluster_dir/etcd-data" \
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
     --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
     --initial-cluster "portalloc-local=http://127.0.0.1:$peer_port" \
     --unsafe-no-fsync=true --log-level=warn \
-    </dev/null >"$cluster_dir/etcd.log" 2>&1 &
+    </dev/null >>"$cluster_dir/etcd.log" 2>&1 &
   echo $! >"$cluster_dir/etcd.pid"
   wait_for etcd 30 "$cluster_dir/etcd.pid" "$cluster_dir/etcd.log" etcd_healthy
 
@@ -192,11 +191,39 @@ up() {
     --disable-admission-plugins ServiceAccount \
     --allow-privileged=true \
     --cert-dir "$cluster_dir/apiserver-certs" \
-    </dev/null >"$cluster_dir/apiserver.log" 2>&1 &
+    </dev/null >>"$cluster_dir/apiserver.log" 2>&1 &
   echo $! >"$cluster_dir/apiserver.pid"
-  write_kubeconfig "$port"
   wait_for kube-apiserver 90 "$cluster_dir/apiserver.pid" "$cluster_dir/apiserver.log" ready
   log "ready in $((SECONDS - started))s at https://127.0.0.1:$port ($(basename "$bins"))"
+}
+
+# A cluster started by an older version of this script lacks the second user: add it.
+ensure_identities() {
+  local pki=$cluster_dir/pki
+  if [[ ! -f $pki/user2.crt ]]; then
+    client_cert user2 "/CN=portalloc-user2"
+    write_kubeconfig "$(cat "$cluster_dir/apiserver.port")"
+  fi
+}
+
+up() {
+  if alive "$cluster_dir/apiserver.pid" && ready; then
+    ensure_identities
+    log "already running"
+    echo "$cluster_dir/kubeconfig"
+    return
+  fi
+  # Anything half-started by an earlier, interrupted `up` goes first.
+  down_quiet
+  local bins
+  bins=$(build)
+  mkdir -p "$cluster_dir"
+  make_pki
+  free_port >"$cluster_dir/etcd.port"
+  free_port >"$cluster_dir/etcd-peer.port"
+  free_port >"$cluster_dir/apiserver.port"
+  write_kubeconfig "$(cat "$cluster_dir/apiserver.port")"
+  start_servers "$bins"
 
   if [[ -n ${PORTALLOC_CLUSTER_OWNER_PID:-} ]]; then
     # Stop the servers when the owning process goes away, however it ends.
@@ -204,6 +231,35 @@ up() {
     setsid bash -c "while kill -0 $owner 2>/dev/null; do sleep 1; done; PORTALLOC_CLUSTER_DIR='$cluster_dir' '$self' down" \
       </dev/null >/dev/null 2>&1 &
     echo $! >"$cluster_dir/watcher.pid"
+  fi
+  echo "$cluster_dir/kubeconfig"
+}
+
+# Stop both servers, keeping the data dir, certs, ports and the owner watcher.
+stop() {
+  [[ -f $cluster_dir/apiserver.port ]] || die "no cluster state in $cluster_dir: run \`$0 up\` first"
+  local signal=TERM
+  [[ ${1:-} == --kill ]] && signal=KILL
+  if [[ $signal == KILL ]]; then
+    for f in apiserver etcd; do
+      [[ -f $cluster_dir/$f.pid ]] && kill -KILL "$(cat "$cluster_dir/$f.pid")" 2>/dev/null || true
+    done
+  fi
+  stop_pidfile "$cluster_dir/apiserver.pid"
+  stop_pidfile "$cluster_dir/etcd.pid"
+  log "stopped (SIG$signal); state kept in $cluster_dir"
+}
+
+# Start again from what `stop` kept: same data, certs and ports.
+start() {
+  [[ -f $cluster_dir/apiserver.port && -f $cluster_dir/etcd-peer.port ]] \
+    || die "no cluster state in $cluster_dir: run \`$0 up\` first"
+  if alive "$cluster_dir/apiserver.pid" && ready; then
+    log "already running"
+  else
+    stop_pidfile "$cluster_dir/apiserver.pid"
+    stop_pidfile "$cluster_dir/etcd.pid"
+    start_servers "$(build)"
   fi
   echo "$cluster_dir/kubeconfig"
 }
@@ -256,5 +312,8 @@ case ${1:-} in
   down) down ;;
   status) status ;;
   build) build ;;
-  *) echo "usage: $0 up|down|status|build" >&2; exit 2 ;;
+  stop) stop "${2:-}" ;;
+  start) start ;;
+  restart) stop "${2:-}" && start ;;
+  *) echo "usage: $0 up|down|status|build|stop [--kill]|start|restart [--kill]" >&2; exit 2 ;;
 esac
