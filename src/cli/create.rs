@@ -234,17 +234,43 @@ async fn update_existing(
     desired.spec = pa.spec.clone();
     precheck(record, &desired)?;
     if existing.spec != pa.spec {
-        existing.spec = pa.spec;
-        existing = api
-            .replace(&name, &PostParams::default(), &existing)
-            .await
-            .map_err(|e| explain(e, &op("update", Some(&name), Some(&namespace))))?;
+        existing = replace_spec(api, existing, &pa).await?;
     }
     match session.allocator.sync(existing.clone(), Some(pool)).await {
         Ok(report) => Ok(report),
         Err(e) => {
             session.allocator.record_failure(&existing, &e).await;
             Err(e.into())
+        }
+    }
+}
+
+/// Write the new spec. A 409 means another client wrote the object since it was read (often
+/// only its status, by a concurrent `sync`): read it again and retry a few times rather than
+/// fail a re-apply that nobody contradicted.
+async fn replace_spec(
+    api: &Api<PortAllocation>,
+    mut existing: PortAllocation,
+    desired: &PortAllocation,
+) -> anyhow::Result<PortAllocation> {
+    let name = existing.name_any();
+    let namespace = existing.namespace().unwrap_or_default();
+    let mut tries = 0;
+    loop {
+        existing.spec = desired.spec.clone();
+        match api.replace(&name, &PostParams::default(), &existing).await {
+            Ok(updated) => return Ok(updated),
+            Err(kube::Error::Api(s)) if s.is_conflict() && tries < 5 => {
+                tries += 1;
+                existing = api
+                    .get(&name)
+                    .await
+                    .map_err(|e| explain(e, &op("get", Some(&name), Some(&namespace))))?;
+                if existing.spec == desired.spec {
+                    return Ok(existing);
+                }
+            }
+            Err(e) => return Err(explain(e, &op("update", Some(&name), Some(&namespace))).into()),
         }
     }
 }

@@ -88,7 +88,8 @@ fn kube_exit(e: &KubeError) -> Exit {
         ApiErrorKind::CrdsMissing => Exit::CrdsMissing,
         ApiErrorKind::Forbidden => Exit::Forbidden,
         ApiErrorKind::NotFound => Exit::NotFound,
-        ApiErrorKind::Conflict => Exit::Refused,
+        // Someone else wrote first; the write did not happen and a rerun reads the new version.
+        ApiErrorKind::Conflict => Exit::Unavailable,
         ApiErrorKind::Invalid => Exit::Invalid,
         ApiErrorKind::Unavailable => Exit::Unavailable,
         ApiErrorKind::Other => Exit::Failure,

@@ -58,6 +58,20 @@ pub enum KubeError {
         message: String,
     },
 
+    /// Another client wrote the object between our read and our write (409 Conflict). The
+    /// write did not happen; running the command again reads the new version.
+    #[error(
+        "{object} was changed by another client while this command was updating it ({verb} \
+         {resource}: {message}): running the command again is safe"
+    )]
+    Conflict {
+        verb: String,
+        resource: String,
+        /// `PortAllocation "x" in namespace "y"`
+        object: String,
+        message: String,
+    },
+
     #[error("{verb} {resource}: {message}")]
     Other {
         verb: String,
@@ -89,6 +103,7 @@ impl KubeError {
             Self::Forbidden { .. } => ApiErrorKind::Forbidden,
             Self::NotFound { .. } => ApiErrorKind::NotFound,
             Self::Invalid { .. } => ApiErrorKind::Invalid,
+            Self::Conflict { .. } => ApiErrorKind::Conflict,
             Self::Unavailable { .. } => ApiErrorKind::Unavailable,
             Self::Other { .. } => ApiErrorKind::Other,
         }
@@ -154,6 +169,17 @@ fn explain_status(response: &Status, op: &Op<'_>) -> KubeError {
             scope: op.scope(),
             hint: String::new(),
         },
+        409 if response.is_conflict() => KubeError::Conflict {
+            verb: op.verb.into(),
+            resource: op.resource.into(),
+            object: format!(
+                "{} {:?}{}",
+                op.kind,
+                op.name.unwrap_or_default(),
+                op.scope()
+            ),
+            message: status.clone(),
+        },
         409 => KubeError::Other {
             verb: op.verb.into(),
             resource: op.resource.into(),
@@ -201,4 +227,46 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, reason: &str, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(Status {
+            code,
+            reason: reason.into(),
+            message: message.into(),
+            ..Default::default()
+        }))
+    }
+
+    const OP: Op<'static> = Op {
+        verb: "update",
+        resource: "portallocations.portalloc.dev",
+        kind: "PortAllocation",
+        name: Some("a"),
+        namespace: Some("ns"),
+    };
+
+    #[test]
+    fn a_conflict_names_the_object_and_says_a_rerun_is_safe() {
+        let err = explain(status(409, "Conflict", "the object has been modified"), &OP);
+        assert_eq!(err.kind(), ApiErrorKind::Conflict);
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "PortAllocation \"a\" in namespace \"ns\" was changed by another client"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("running the command again is safe"),
+            "{text}"
+        );
+        // AlreadyExists is a 409 too, but not one a rerun fixes.
+        let exists = explain(status(409, "AlreadyExists", "already exists"), &OP);
+        assert_eq!(exists.kind(), ApiErrorKind::Other);
+    }
 }
