@@ -5,6 +5,7 @@ mod support;
 
 mod allocation;
 mod concurrency;
+mod crash;
 mod crd_validation;
 mod examples;
 mod repair;

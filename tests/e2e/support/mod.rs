@@ -8,6 +8,7 @@
 
 pub mod cli;
 pub mod invariants;
+pub mod private_cluster;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
