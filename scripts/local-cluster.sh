@@ -46,6 +46,14 @@ build() {
     return
   fi
   command -v go >/dev/null || die "Go is needed to build kube-apiserver and etcd (https://go.dev/doc/install)"
+  # Several test binaries may start at once: one builds, the others wait and then reuse it.
+  mkdir -p "$cache_dir/control-plane"
+  exec 9>"$cache_dir/control-plane/.build.lock"
+  flock 9
+  if [[ -x $dir/kube-apiserver && -x $dir/etcd ]]; then
+    echo "$dir"
+    return
+  fi
   k8s=$(k8s_version)
   [[ -n $k8s ]] || die "no k8s.io/kubernetes version in $kas_module/go.mod"
   minor=$(echo "$k8s" | cut -d. -f2)
