@@ -51,6 +51,7 @@ build() {
   exec 9>"$cache_dir/control-plane/.build.lock"
   flock 9
   if [[ -x $dir/kube-apiserver && -x $dir/etcd ]]; then
+    exec 9>&-
     echo "$dir"
     return
   fi
@@ -67,6 +68,8 @@ build() {
     -ldflags "-s -w -X $v.gitVersion=$k8s -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean" \
     -o "$dir.tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver) >&2
   rm -rf "$dir" && mv "$dir.tmp" "$dir"
+  # Closed before `up` starts the servers, which would otherwise inherit the lock.
+  exec 9>&-
   echo "$dir"
 }
 
