@@ -6,8 +6,11 @@ use clap::Parser;
 use portalloc::cli::{self, Cli, exit_for};
 
 fn main() -> ExitCode {
-    // Writing to a closed pipe (`kubectl portalloc get | head`) must end quietly, not panic.
-    reset_sigpipe();
+    // Writing to a closed pipe (`kubectl portalloc get | head`) must end quietly, not panic; a
+    // connection to the API server that breaks mid-write must be an error that is retried or
+    // reported, not a silent death. So SIGPIPE stays ignored and a closed stdout ends the
+    // process as SIGPIPE would have.
+    end_quietly_on_closed_stdout();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -37,19 +40,55 @@ fn main() -> ExitCode {
     match runtime.block_on(cli::run(cli)) {
         Ok(()) => cli::Exit::Ok.code(),
         Err(err) => {
+            if is_closed_stdout(&err) {
+                die_of_sigpipe();
+            }
             eprintln!("error: {err:#}");
             exit_for(&err).code()
         }
     }
 }
 
+/// A write to stdout failed because the reader left: an `io::Error` of its own, not one inside a
+/// Kubernetes client error (a broken connection to the API server).
+fn is_closed_stdout(err: &anyhow::Error) -> bool {
+    let broken = err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    });
+    broken && !err.chain().any(|cause| cause.is::<kube::Error>())
+}
+
+/// `println!` panics when stdout is a closed pipe: end the way SIGPIPE ends a process, without
+/// a panic message, as `head` and friends expect.
+fn end_quietly_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.contains("Broken pipe") {
+            die_of_sigpipe();
+        }
+        default(info);
+    }));
+}
+
 #[cfg(unix)]
-fn reset_sigpipe() {
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+fn die_of_sigpipe() -> ! {
+    // SAFETY: restoring the default disposition and raising the signal ends the process at once.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
     }
+    std::process::exit(141)
 }
 
 #[cfg(not(unix))]
-fn reset_sigpipe() {}
+fn die_of_sigpipe() -> ! {
+    std::process::exit(141)
+}
