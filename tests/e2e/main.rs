@@ -9,4 +9,5 @@ mod crash;
 mod crd_validation;
 mod examples;
 mod repair;
+mod restart;
 mod verbs;
