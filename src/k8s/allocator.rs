@@ -530,7 +530,7 @@ pub(super) fn retry_cause(err: &kube::Error) -> Option<RetryCause> {
             RetryCause::Transient(format!("HTTP {}: {}", status.code, status.message)),
         ),
         kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
-            Some(RetryCause::Transient(super::error_chain(err)))
+            Some(RetryCause::Transient(super::error::transport_message(err)))
         }
         _ => None,
     }

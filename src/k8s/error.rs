@@ -140,7 +140,7 @@ pub fn explain(err: kube::Error, op: &Op<'_>) -> KubeError {
             KubeError::Unavailable {
                 verb: op.verb.into(),
                 resource: op.resource.into(),
-                message: error_chain(&err),
+                message: transport_message(&err),
             }
         }
         other => KubeError::Other {
@@ -212,6 +212,28 @@ pub fn is_unknown_resource(status: &Status) -> bool {
             || status
                 .message
                 .contains("could not find the requested resource"))
+}
+
+/// What went wrong on the wire. A timeout says so first: the chain alone reads "client error
+/// (Connect): deadline has elapsed", which does not tell a user that the server did not answer.
+pub fn transport_message(err: &kube::Error) -> String {
+    let chain = error_chain(err);
+    let timed_out = chain.contains("deadline has elapsed") || chain.contains("timed out") || {
+        let mut source = std::error::Error::source(err);
+        let mut found = false;
+        while let Some(cause) = source {
+            found |= cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut);
+            source = cause.source();
+        }
+        found
+    };
+    if timed_out {
+        format!("timed out: no answer within the request timeout (--request-timeout; {chain})")
+    } else {
+        chain
+    }
 }
 
 /// `e: cause: cause` on one line; hyper's top-level messages alone are too vague.

@@ -643,8 +643,8 @@ pub enum RepairError {
 
     #[error(
         "repair of PortPool {pool:?} gave up after {attempts} attempts in {elapsed_ms} ms ({conflicts} \
-         conflicts: other clients kept writing the pool; last: {last}). Nothing was written: it is safe \
-         to run the command again"
+         conflicts with other writers of the pool; last: {last}). Nothing was written: it is safe to \
+         run the command again"
     )]
     Exhausted {
         pool: String,

@@ -8,6 +8,7 @@ mod concurrency;
 mod crash;
 mod crd_validation;
 mod examples;
+mod faults;
 mod repair;
 mod restart;
 mod verbs;

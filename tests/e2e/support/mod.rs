@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod fault_proxy;
 pub mod invariants;
 pub mod private_cluster;
 
