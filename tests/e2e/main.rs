@@ -9,6 +9,7 @@ mod crash;
 mod crd_validation;
 mod examples;
 mod faults;
+mod rbac;
 mod repair;
 mod restart;
 mod verbs;

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod apply;
 pub mod cli;
 pub mod fault_proxy;
 pub mod invariants;

@@ -1,0 +1,408 @@
+//! The ClusterRoles of rbac/ with real, unprivileged identities (client certificates of the
+//! local control plane), and the tenancy ValidatingAdmissionPolicy with two tenants.
+//!
+//! Each test has a control plane of its own: cluster-wide bindings and an admission policy must
+//! not change what the other tests' identities may do.
+
+use kube::Client;
+use kube::api::{Api, PostParams};
+use portalloc::api::{PoolHolder, PortPool};
+use portalloc::k8s::PoolRecord;
+
+use crate::support::apply::{apply_yaml, bind, create_namespace};
+use crate::support::cli::Run;
+use crate::support::invariants::assert_consistent;
+use crate::support::private_cluster::{PrivateCluster, client_from};
+use crate::support::{self, USER_CONTEXT, USER_NAME};
+
+const USER2_CONTEXT: &str = "portalloc-local-user2";
+const USER2_NAME: &str = "portalloc-user2";
+
+fn rbac_file(name: &str) -> String {
+    std::fs::read_to_string(support::repo_root().join("rbac").join(name)).unwrap()
+}
+
+fn group(name: &str, pool: &str) -> String {
+    format!(
+        r#"apiVersion: portalloc.dev/v1alpha1
+kind: PortAllocation
+metadata:
+  name: {name}
+spec:
+  pool: {pool}
+  roles:
+  - name: prefill
+    replicas: 2
+    ports:
+    - {{name: bootstrap, scope: PodScoped, env: BOOTSTRAP_PORT}}
+  - name: decode
+    replicas: 2
+    ports:
+    - {{name: http, scope: PodScoped, env: DECODE_PORT}}
+    references:
+    - {{env: PREFILL_BOOTSTRAP_PORTS, from: "prefill.bootstrap[*]"}}
+"#
+    )
+}
+
+fn as_user(cluster: &PrivateCluster, context: &str, args: &[&str]) -> Run {
+    let mut all = vec!["--context", context];
+    all.extend_from_slice(args);
+    cluster.run(&all)
+}
+
+fn as_user_stdin(cluster: &PrivateCluster, context: &str, args: &[&str], input: &str) -> Run {
+    let path = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(path.path(), input).unwrap();
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["-f", path.path().to_str().unwrap()]);
+    as_user(cluster, context, &all)
+}
+
+/// The one-line Forbidden message naming `verb` on `resource`, with exit code 5.
+fn assert_forbidden(run: &Run, verb: &str, resource: &str) {
+    assert_eq!(run.code, 5, "{run}");
+    let lines: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| !l.starts_with("warning"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line: {run}");
+    assert!(
+        lines[0].contains(&format!("forbidden: you may not {verb} {resource}")),
+        "{verb} {resource} not named: {run}"
+    );
+}
+
+#[tokio::test]
+async fn the_user_role_is_enough_to_allocate_and_without_it_the_refusal_is_named() {
+    let Some(cluster) = PrivateCluster::start("rbac", true) else {
+        return;
+    };
+    let admin = cluster.client().await;
+    apply_yaml(&admin, &rbac_file("portalloc-user.yaml"), None).await;
+    apply_yaml(&admin, &rbac_file("portalloc-admin.yaml"), None).await;
+    create_namespace(&admin, "team-a").await;
+    create_namespace(&admin, "team-none").await;
+    bind(
+        &admin,
+        "portalloc-user",
+        "portalloc-user",
+        USER_NAME,
+        Some("team-a"),
+    )
+    .await;
+    bind(
+        &admin,
+        "portalloc-pool-user",
+        "portalloc-pool-user",
+        USER_NAME,
+        None,
+    )
+    .await;
+    assert!(
+        cluster
+            .run(&["pool", "create", "shared", "--range", "23000-23099"])
+            .ok()
+    );
+
+    // Every verb of an allocating user, with the user role and nothing else.
+    let ctx = USER_CONTEXT;
+    let run = as_user_stdin(
+        &cluster,
+        ctx,
+        &["create", "-n", "team-a"],
+        &group("pd", "shared"),
+    );
+    assert!(run.ok(), "create: {run}");
+    for args in [
+        vec!["get", "-n", "team-a"],
+        vec!["sync", "pd", "-n", "team-a"],
+        vec!["sync", "--all", "-n", "team-a"],
+        vec!["describe", "pd", "-n", "team-a"],
+        vec![
+            "resolve", "pd", "--role", "decode", "--index", "1", "-n", "team-a",
+        ],
+        vec![
+            "resolve",
+            "pd",
+            "--all",
+            "-o",
+            "configmap",
+            "--apply",
+            "-n",
+            "team-a",
+        ],
+        vec!["release", "pd", "--role", "decode", "-n", "team-a"],
+        vec!["sync", "pd", "-n", "team-a"],
+        vec!["pool", "get"],
+        vec!["pool", "describe", "shared"],
+        vec!["delete", "pd", "-n", "team-a"],
+    ] {
+        let run = as_user(&cluster, ctx, &args);
+        assert!(run.ok(), "{args:?} as {USER_NAME}: {run}");
+    }
+    assert!(
+        cluster.run(&["repair", "--pool", "shared"]).ok(),
+        "the user's work left the pool exact"
+    );
+
+    // Without the role, each refusal names the verb and the resource, exit 5, one line.
+    let run = as_user_stdin(
+        &cluster,
+        ctx,
+        &["create", "-n", "team-none"],
+        &group("pd", "shared"),
+    );
+    assert_forbidden(&run, "create", "portallocations.portalloc.dev");
+    assert!(run.stderr.contains("team-none"), "{run}");
+    assert_forbidden(
+        &as_user(&cluster, ctx, &["sync", "--all", "-A"]),
+        "list",
+        "portallocations.portalloc.dev",
+    );
+    assert_forbidden(
+        &as_user(
+            &cluster,
+            ctx,
+            &["pool", "create", "mine", "--range", "23100-23199"],
+        ),
+        "create",
+        "portpools.portalloc.dev",
+    );
+    assert_forbidden(
+        &as_user(&cluster, ctx, &["repair"]),
+        "list",
+        "portallocations.portalloc.dev",
+    );
+    assert_forbidden(
+        &as_user(&cluster, ctx, &["install"]),
+        "patch",
+        "customresourcedefinitions",
+    );
+    // The second user has no binding at all.
+    assert_forbidden(
+        &as_user(&cluster, USER2_CONTEXT, &["pool", "get"]),
+        "list",
+        "portpools.portalloc.dev",
+    );
+    assert_forbidden(
+        &as_user(&cluster, USER2_CONTEXT, &["get", "-n", "team-a"]),
+        "list",
+        "portallocations.portalloc.dev",
+    );
+
+    // The admin role: install, pools, repair.
+    bind(
+        &admin,
+        "portalloc-admin",
+        "portalloc-admin",
+        USER2_NAME,
+        None,
+    )
+    .await;
+    for args in [
+        vec!["install", "--timeout", "60s"],
+        vec!["pool", "create", "team-pool", "--range", "23200-23299"],
+        vec!["pool", "describe", "team-pool"],
+        vec!["repair", "--apply"],
+        vec!["pool", "delete", "team-pool"],
+    ] {
+        let run = as_user(&cluster, USER2_CONTEXT, &args);
+        assert!(
+            run.ok(),
+            "{args:?} as {USER2_NAME} with portalloc-admin: {run}"
+        );
+    }
+}
+
+async fn entries(client: &Client, pool: &str) -> (PortPool, Vec<PoolHolder>) {
+    let object = Api::<PortPool>::all(client.clone())
+        .get(pool)
+        .await
+        .unwrap();
+    let holders = object.status.clone().unwrap_or_default().holders;
+    (object, holders)
+}
+
+/// Write `holders` as the status of the pool, as `client`'s user (counts recomputed, so the
+/// only difference is the holders).
+async fn write_holders(
+    client: &Client,
+    mut object: PortPool,
+    holders: Vec<PoolHolder>,
+) -> Result<(), kube::Error> {
+    object.status.get_or_insert_with(Default::default).holders = holders;
+    object.status = Some(PoolRecord::load(object.clone()).unwrap().current_status());
+    let name = object.metadata.name.clone().unwrap();
+    Api::<PortPool>::all(client.clone())
+        .replace_status(&name, &PostParams::default(), &object)
+        .await
+        .map(|_| ())
+}
+
+#[tokio::test]
+async fn the_tenancy_policy_confines_each_tenant_to_its_own_holders() {
+    let Some(cluster) = PrivateCluster::start("tenancy", true) else {
+        return;
+    };
+    let admin = cluster.client().await;
+    apply_yaml(&admin, &rbac_file("portalloc-user.yaml"), None).await;
+    for (ns, user) in [("tenant-a", USER_NAME), ("tenant-b", USER2_NAME)] {
+        create_namespace(&admin, ns).await;
+        bind(&admin, "portalloc-user", "portalloc-user", user, Some(ns)).await;
+        bind(
+            &admin,
+            &format!("portalloc-pool-user-{user}"),
+            "portalloc-pool-user",
+            user,
+            None,
+        )
+        .await;
+    }
+    assert!(
+        cluster
+            .run(&["pool", "create", "gpu", "--range", "23300-23399"])
+            .ok()
+    );
+    let a = client_from(&cluster.kubeconfig, Some(USER_CONTEXT)).await;
+    for (ctx, ns, name) in [
+        (USER_CONTEXT, "tenant-a", "a"),
+        (USER2_CONTEXT, "tenant-b", "b"),
+    ] {
+        let run = as_user_stdin(&cluster, ctx, &["create", "-n", ns], &group(name, "gpu"));
+        assert!(run.ok(), "{run}");
+    }
+
+    // Without the policy: tenant A can free tenant B's ports with a plain status update.
+    let (object, holders) = entries(&admin, "gpu").await;
+    let b_entry = holders
+        .iter()
+        .find(|h| h.owner == "tenant-b/b")
+        .unwrap()
+        .clone();
+    let without_b: Vec<PoolHolder> = holders
+        .iter()
+        .filter(|h| h.owner != "tenant-b/b")
+        .cloned()
+        .collect();
+    write_holders(&a, object, without_b)
+        .await
+        .expect("RBAC alone lets a tenant rewrite every holder");
+    let (object, mut holders) = entries(&admin, "gpu").await;
+    holders.push(b_entry.clone());
+    write_holders(&admin, object, holders).await.unwrap();
+    assert_consistent(&admin, "gpu").await;
+
+    // With the policy, once the API server has loaded it.
+    apply_yaml(&admin, &rbac_file("portalloc-tenancy-policy.yaml"), None).await;
+    let probe = PoolHolder {
+        uid: "00000000-0000-0000-0000-00000000beef".into(),
+        owner: "tenant-b/probe".into(),
+        ports: "x.y=23399".into(),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let denial = loop {
+        let (object, mut holders) = entries(&admin, "gpu").await;
+        holders.push(probe.clone());
+        match write_holders(&a, object, holders).await {
+            Err(e) => break e.to_string(),
+            Ok(()) => {
+                // Not enforced yet: take the probe out again and wait.
+                assert!(cluster.run(&["repair", "--pool", "gpu", "--apply"]).ok());
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the policy never took effect"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+    };
+    assert!(
+        denial.contains("ValidatingAdmissionPolicy")
+            && denial.contains("this update touches: tenant-b/probe")
+            && denial.contains("only for namespaces in which you may update portallocations"),
+        "{denial}"
+    );
+
+    // Removing B's entry, or moving B's ports, is refused and names B.
+    let (object, holders) = entries(&admin, "gpu").await;
+    let without_b: Vec<PoolHolder> = holders
+        .iter()
+        .filter(|h| h.owner != "tenant-b/b")
+        .cloned()
+        .collect();
+    let err = write_holders(&a, object.clone(), without_b)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("touches: tenant-b/b"), "{err}");
+    let moved: Vec<PoolHolder> = holders
+        .iter()
+        .map(|h| {
+            let mut h = h.clone();
+            if h.owner == "tenant-b/b" {
+                h.ports = "prefill.bootstrap=23390,23391 decode.http=23392,23393".into();
+            }
+            h
+        })
+        .collect();
+    let err = write_holders(&a, object, moved)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("touches: tenant-b/b"), "{err}");
+    assert_eq!(entries(&admin, "gpu").await.1, holders, "nothing changed");
+
+    // Each tenant's own work goes on as before, through the plugin.
+    for (ctx, ns, name) in [
+        (USER_CONTEXT, "tenant-a", "a"),
+        (USER2_CONTEXT, "tenant-b", "b"),
+    ] {
+        for args in [
+            vec!["release", name, "--role", "decode", "-n", ns],
+            vec!["sync", name, "-n", ns],
+        ] {
+            let run = as_user(&cluster, ctx, &args);
+            assert!(run.ok(), "{args:?}: {run}");
+        }
+    }
+    let run = as_user_stdin(
+        &cluster,
+        USER_CONTEXT,
+        &["create", "-n", "tenant-a"],
+        &group("a2", "gpu"),
+    );
+    assert!(run.ok(), "{run}");
+    let run = as_user(&cluster, USER_CONTEXT, &["delete", "a2", "-n", "tenant-a"]);
+    assert!(run.ok(), "{run}");
+    // A tenant's own namespace: an entry A writes by hand is A's business (it could as well
+    // create a PortAllocation); repair frees it since no such object exists.
+    let (object, mut holders) = entries(&admin, "gpu").await;
+    holders.push(PoolHolder {
+        owner: "tenant-a/by-hand".into(),
+        ..probe.clone()
+    });
+    write_holders(&a, object, holders)
+        .await
+        .expect("own namespace");
+    // Pool administrators (update on portpools) may change any entry: repair works for them.
+    apply_yaml(&admin, &rbac_file("portalloc-admin.yaml"), None).await;
+    bind(
+        &admin,
+        "portalloc-admin",
+        "portalloc-admin",
+        USER2_NAME,
+        None,
+    )
+    .await;
+    let run = as_user(
+        &cluster,
+        USER2_CONTEXT,
+        &["repair", "--pool", "gpu", "--apply"],
+    );
+    assert!(run.ok(), "{run}");
+    assert!(run.stdout.contains("tenant-a/by-hand"), "{run}");
+    assert_consistent(&admin, "gpu").await;
+    eprintln!("rbac: tenancy policy: {denial}");
+}
