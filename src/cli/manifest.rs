@@ -97,6 +97,7 @@ fn strict<T: serde::de::DeserializeOwned>(
     value: serde_yaml::Value,
 ) -> Result<T, CliError> {
     let mut unknown = Vec::new();
+    let copy = value.clone();
     let typed: Result<T, _> = serde_ignored::deserialize(value, |path| {
         let path = path.to_string();
         // apiVersion and kind were checked above; the typed object does not keep them.
@@ -115,8 +116,27 @@ fn strict<T: serde::de::DeserializeOwned>(
             Exit::Invalid,
             format!("{at}: unknown field {field:?} ({e})"),
         )),
-        (Err(e), None) => Err(CliError::new(Exit::Invalid, format!("{at}: {e}"))),
+        (Err(e), None) => Err(CliError::new(
+            Exit::Invalid,
+            format!(
+                "{at}: {}",
+                with_field::<T>(copy).unwrap_or_else(|| e.to_string())
+            ),
+        )),
     }
+}
+
+/// The same error with the field it is about (`spec.roles[0].replicas: invalid type: ...`):
+/// deserializing from a `Value` loses the path, deserializing from text keeps it. The line and
+/// column would be those of the re-serialized document, not the user's, so they are dropped.
+fn with_field<T: serde::de::DeserializeOwned>(value: serde_yaml::Value) -> Option<String> {
+    let text = serde_yaml::to_string(&value).ok()?;
+    let message = serde_yaml::from_str::<T>(&text).err()?.to_string();
+    let message = match message.rfind(" at line ") {
+        Some(at) => message[..at].to_string(),
+        None => message,
+    };
+    message.contains(": ").then_some(message)
 }
 
 #[cfg(test)]
@@ -185,6 +205,18 @@ spec:
                 err.message
             );
         }
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_field() {
+        let err = parse_manifests("t", &GOOD.replace("replicas: 2", "replicas: two")).unwrap_err();
+        assert!(
+            err.message.ends_with(
+                "(PortAllocation \"a\"): spec.roles[0].replicas: invalid type: string \"two\", expected i32"
+            ),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

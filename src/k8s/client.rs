@@ -17,7 +17,15 @@ pub struct ClientOptions {
     pub request_timeout: Option<Duration>,
 }
 
+/// One line: a YAML error from the kubeconfig parser carries a multi-line source excerpt after
+/// its first line, which says all that is needed ("line 2 column 11: unclosed bracket").
 fn config_error(message: String) -> KubeError {
+    let message = message
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end()
+        .to_string();
     KubeError::Config { message }
 }
 
