@@ -4,6 +4,7 @@
 mod support;
 
 mod allocation;
+mod bad_input;
 mod concurrency;
 mod crash;
 mod crd_validation;
