@@ -483,7 +483,7 @@ async fn completion_scripts_and_kubectl_plugin_completion() {
         cli::run(&args).stdout
     };
     let subcommands = complete(&["re"]);
-    assert_eq!(subcommands, "release\nresolve\n:4\n");
+    assert_eq!(subcommands, "release\nrepair\nresolve\n:4\n");
     let names = complete(&["resolve", "-n", &ns, ""]);
     assert_eq!(names, "pd\n:4\n");
     let roles = complete(&["resolve", "pd", "-n", &ns, "--role", "d"]);
