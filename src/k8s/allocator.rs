@@ -248,11 +248,25 @@ impl Allocator {
         if !error.is_durable() {
             return;
         }
-        let holdings = pa
+        let mut holdings = pa
             .status
             .as_ref()
             .map(super::allocation_status::recorded_holdings)
             .unwrap_or_default();
+        // The status must not go on claiming ports the pool no longer gives this object (a
+        // release killed before its status write leaves such a status; another object may hold
+        // those ports by now). When the status names this very pool object, its entry is the
+        // truth. A status naming an earlier pool object of the same name is kept: it is what
+        // `repair` restores from.
+        let recorded_pool = pa.status.as_ref().and_then(|s| s.pool_uid.clone());
+        let pools: Api<PortPool> = Api::all(self.client.clone());
+        if let Ok(pool) = pools.get(&pa.spec.pool).await
+            && let Ok(record) = PoolRecord::load(pool)
+            && record.uid().is_some()
+            && record.uid().map(str::to_string) == recorded_pool
+        {
+            holdings = record.holdings_of(&pa.uid().unwrap_or_default());
+        }
         let failure = Failure {
             reason: error.reason().to_string(),
             message: error.to_string(),

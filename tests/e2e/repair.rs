@@ -350,3 +350,52 @@ async fn repairs_racing_allocations_never_take_their_ports() {
     assert!(holdings.values().all(|h| h.len() == 3));
     assert_eq!(holdings, recorded_by_uid(&client, &pool).await);
 }
+
+/// A status left behind by an interrupted release must not survive a later failed sync: the
+/// failure is recorded with the holdings the pool gives the object, not the stale ones.
+#[tokio::test]
+async fn a_failed_sync_stops_claiming_ports_the_pool_no_longer_gives() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "repair-stale-failure").await;
+    let pool = support::unique_name("repair-stale-failure");
+    support::create_pool(&pool, "33600-33609");
+    let manifest = support::simple_allocation("a", &pool, "web", 3, &["http"]);
+    assert!(cli::run_stdin(&["create", "-f", "-", "-n", &ns], &manifest).ok());
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
+    let a = api.get("a").await.unwrap();
+    let claimed = recorded_holdings(a.status.as_ref().unwrap());
+    let port = claimed.ports().next().unwrap();
+    // What a release killed after its pool write leaves: no entry, the old status.
+    set_holders(&client, &pool, vec![]).await;
+    // Someone else takes one of those ports, legitimately.
+    let b = format!(
+        "apiVersion: portalloc.dev/v1alpha1\nkind: PortAllocation\nmetadata:\n  name: b\nspec:\n  pool: {pool}\n  roles:\n  - name: ctl\n    replicas: 1\n    ports:\n    - {{name: admin, scope: RoleScoped, env: ADMIN, port: {port}}}\n"
+    );
+    assert!(cli::run_stdin(&["create", "-f", "-", "-n", &ns], &b).ok());
+    // a now asks for the same port (applied by GitOps): its sync is refused, and that failure
+    // is recorded on it.
+    let mut changed = api.get("a").await.unwrap();
+    changed.spec.roles[0]
+        .ports
+        .push(portalloc::api::PortRequest {
+            name: "admin".into(),
+            scope: portalloc::api::Scope::RoleScoped,
+            env: "ADMIN_PORT".into(),
+            port: Some(i32::from(port)),
+        });
+    api.replace("a", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let run = cli::run(&["sync", "a", "-n", &ns]);
+    assert_eq!(run.code, 4, "{run}");
+    let status = api.get("a").await.unwrap().status.unwrap();
+    assert_eq!(
+        status.phase.map(|p| p.to_string()).as_deref(),
+        Some("Failed")
+    );
+    assert!(
+        recorded_holdings(&status).is_empty(),
+        "the failed object still claims ports the pool gives to nobody or to b: {:?}",
+        status.assignments
+    );
+}
