@@ -1,0 +1,818 @@
+//! kubectl-portalloc against a real API server, side by side with Kubernetes' own NodePort
+//! allocator: one command, one table.
+//!
+//!   cargo bench --bench cluster                              full run (release binary)
+//!   PORTALLOC_BENCH_QUICK=1 cargo test --bench cluster       quick mode: tiny counts, same code
+//!
+//! It starts its own control plane through `scripts/local-cluster.sh` (owner PID = this process,
+//! so the servers stop by themselves even if it dies), installs the CRDs with the binary's
+//! `install`, measures, stops the control plane, and prints one Markdown table:
+//!
+//! - 2a: API requests per `create -f` (CLI), per `sync` of an allocated object and of a freshly
+//!   applied one, with 1, 64 and 512 ports, from the server's `apiserver_request_total`;
+//! - 2b/2c: ports/s and p50/p99 latency with 1, 4 and 16 concurrent clients (one kube Client
+//!   each, in this process, through `portalloc::k8s::Allocator`), 1- and 8-port allocations,
+//!   and NodePort Services with the same ports and concurrency as the anchor;
+//! - 2d: duplicate ports handed out by a RoleBasedGroup-style random allocator (simulated) and by
+//!   us (measured) on the same workload;
+//! - 2e: `kubectl portalloc get -A` versus `kubectl get portallocations -A` on 1,000 objects, and
+//!   the start-up time of `kubectl-portalloc --help`.
+//!
+//! Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
+//! `--bench` flag that `cargo bench` passes (so `cargo test --benches` never runs the full size).
+
+mod baseline;
+mod cli;
+mod controlplane;
+mod metrics;
+mod workload;
+
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use controlplane::ControlPlane;
+use portalloc::api::{PortAllocation, PortPool};
+use portalloc::k8s::{PoolRecord, recorded_holdings};
+use workload::Cell;
+
+/// How much of everything to do.
+struct Scale {
+    quick: bool,
+    /// PortAllocations (and Services) per round of a throughput cell. NodePort Services need a
+    /// ClusterIP and the local apiserver's service CIDR is a /24 (253 free addresses), so a round
+    /// stays below that and every Service is deleted before the next round.
+    per_round: usize,
+    rounds: usize,
+    concurrency: [usize; 3],
+    sizes: [u32; 2],
+    /// Shard counts tried if 16 clients get less than half the 1-client throughput.
+    shards: [u32; 2],
+    request_ports: [u32; 3],
+    get_objects: usize,
+    cli_runs: usize,
+    help_runs: usize,
+    random_trials: u32,
+    duplicate_pods: u32,
+}
+
+impl Scale {
+    fn new(quick: bool) -> Scale {
+        Scale {
+            quick,
+            per_round: if quick { 16 } else { 240 },
+            rounds: if quick { 1 } else { 3 },
+            concurrency: [1, 4, 16],
+            sizes: [1, 8],
+            shards: [4, 8],
+            request_ports: [1, 64, 512],
+            get_objects: if quick { 40 } else { 1000 },
+            cli_runs: if quick { 2 } else { 9 },
+            help_runs: if quick { 3 } else { 21 },
+            random_trials: if quick { 2_000 } else { 100_000 },
+            duplicate_pods: if quick { 30 } else { 100 },
+        }
+    }
+}
+
+/// One line of the table.
+struct Row {
+    id: &'static str,
+    what: String,
+    ours: String,
+    anchor: String,
+    ratio: String,
+    target: String,
+    met: String,
+}
+
+fn dash() -> String {
+    "—".into()
+}
+
+fn yes_no(ok: bool) -> String {
+    if ok { "yes" } else { "**no**" }.into()
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = std::env::var("PORTALLOC_BENCH_QUICK").is_ok_and(|v| v == "1")
+        || args.iter().any(|a| a == "--quick")
+        || !args.iter().any(|a| a == "--bench");
+    let scale = Scale::new(quick);
+    let started = Instant::now();
+    let load_before = load_average();
+    eprintln!(
+        "cluster bench ({} mode): starting a local control plane",
+        if quick { "quick" } else { "full" }
+    );
+    let mut plane = ControlPlane::start()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let measured = runtime.block_on(measure(&plane, &scale));
+    drop(runtime);
+    plane.stop();
+    let (mut rows, version) = measured?;
+    rows.sort_by_key(|r| r.id);
+    let load_after = load_average();
+    print!(
+        "{}",
+        table(
+            &scale,
+            &rows,
+            &version,
+            &load_before,
+            &load_after,
+            started.elapsed()
+        )
+    );
+    Ok(())
+}
+
+async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row>, String)> {
+    let admin = plane.client().await?;
+    let version = admin.apiserver_version().await?.git_version;
+    let mut rows = Vec::new();
+    // First, while the cluster holds no other PortAllocation: `get -A` lists all of them.
+    eprintln!("2e: CLI latency on {} PortAllocations", scale.get_objects);
+    rows.extend(cli_latency(plane, &admin, scale).await?);
+    eprintln!("2a: API requests per operation");
+    rows.extend(request_counts(plane, &admin, scale).await?);
+    eprintln!("2b/2c: throughput and latency, ours and NodePort Services");
+    rows.extend(throughput(plane, &admin, scale).await?);
+    eprintln!("2d: duplicates, random baseline and ours");
+    rows.extend(duplicates(plane, &admin, scale).await?);
+    Ok((rows, version))
+}
+
+// ---- 2a ---------------------------------------------------------------------------------------
+
+async fn request_counts(
+    plane: &ControlPlane,
+    admin: &Client,
+    scale: &Scale,
+) -> anyhow::Result<Vec<Row>> {
+    let (ns, pool) = ("requests", "requests");
+    workload::create_namespace(admin, ns).await?;
+    workload::create_pool(admin, pool, "20000-29999").await?;
+    let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = &plane.kubeconfig;
+    let mut measured: [Vec<(u32, u64, String)>; 3] = Default::default();
+    for &ports in &scale.request_ports {
+        // `create -f` of a new object: the path users run.
+        let name = format!("create-{ports}");
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &file,
+            serde_yaml::to_string(&workload::allocation(&name, ns, pool, ports, 1))?,
+        )?;
+        let file = file.to_string_lossy().into_owned();
+        let (count, breakdown) =
+            count_requests(admin, || cli::run(kubeconfig, &["create", "-f", &file])).await?;
+        measured[0].push((ports, count, breakdown));
+
+        // `sync` of that object, already allocated: nothing to write.
+        let (count, breakdown) =
+            count_requests(admin, || cli::run(kubeconfig, &["sync", &name, "-n", ns])).await?;
+        measured[1].push((ports, count, breakdown));
+
+        // `sync` of an object applied by someone else (kubectl apply, Argo CD): allocate it.
+        let fresh = format!("fresh-{ports}");
+        api.create(
+            &PostParams::default(),
+            &workload::allocation(&fresh, ns, pool, ports, 1),
+        )
+        .await?;
+        let (count, breakdown) =
+            count_requests(admin, || cli::run(kubeconfig, &["sync", &fresh, "-n", ns])).await?;
+        measured[2].push((ports, count, breakdown));
+        let held = api
+            .get(&fresh)
+            .await?
+            .status
+            .as_ref()
+            .map(recorded_holdings)
+            .unwrap_or_default()
+            .len();
+        ensure!(held == ports as usize, "{fresh} holds {held} ports");
+    }
+    let labels = [
+        "`kubectl portalloc create -f` (new object)",
+        "`kubectl portalloc sync NAME`, already allocated",
+        "`kubectl portalloc sync NAME`, freshly applied",
+    ];
+    Ok(labels
+        .iter()
+        .zip(measured)
+        .map(|(label, results)| {
+            let sizes: Vec<String> = results.iter().map(|(p, _, _)| p.to_string()).collect();
+            let counts: Vec<String> = results.iter().map(|(_, c, _)| c.to_string()).collect();
+            let mut breakdowns: Vec<&str> = results.iter().map(|(_, _, b)| b.as_str()).collect();
+            breakdowns.dedup();
+            let max = results.iter().map(|(_, c, _)| *c).max().unwrap_or(0);
+            Row {
+                id: "2a",
+                what: format!("API requests per {label}, {} ports", sizes.join(" / ")),
+                ours: format!("{} ({})", counts.join(" / "), breakdowns.join("; ")),
+                anchor: dash(),
+                ratio: dash(),
+                target: "≤ 4".into(),
+                met: yes_no(max <= 4),
+            }
+        })
+        .collect())
+}
+
+/// Runs one CLI command and counts the requests it made from the server's own counters.
+async fn count_requests(
+    admin: &Client,
+    run: impl FnOnce() -> std::process::Output,
+) -> anyhow::Result<(u64, String)> {
+    let before = metrics::scrape(admin).await?;
+    let output = run();
+    ensure!(
+        output.status.success(),
+        "kubectl-portalloc failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The counter is bumped as the handler returns, possibly just after the response is sent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = metrics::scrape(admin).await?;
+    Ok(metrics::delta(&before, &after))
+}
+
+// ---- 2b / 2c ----------------------------------------------------------------------------------
+
+async fn throughput(
+    plane: &ControlPlane,
+    admin: &Client,
+    scale: &Scale,
+) -> anyhow::Result<Vec<Row>> {
+    let (ns, svc_ns) = ("throughput", "services");
+    workload::create_namespace(admin, ns).await?;
+    workload::create_namespace(admin, svc_ns).await?;
+    let max_clients = *scale.concurrency.iter().max().unwrap();
+    let clients = plane.clients(max_clients).await?;
+
+    // Warm-up, not measured: connections, caches, the first objects of each kind.
+    workload::create_pool(admin, "warm-up", "40000-42767").await?;
+    let warm = workload::run_ours(&clients[..4], ns, "warm-up", "warm", 16, 1).await;
+    ensure!(warm.failures.is_empty(), "warm-up: {:?}", warm.failures);
+    let warm = workload::run_services(&clients[..4], svc_ns, "warm", 16, 1).await;
+    ensure!(warm.failures.is_empty(), "warm-up: {:?}", warm.failures);
+    workload::delete_services(&clients, svc_ns).await?;
+
+    let mut rows = Vec::new();
+    let mut scaling = Vec::new();
+    let server_before = metrics::scrape_durations(admin).await?;
+    for &ports in &scale.sizes {
+        let mut per_concurrency = Vec::new();
+        for &concurrency in &scale.concurrency {
+            let mut ours = Cell::default();
+            let mut theirs = Cell::default();
+            for round in 0..scale.rounds {
+                let tag = format!("p{ports}-c{concurrency}-r{round}");
+                // A fresh pool the size of the NodePort range, so both start each round empty.
+                workload::create_pool(admin, &tag, "40000-42767").await?;
+                let clients = &clients[..concurrency];
+                ours.absorb(
+                    workload::run_ours(clients, ns, &tag, &tag, scale.per_round, ports).await,
+                );
+                theirs.absorb(
+                    workload::run_services(clients, svc_ns, &tag, scale.per_round, ports).await,
+                );
+                workload::delete_services(clients, svc_ns).await?;
+            }
+            eprintln!(
+                "  {ports}-port, {concurrency} clients: ours {:.0} ports/s, NodePort {:.0} ports/s",
+                ours.ports_per_second(),
+                theirs.ports_per_second()
+            );
+            let ratio = ours.ports_per_second() / theirs.ports_per_second();
+            let targeted = ports == 8 && concurrency == 16;
+            rows.push(Row {
+                id: "2b/2c",
+                what: format!(
+                    "{ports}-port allocations, {concurrency} concurrent client{}: ports/s (p50 / p99 per allocation)",
+                    if concurrency == 1 { "" } else { "s" }
+                ),
+                ours: format!(
+                    "{:.0} ports/s ({:.1} / {:.1} ms); {} conflicts, {} retries in {} allocations{}",
+                    ours.ports_per_second(),
+                    ours.percentile_ms(50.0),
+                    ours.percentile_ms(99.0),
+                    ours.conflicts,
+                    ours.retries(),
+                    ours.ops,
+                    failures(&ours)
+                ),
+                anchor: format!(
+                    "{:.0} ports/s ({:.1} / {:.1} ms) in {} Services{}",
+                    theirs.ports_per_second(),
+                    theirs.percentile_ms(50.0),
+                    theirs.percentile_ms(99.0),
+                    theirs.ops,
+                    failures(&theirs)
+                ),
+                ratio: format!("{ratio:.2}"),
+                target: if targeted { "≥ 1.0".into() } else { dash() },
+                met: if targeted { yes_no(ratio >= 1.0) } else { dash() },
+            });
+            per_concurrency.push((concurrency, ours, theirs));
+        }
+        scaling.push((ports, per_concurrency));
+    }
+
+    // Where the time goes: the API server's own time per request over all the cells above.
+    let server_after = metrics::scrape_durations(admin).await?;
+    let mean = |verb, group, resource, subresource| {
+        let (ms, count) = metrics::mean_duration_ms(
+            &server_before,
+            &server_after,
+            verb,
+            group,
+            resource,
+            subresource,
+        );
+        format!(
+            "{verb} {resource}{}{subresource} {ms:.1} ms (×{count})",
+            if subresource.is_empty() { "" } else { "/" }
+        )
+    };
+    let group = "portalloc.dev";
+    rows.push(Row {
+        id: "2b/2c",
+        what: "API server time per request during the cells above (mean of its \
+               `apiserver_request_duration_seconds`; 409s included)"
+            .into(),
+        ours: [
+            mean("POST", group, "portallocations", ""),
+            mean("GET", group, "portpools", ""),
+            mean("PUT", group, "portpools", "status"),
+            mean("PUT", group, "portallocations", "status"),
+        ]
+        .join(", "),
+        anchor: mean("POST", "", "services", ""),
+        ratio: dash(),
+        target: dash(),
+        met: dash(),
+    });
+
+    // Does contention on one pool object cost more than half the single-client throughput?
+    let mut ours_text = Vec::new();
+    let mut theirs_text = Vec::new();
+    let mut holds = false;
+    for (ports, cells) in &scaling {
+        let one = cells.first().map(|c| c.1.ports_per_second()).unwrap_or(0.0);
+        let most = cells.last().map(|c| c.1.ports_per_second()).unwrap_or(0.0);
+        let one_k = cells.first().map(|c| c.2.ports_per_second()).unwrap_or(0.0);
+        let most_k = cells.last().map(|c| c.2.ports_per_second()).unwrap_or(0.0);
+        holds |= most < one / 2.0;
+        ours_text.push(format!("{ports}-port {:.2}", most / one));
+        theirs_text.push(format!("{ports}-port {:.2}", most_k / one_k));
+    }
+    if holds {
+        let most = *scale.concurrency.iter().max().unwrap();
+        for (ports, cells) in &scaling {
+            let single = &cells.first().expect("cells").1;
+            let anchor_most = &cells.last().expect("cells").2;
+            for &shards in &scale.shards {
+                let mut sharded = Cell::default();
+                for round in 0..scale.rounds {
+                    let tag = format!("p{ports}-s{shards}-r{round}");
+                    let pools = shard_pools(admin, &tag, 40000, 42767, shards).await?;
+                    sharded.absorb(
+                        workload::run_sharded(
+                            &clients[..most],
+                            ns,
+                            &pools,
+                            &tag,
+                            scale.per_round,
+                            *ports,
+                        )
+                        .await,
+                    );
+                }
+                eprintln!(
+                    "  {ports}-port, {most} clients, {shards} shards: ours {:.0} ports/s",
+                    sharded.ports_per_second()
+                );
+                let ratio = sharded.ports_per_second() / anchor_most.ports_per_second();
+                let targeted = *ports == 8;
+                rows.push(Row {
+                    id: "2b/2c",
+                    what: format!(
+                        "{ports}-port allocations, {most} clients, pool split in {shards} shards \
+                         (sub-ranges; shard by name hash, next shard when full)"
+                    ),
+                    ours: format!(
+                        "{:.0} ports/s ({:.1} / {:.1} ms); {} conflicts, {} retries in {} allocations{}; \
+                         {:.2}× the unsharded 1-client figure",
+                        sharded.ports_per_second(),
+                        sharded.percentile_ms(50.0),
+                        sharded.percentile_ms(99.0),
+                        sharded.conflicts,
+                        sharded.retries(),
+                        sharded.ops,
+                        failures(&sharded),
+                        sharded.ports_per_second() / single.ports_per_second()
+                    ),
+                    anchor: format!(
+                        "{:.0} ports/s (NodePort, {most} clients, above)",
+                        anchor_most.ports_per_second()
+                    ),
+                    ratio: format!("{ratio:.2}"),
+                    target: if targeted { "≥ 1.0".into() } else { dash() },
+                    met: if targeted { yes_no(ratio >= 1.0) } else { dash() },
+                });
+            }
+        }
+    }
+    rows.push(Row {
+        id: "2b/2c",
+        what: format!(
+            "throughput at {} clients ÷ at 1 client (shard the pool only if < 0.5)",
+            scale.concurrency[2]
+        ),
+        ours: ours_text.join(", "),
+        anchor: theirs_text.join(", "),
+        ratio: dash(),
+        target: "≥ 0.5".into(),
+        met: if holds {
+            "**no**: shard condition holds".into()
+        } else {
+            "yes: condition does not hold, no shards".into()
+        },
+    });
+    Ok(rows)
+}
+
+/// `shards` PortPools over consecutive, disjoint sub-ranges of `first..=last`.
+async fn shard_pools(
+    admin: &Client,
+    tag: &str,
+    first: u32,
+    last: u32,
+    shards: u32,
+) -> anyhow::Result<Vec<String>> {
+    let size = last - first + 1;
+    let mut pools = Vec::new();
+    for k in 0..shards {
+        let from = first + size * k / shards;
+        let to = first + size * (k + 1) / shards - 1;
+        let name = format!("{tag}-shard{k}");
+        workload::create_pool(admin, &name, &format!("{from}-{to}")).await?;
+        pools.push(name);
+    }
+    Ok(pools)
+}
+
+fn failures(cell: &Cell) -> String {
+    match cell.failures.first() {
+        None => String::new(),
+        Some(first) => format!("; **{} failed** (first: {first})", cell.failures.len()),
+    }
+}
+
+// ---- 2d ---------------------------------------------------------------------------------------
+
+async fn duplicates(
+    plane: &ControlPlane,
+    admin: &Client,
+    scale: &Scale,
+) -> anyhow::Result<Vec<Row>> {
+    let ns = "duplicates";
+    workload::create_namespace(admin, ns).await?;
+    let clients = plane.clients(16).await?;
+    let (first, last) = (45000u16, 49999u16);
+    let mut rng = StdRng::seed_from_u64(6);
+    let mut rows = Vec::new();
+    for ports in [1u32, 4] {
+        let pool = format!("duplicates-{ports}");
+        workload::create_pool(admin, &pool, &format!("{first}-{last}")).await?;
+        let cell = workload::run_ours(
+            &clients,
+            ns,
+            &pool,
+            &pool,
+            scale.duplicate_pods as usize,
+            ports,
+        )
+        .await;
+        ensure!(
+            cell.failures.is_empty(),
+            "duplicates workload: {:?}",
+            cell.failures
+        );
+        let (handed_out, distinct) = handed_out_ports(admin, &pool).await?;
+        let ours_duplicates = handed_out - distinct;
+        let random = baseline::simulate(
+            scale.duplicate_pods,
+            ports,
+            first,
+            last,
+            scale.random_trials,
+            &mut rng,
+        );
+        rows.push(Row {
+            id: "2d",
+            what: format!(
+                "ports handed out twice: {} pods × {ports} port{} in a 5,000-port range, one call per pod",
+                scale.duplicate_pods,
+                if ports == 1 { "" } else { "s" }
+            ),
+            ours: format!(
+                "{ours_duplicates} of {handed_out} ports (measured: 16 concurrent clients, {} conflicts retried)",
+                cell.conflicts
+            ),
+            anchor: format!(
+                "RoleBasedGroup random (simulated): {:.2} per workload; ≥ 1 in {:.0}% of {} workloads",
+                random.mean_duplicates,
+                random.share_with_duplicate * 100.0,
+                random.trials
+            ),
+            ratio: dash(),
+            target: "ours 0".into(),
+            met: yes_no(ours_duplicates == 0),
+        });
+    }
+    Ok(rows)
+}
+
+/// Every port the pool's PortAllocations record in their status and the pool records for its
+/// holders, counted with repeats and without: the difference is the number of duplicates.
+async fn handed_out_ports(admin: &Client, pool: &str) -> anyhow::Result<(usize, usize)> {
+    let pools: Api<PortPool> = Api::all(admin.clone());
+    let record = PoolRecord::load(pools.get(pool).await?).context("pool spec")?;
+    ensure!(
+        record.anomalies.is_empty(),
+        "pool {pool}: {:?}",
+        record.anomalies
+    );
+    let api: Api<PortAllocation> = Api::all(admin.clone());
+    let mut ports = Vec::new();
+    for pa in api.list(&Default::default()).await?.items {
+        if pa.spec.pool != pool {
+            continue;
+        }
+        let recorded = pa
+            .status
+            .as_ref()
+            .map(recorded_holdings)
+            .unwrap_or_default();
+        let uid = pa.uid().unwrap_or_default();
+        if recorded != record.holdings_of(&uid) {
+            bail!("{}: status and pool entry differ", pa.name_any());
+        }
+        ports.extend(recorded.ports());
+    }
+    let handed_out = ports.len();
+    ports.sort_unstable();
+    ports.dedup();
+    Ok((handed_out, ports.len()))
+}
+
+// ---- 2e ---------------------------------------------------------------------------------------
+
+async fn cli_latency(
+    plane: &ControlPlane,
+    admin: &Client,
+    scale: &Scale,
+) -> anyhow::Result<Vec<Row>> {
+    let (ns, pool) = ("listing", "listing");
+    workload::create_namespace(admin, ns).await?;
+    workload::create_pool(admin, pool, "50000-59999").await?;
+    let clients = plane.clients(4).await?;
+    let cell = workload::run_ours(&clients, ns, pool, "job", scale.get_objects, 4).await;
+    ensure!(
+        cell.failures.is_empty(),
+        "listing setup: {:?}",
+        cell.failures
+    );
+
+    let kubeconfig = plane.kubeconfig.clone();
+    let cache = tempfile::tempdir()?;
+    let ours = || cli::command(&kubeconfig, &["get", "-A"]);
+    let theirs = || {
+        let mut command = Command::new(cli::KUBECTL);
+        command
+            .args(["get", "portallocations", "-A", "--cache-dir"])
+            .arg(cache.path())
+            .env("KUBECONFIG", &kubeconfig);
+        command
+    };
+    let kubectl = cli::kubectl_available();
+    // One warm-up each (kubectl fills its discovery cache), then alternate so drift hits both.
+    cli::time_runs(1, ours);
+    if kubectl {
+        cli::time_runs(1, theirs);
+    }
+    let mut ours_times = Vec::new();
+    let mut theirs_times = Vec::new();
+    for _ in 0..scale.cli_runs {
+        ours_times.extend(cli::time_runs(1, ours));
+        if kubectl {
+            theirs_times.extend(cli::time_runs(1, theirs));
+        }
+    }
+    let help = cli::time_runs(scale.help_runs, || cli::command(&kubeconfig, &["--help"]));
+    let binary = if cli::is_release_binary() {
+        "release binary"
+    } else {
+        "debug binary: not representative"
+    };
+    let ours_ms = median_ms(&ours_times);
+    let (anchor, ratio, met) = if kubectl {
+        let theirs_ms = median_ms(&theirs_times);
+        let ratio = ours_ms / theirs_ms;
+        (
+            format!("`kubectl get portallocations -A`: {theirs_ms:.0} ms"),
+            format!("{ratio:.2}"),
+            yes_no(ratio <= 0.5),
+        )
+    } else {
+        ("n/a (no /usr/bin/kubectl)".into(), dash(), dash())
+    };
+    Ok(vec![
+        Row {
+            id: "2e",
+            what: format!(
+                "`kubectl portalloc get -A` on {} PortAllocations, median of {} runs ({binary})",
+                scale.get_objects, scale.cli_runs
+            ),
+            ours: format!("{ours_ms:.0} ms"),
+            anchor,
+            ratio,
+            target: "≤ 0.5".into(),
+            met,
+        },
+        Row {
+            id: "2e",
+            what: format!(
+                "`kubectl-portalloc --help` start-up, median of {} runs ({binary})",
+                scale.help_runs
+            ),
+            ours: format!(
+                "{:.1} ms (first run {:.1} ms)",
+                median_ms(&help),
+                help[0].as_secs_f64() * 1e3
+            ),
+            anchor: dash(),
+            ratio: dash(),
+            target: dash(),
+            met: dash(),
+        },
+    ])
+}
+
+fn median_ms(times: &[Duration]) -> f64 {
+    let mut sorted = times.to_vec();
+    sorted.sort();
+    sorted
+        .get(sorted.len() / 2)
+        .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+}
+
+// ---- the table --------------------------------------------------------------------------------
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let memory_kib: f64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0.0);
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "{cores} cores (nproc), {:.1} GiB memory, {cpu}",
+        memory_kib / 1024.0 / 1024.0
+    )
+}
+
+/// The commit measured, and whether the working tree differed from it in what gets compiled.
+fn tree_state() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
+    let dirty = git(&[
+        "status",
+        "--porcelain",
+        "--",
+        "src",
+        "Cargo.toml",
+        "Cargo.lock",
+    ])
+    .map(|s| s.lines().count())
+    .unwrap_or(0);
+    if dirty == 0 {
+        format!("commit {head}")
+    } else {
+        format!("commit {head} plus uncommitted changes to {dirty} file(s) under src/ or Cargo.*")
+    }
+}
+
+fn etcd_version() -> String {
+    let go_mod = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/controlplane/etcd/go.mod"
+    );
+    std::fs::read_to_string(go_mod)
+        .ok()
+        .and_then(|s| {
+            s.lines().map(str::split_whitespace).find_map(|mut words| {
+                match (words.next(), words.next()) {
+                    (Some("go.etcd.io/etcd/server/v3"), Some(v)) => Some(v.to_string()),
+                    _ => None,
+                }
+            })
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+fn table(
+    scale: &Scale,
+    rows: &[Row],
+    version: &str,
+    load_before: &str,
+    load_after: &str,
+    elapsed: Duration,
+) -> String {
+    let mut out = String::new();
+    let command = if scale.quick {
+        "PORTALLOC_BENCH_QUICK=1 cargo test --bench cluster"
+    } else {
+        "cargo bench --bench cluster"
+    };
+    let _ = writeln!(
+        out,
+        "\n**kubectl-portalloc cluster benchmark ({})**: `{command}`, {:.0} s  ",
+        if scale.quick {
+            "quick mode: tiny counts, the numbers mean nothing"
+        } else {
+            "full run"
+        },
+        elapsed.as_secs_f64()
+    );
+    let _ = writeln!(out, "machine: {}  ", machine());
+    let _ = writeln!(out, "source: {}  ", tree_state());
+    let _ = writeln!(
+        out,
+        "load average (1/5/15 min): {load_before} before, {load_after} after  "
+    );
+    let _ = writeln!(
+        out,
+        "control plane: kube-apiserver {version} + etcd {} on loopback (scripts/local-cluster.sh), \
+         --service-node-port-range 30000-32767; our clients: one kube Client each, tokio tasks \
+         in one process; a throughput cell is {} round(s) of {} allocations, each round on a fresh \
+         2,768-port pool and (anchor) after deleting the previous round's Services\n",
+        etcd_version(),
+        scale.rounds,
+        scale.per_round
+    );
+    let _ = writeln!(
+        out,
+        "| | measurement | kubectl-portalloc | Kubernetes / baseline | ours ÷ theirs | target | met |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            row.id, row.what, row.ours, row.anchor, row.ratio, row.target, row.met
+        );
+    }
+    out
+}

@@ -1,0 +1,209 @@
+//! Micro-benchmarks of the pure allocation core (no I/O): `cargo bench --bench core`.
+//!
+//! - choose-next (`PoolState::take_next`) on a 65,535-port pool at 0%, 50% and 99% full;
+//! - planning (and carrying out) one PortAllocation of 1,000 pods x 4 ports;
+//! - encoding and decoding a PortPool's status with 10,000 holders, as the allocator does once
+//!   per attempt: `PoolRecord::status_with` + JSON, and JSON + `PoolRecord::load`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+use portalloc::api::{PoolHolder, PortPool, PortPoolSpec, PortPoolStatus, StaticBandSetting};
+use portalloc::core::{
+    Holdings, PoolState, PortDemand, PortSet, Scope, SlotKey, StaticBand, execute, plan,
+};
+use portalloc::k8s::PoolRecord;
+
+const FULL_RANGE: &str = "1-65535";
+
+fn rng() -> StdRng {
+    StdRng::seed_from_u64(0x5eed)
+}
+
+fn full_pool() -> PoolState {
+    PoolState::new(FULL_RANGE.parse::<PortSet>().unwrap(), StaticBand::Auto)
+}
+
+/// A 65,535-port pool with `percent`% of its ports held at uniformly random places.
+fn pool_filled_randomly(percent: u32) -> PoolState {
+    let mut state = full_pool();
+    let mut ports: Vec<u16> = (1..=65535).collect();
+    ports.shuffle(&mut rng());
+    let held = ports.len() * percent as usize / 100;
+    for &port in &ports[..held] {
+        state.mark_held(port).unwrap();
+    }
+    state
+}
+
+/// 99% full with every free port in one block at the top: a scan from a random start crosses
+/// up to the whole bitmap (1,024 words) before it finds one, the worst case for a choice.
+fn pool_filled_with_one_gap() -> PoolState {
+    let mut state = full_pool();
+    let free = 65535 / 100;
+    for port in 1..=(65535 - free) as u16 {
+        state.mark_held(port).unwrap();
+    }
+    state
+}
+
+fn choose_next(c: &mut Criterion) {
+    let mut group = c.benchmark_group("choose_next_65535");
+    let cases = [
+        ("0pct", full_pool()),
+        ("50pct", pool_filled_randomly(50)),
+        ("99pct", pool_filled_randomly(99)),
+        ("99pct_one_gap", pool_filled_with_one_gap()),
+    ];
+    for (name, state) in cases {
+        let mut rng = rng();
+        group.bench_function(name, |b| {
+            b.iter_batched_ref(
+                || state.clone(),
+                |state| black_box(state.take_next(&mut rng)),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+/// One role of 1,000 pods with 4 PodScoped ports each: 4,000 slots.
+fn demands_1000x4() -> Vec<PortDemand> {
+    ["http", "rpc", "bootstrap", "metrics"]
+        .into_iter()
+        .map(|port| PortDemand {
+            role: "worker".into(),
+            port: port.into(),
+            scope: Scope::PodScoped,
+            replicas: 1000,
+            requested: None,
+        })
+        .collect()
+}
+
+fn planning(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan_1000_pods_x_4_ports");
+    let demands = demands_1000x4();
+    let empty = Holdings::new();
+    let pool = full_pool();
+    let held = execute(&plan(&demands, &empty), &mut pool.clone(), &mut rng()).unwrap();
+    assert_eq!(held.len(), 4000);
+    group.throughput(Throughput::Elements(4000));
+    group.bench_function("plan", |b| {
+        b.iter(|| black_box(plan(black_box(&demands), &empty)))
+    });
+    let mut rng = rng();
+    group.bench_function("plan_and_execute", |b| {
+        b.iter_batched_ref(
+            || pool.clone(),
+            |state| black_box(execute(&plan(&demands, &empty), state, &mut rng).unwrap()),
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("replan_unchanged", |b| {
+        b.iter(|| black_box(plan(black_box(&demands), &held).is_noop()))
+    });
+    group.finish();
+}
+
+/// A pool whose status lists `holders` PortAllocations, each holding `ports_each` ports of one
+/// pod (`worker.p0=.. worker.p1=..`), with real-looking UIDs and owners.
+fn pool_with_holders(holders: u32, ports_each: u32) -> PortPool {
+    let mut pool = PortPool::new(
+        "bench",
+        PortPoolSpec {
+            ranges: vec![FULL_RANGE.into()],
+            exclude: vec![],
+            protocol: Default::default(),
+            static_band: StaticBandSetting::Auto,
+        },
+    );
+    let mut ports: Vec<u16> = (1..=65535).collect();
+    ports.shuffle(&mut rng());
+    let mut next = ports.into_iter();
+    let entries = (0..holders)
+        .map(|i| {
+            let holdings: Holdings = (0..ports_each)
+                .map(|p| {
+                    (
+                        SlotKey::new("worker", format!("p{p}"), 0),
+                        next.next().unwrap(),
+                    )
+                })
+                .collect();
+            PoolHolder {
+                uid: format!("{:08x}-7c1e-4f2a-9b3d-{:012x}", i, u64::from(i) * 7919),
+                owner: format!("team-{:02}/job-{i:05}", i % 50),
+                ports: holdings.encode(),
+            }
+        })
+        .collect();
+    pool.metadata.resource_version = Some("123456".into());
+    pool.metadata.uid = Some("5f0c8c2e-0000-4000-8000-000000000001".into());
+    pool.status = Some(PortPoolStatus {
+        holders: entries,
+        ..Default::default()
+    });
+    let record = PoolRecord::load(pool.clone()).unwrap();
+    assert!(record.anomalies.is_empty());
+    pool.status = Some(record.current_status());
+    pool
+}
+
+fn pool_status(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pool_status_10000_holders");
+    for ports_each in [1, 4] {
+        let pool = pool_with_holders(10_000, ports_each);
+        let status_json = serde_json::to_vec(pool.status.as_ref().unwrap()).unwrap();
+        let object_json = serde_json::to_vec(&pool).unwrap();
+        eprintln!(
+            "pool status with 10,000 holders x {ports_each} port(s): {} bytes of JSON ({} bytes as a whole PortPool object)",
+            status_json.len(),
+            object_json.len()
+        );
+        group.throughput(Throughput::Bytes(object_json.len() as u64));
+
+        // What a write does: add one holder to what was read, re-encode every entry, serialize.
+        let record = PoolRecord::load(pool.clone()).unwrap();
+        let mut state = record.state.clone();
+        let mut mine = Holdings::new();
+        for p in 0..ports_each {
+            let port = state.take_next(&mut rng()).unwrap();
+            mine.insert(SlotKey::new("worker", format!("p{p}"), 0), port);
+        }
+        group.bench_function(format!("encode_{ports_each}_port_each"), |b| {
+            b.iter(|| {
+                let mut updated = record.pool.clone();
+                updated.status = Some(record.status_with(&state, "new-uid", "ns/new", &mine));
+                black_box(serde_json::to_vec(&updated).unwrap())
+            })
+        });
+        // What a read does: parse the object and rebuild the bitmap and every holder's holdings.
+        group.bench_function(format!("decode_{ports_each}_port_each"), |b| {
+            b.iter(|| {
+                let pool: PortPool = serde_json::from_slice(black_box(&object_json)).unwrap();
+                black_box(PoolRecord::load(pool).unwrap())
+            })
+        });
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = choose_next, planning, pool_status
+}
+criterion_main!(benches);
