@@ -291,8 +291,11 @@ down_quiet() {
   [[ -d $cluster_dir ]] || return 0
   stop_pidfile "$cluster_dir/apiserver.pid"
   stop_pidfile "$cluster_dir/etcd.pid"
-  # The watcher may be the caller of `down`; don't kill ourselves.
-  if [[ -f $cluster_dir/watcher.pid && $(cat "$cluster_dir/watcher.pid") != "$PPID" ]]; then
+  # The watcher may be the caller of `down`, as our parent or (bash -c execs its last command)
+  # as this very process; don't kill ourselves before the state is gone.
+  local watcher
+  watcher=$(cat "$cluster_dir/watcher.pid" 2>/dev/null || true)
+  if [[ -n $watcher && $watcher != "$PPID" && $watcher != "$$" ]]; then
     stop_pidfile "$cluster_dir/watcher.pid"
   fi
   rm -rf "$cluster_dir"
