@@ -151,20 +151,15 @@ impl PoolRecord {
         owner: &str,
         holdings: &Holdings,
     ) -> PortPoolStatus {
+        // Other holders' entries are copied as read, byte for byte: rewriting them (even into an
+        // equivalent text) would be a change to someone else's entry, which the tenancy policy
+        // rightly refuses.
         let mut entries: BTreeMap<String, PoolHolder> = self
-            .holders
+            .pool
+            .status
             .iter()
-            .map(|(id, entry)| {
-                (
-                    id.clone(),
-                    PoolHolder {
-                        uid: id.clone(),
-                        owner: entry.owner.clone(),
-                        ports: entry.holdings.encode(),
-                    },
-                )
-            })
-            .chain(self.opaque.clone())
+            .flat_map(|s| s.holders.iter())
+            .map(|entry| (entry.uid.clone(), entry.clone()))
             .collect();
         if holdings.is_empty() {
             entries.remove(uid);
@@ -298,5 +293,18 @@ mod tests {
 
         let removed = record.status_with(&record.state, "a", "ns/a", &Holdings::new());
         assert_eq!(removed.holders.len(), 1);
+    }
+
+    #[test]
+    fn other_holders_entries_are_copied_byte_for_byte() {
+        // Decodable, but not how we would write it (groups out of order).
+        let theirs = "web.b=103 web.a=104";
+        let record = PoolRecord::load(pool(vec![holder("d", theirs)])).unwrap();
+        assert_eq!(record.holdings_of("d").len(), 2);
+        assert_ne!(record.holdings_of("d").encode(), theirs);
+        let mut mine = Holdings::new();
+        mine.insert(SlotKey::new("x", "y", 0), 100);
+        let status = record.status_with(&record.state, "b", "ns/b", &mine);
+        assert_eq!(status.holders[1].ports, theirs);
     }
 }
