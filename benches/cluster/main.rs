@@ -634,6 +634,11 @@ async fn scale_limits(admin: &Client, scale: &Scale) -> anyhow::Result<Vec<Row>>
             .await;
         let write_ms = started.elapsed().as_secs_f64() * 1e3;
         let ours = match written {
+            Err(kube::Error::Api(status)) => format!(
+                "**refused** writing the status: HTTP {}: {}",
+                status.code,
+                one_line(&status.message)
+            ),
             Err(e) => format!(
                 "**refused** writing the status: {}",
                 one_line(&e.to_string())
