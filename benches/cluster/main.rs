@@ -2,7 +2,7 @@
 //! allocator: one command, one table.
 //!
 //!   cargo bench --bench cluster                              full run (release binary)
-//!   PORTALLOC_BENCH_QUICK=1 cargo test --bench cluster       quick mode: tiny counts, same code
+//!   PORTALLOC_BENCH_QUICK=1 cargo test --locked --bench cluster   quick mode: tiny counts, same code
 //!
 //! It starts its own control plane through `scripts/local-cluster.sh` (owner PID = this process,
 //! so the servers stop by themselves even if it dies), installs the CRDs with the binary's
@@ -897,7 +897,7 @@ fn table(
 ) -> String {
     let mut out = String::new();
     let command = if scale.quick {
-        "PORTALLOC_BENCH_QUICK=1 cargo test --bench cluster"
+        "PORTALLOC_BENCH_QUICK=1 cargo test --locked --bench cluster"
     } else {
         "cargo bench --bench cluster"
     };
