@@ -104,9 +104,11 @@ pub struct PortPoolStatus {
     #[serde(default)]
     pub holder_count: i32,
     /// Who holds which ports. This is the authoritative record: a port is taken exactly when
-    /// some holder lists it here.
+    /// some holder lists it here. An atomic list: it is only ever replaced whole (with the
+    /// resourceVersion read), and a keyed list would make the server track every holder in
+    /// managedFields, doubling the stored object and the work of every write.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(merge_strategy = ListMerge::Map(vec!["uid".into()]))]
+    #[x_kube(merge_strategy = ListMerge::Atomic)]
     pub holders: Vec<PoolHolder>,
 }
 
