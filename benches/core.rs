@@ -17,7 +17,7 @@ use portalloc::api::{PoolHolder, PortPool, PortPoolSpec, PortPoolStatus, StaticB
 use portalloc::core::{
     Holdings, PoolState, PortDemand, PortSet, Scope, SlotKey, StaticBand, execute, plan,
 };
-use portalloc::k8s::PoolRecord;
+use portalloc::ledger::PoolRecord;
 
 const FULL_RANGE: &str = "1-65535";
 

@@ -1,9 +1,15 @@
 //! kubectl-portalloc: collision-free port allocation for Kubernetes workloads.
 //!
-//! - [`api`]: the CustomResourceDefinitions (`PortPool`, `PortAllocation`).
+//! Layers, each using only those above it:
 //! - [`core`]: the pure allocation core: ranges, bands, bitmaps, planning. No I/O.
+//! - [`api`]: the CustomResourceDefinitions (`PortPool`, `PortAllocation`).
+//! - [`ledger`]: decisions over the API types: the pool record, allocation status, sync and
+//!   release decisions with their refusals, the repair plan. No I/O.
+//! - [`k8s`]: reads, calls the ledger, writes (compare-and-swap), with one retry driver.
+//!
+//! The command line (`src/cli`, part of the binary) parses, calls this library and renders.
 
 pub mod api;
-pub mod cli;
 pub mod core;
 pub mod k8s;
+pub mod ledger;

@@ -3,7 +3,13 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use portalloc::cli::{self, Cli, exit_for};
+// The command line is part of the binary, not of the library's API. It reaches the library
+// through these names, as `crate::api`, `crate::k8s` and so on.
+use portalloc::{api, core, k8s, ledger};
+
+mod cli;
+
+use cli::{Cli, exit_for};
 
 fn main() -> ExitCode {
     // Writing to a closed pipe (`kubectl portalloc get | head`) must end quietly, not panic; a
@@ -43,7 +49,7 @@ fn main() -> ExitCode {
             if is_closed_stdout(&err) {
                 die_of_sigpipe();
             }
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", cli::render_error(&err));
             exit_for(&err).code()
         }
     }

@@ -41,7 +41,8 @@ use rand::rngs::StdRng;
 
 use controlplane::ControlPlane;
 use portalloc::api::{PoolHolder, PortAllocation, PortPool, PortPoolStatus};
-use portalloc::k8s::{Allocator, PoolRecord, recorded_holdings};
+use portalloc::k8s::Allocator;
+use portalloc::ledger::{PoolRecord, recorded_holdings};
 use workload::Cell;
 
 /// How much of everything to do.

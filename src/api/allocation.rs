@@ -17,6 +17,8 @@ pub const MAX_REPLICAS: i32 = 1024;
     kind = "PortAllocation",
     plural = "portallocations",
     shortname = "palloc",
+    // Lets `repair` list one pool's PortAllocations with a field selector on spec.pool.
+    selectable = ".spec.pool",
     doc = "The ports a group of roles (a workload) needs from a PortPool.",
     category = "portalloc",
     namespaced,

@@ -1,13 +1,9 @@
 //! `kubectl portalloc delete NAME`: remove the PortAllocation, then free its ports.
 
 use clap::Args;
-use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Preconditions};
 
-use super::allocations::{get_allocation, op};
 use super::{GlobalArgs, Session};
-use crate::api::PortAllocation;
-use crate::k8s::{AllocateError, explain, owner_of};
+use crate::k8s;
 
 /// Delete a PortAllocation and give its ports back.
 ///
@@ -23,39 +19,16 @@ pub struct DeleteArgs {
 
 pub async fn run(global: &GlobalArgs, args: DeleteArgs) -> anyhow::Result<()> {
     let session = Session::connect(global).await?;
-    let namespace = session.namespace.clone();
-    let pa = get_allocation(&session.client, &namespace, &args.name).await?;
-    let api: Api<PortAllocation> = Api::namespaced(session.client.clone(), &namespace);
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: pa.uid(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    api.delete(&args.name, &params)
-        .await
-        .map_err(|e| explain(e, &op("delete", Some(&args.name), Some(&namespace))))?;
-    let uid = pa.uid().unwrap_or_default();
-    let freed = match session
-        .allocator
-        .release_holder(&pa.spec.pool, &uid, &owner_of(&pa))
-        .await
-    {
-        Ok(freed) => freed,
-        Err(AllocateError::PoolNotFound { .. }) => 0,
-        Err(e) => {
-            return Err(anyhow::Error::from(e).context(format!(
-                "PortAllocation {} was deleted but its ports are still held in pool {:?}; \
-                 `kubectl portalloc repair --apply` frees them",
-                owner_of(&pa),
-                pa.spec.pool
-            )));
-        }
-    };
+    let deleted = k8s::delete_allocation(
+        &session.allocator,
+        &session.client,
+        &session.namespace,
+        &args.name,
+    )
+    .await?;
     println!(
-        "portallocation.portalloc.dev/{} deleted ({freed} ports released in pool {})",
-        args.name, pa.spec.pool
+        "portallocation.portalloc.dev/{} deleted ({} ports released in pool {})",
+        args.name, deleted.freed, deleted.pool
     );
     Ok(())
 }

@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 use clap::Args;
 use kube::ResourceExt;
 
-use super::allocations::get_allocation;
 use super::output::{Paint, age};
 use super::{GlobalArgs, Session};
 use crate::api::{PortAllocation, Scope};
+use crate::k8s::get_allocation;
 
 /// Show every role, pod index, port, env name and resolved reference of a PortAllocation.
 #[derive(Args, Debug)]

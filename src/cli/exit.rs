@@ -2,7 +2,10 @@
 
 use std::process::ExitCode;
 
-use crate::k8s::{AllocateError, ApiErrorKind, KubeError};
+use crate::k8s::{
+    AllocateError, ApiErrorKind, ApplyError, DeleteError, KubeError, PoolError, RepairError,
+};
+use crate::ledger::Refusal;
 
 /// Exit codes of `kubectl portalloc`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,23 +66,75 @@ pub fn exit_for(err: &anyhow::Error) -> Exit {
             return e.exit;
         }
         if let Some(e) = cause.downcast_ref::<AllocateError>() {
-            match e {
-                AllocateError::Spec { .. } | AllocateError::PoolSpec { .. } => {
-                    return Exit::Invalid;
-                }
-                AllocateError::PoolNotFound { .. } => return Exit::NotFound,
-                AllocateError::PortHeld { .. } | AllocateError::Refused { .. } => {
-                    return Exit::Refused;
-                }
-                AllocateError::Exhausted { .. } => return Exit::Unavailable,
-                AllocateError::Kube(e) => return kube_exit(e),
-            }
+            return allocate_exit(e);
+        }
+        if let Some(e) = cause.downcast_ref::<ApplyError>() {
+            return match e {
+                ApplyError::PoolChanged { .. } | ApplyError::InvalidPool { .. } => Exit::Invalid,
+                ApplyError::Allocate(e) => allocate_exit(e),
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<DeleteError>() {
+            return match e {
+                DeleteError::Kube(e) => kube_exit(e),
+                DeleteError::EntryLeft { error, .. } => allocate_exit(error),
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<PoolError>() {
+            return match e {
+                PoolError::Invalid { .. } => Exit::Invalid,
+                PoolError::Overlaps { .. }
+                | PoolError::AlreadyExists { .. }
+                | PoolError::Held { .. } => Exit::Refused,
+                PoolError::Changed { .. } => Exit::Unavailable,
+                PoolError::Kube(e) => kube_exit(e),
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<RepairError>() {
+            return match e {
+                RepairError::Kube(e) => kube_exit(e),
+                RepairError::PoolSpec { .. } => Exit::Invalid,
+                RepairError::Exhausted { .. } => Exit::Unavailable,
+            };
         }
         if let Some(e) = cause.downcast_ref::<KubeError>() {
             return kube_exit(e);
         }
     }
     Exit::Failure
+}
+
+fn allocate_exit(e: &AllocateError) -> Exit {
+    match e {
+        AllocateError::Refused(refusal) => refusal_exit(refusal),
+        AllocateError::Exhausted { .. } => Exit::Unavailable,
+        AllocateError::Kube(e) => kube_exit(e),
+    }
+}
+
+fn refusal_exit(refusal: &Refusal) -> Exit {
+    match refusal {
+        Refusal::Spec { .. } | Refusal::PoolSpec { .. } => Exit::Invalid,
+        Refusal::PoolNotFound { .. } => Exit::NotFound,
+        Refusal::PortHeld { .. } | Refusal::Core { .. } => Exit::Refused,
+    }
+}
+
+/// The message of an error from any layer, on one line: the top error and each cause whose text
+/// it does not already carry (a `KubeError` renders its `kube::Error` itself).
+pub fn render_error(err: &anyhow::Error) -> String {
+    let mut text = err.to_string();
+    for cause in err.chain().skip(1) {
+        if cause.is::<kube::Error>() {
+            continue;
+        }
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+    }
+    text
 }
 
 fn kube_exit(e: &KubeError) -> Exit {

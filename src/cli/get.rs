@@ -4,10 +4,10 @@ use clap::Args;
 use kube::ResourceExt;
 use tabled::Tabled;
 
-use super::allocations::{get_allocation, list_allocations};
 use super::output::{OutputFormat, age, print_names, print_objects};
 use super::{GlobalArgs, Session};
 use crate::api::PortAllocation;
+use crate::k8s::{get_allocation, list_allocations};
 
 /// List PortAllocations with their pool, roles, ports and phase.
 #[derive(Args, Debug)]

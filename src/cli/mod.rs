@@ -1,7 +1,7 @@
-//! The command line: argument parsing and one file per verb. Each verb is a thin shell over
-//! [`crate::k8s`] (API access) and [`crate::core`] (decisions).
+//! The command line: argument parsing and one file per verb. Each verb parses, calls the library
+//! ([`crate::k8s`] for anything that talks to the API server, [`crate::ledger`] and
+//! [`crate::core`] for pure decisions) and renders. No API writes happen here.
 
-mod allocations;
 mod completion;
 mod create;
 mod delete;
@@ -24,13 +24,9 @@ mod version;
 
 use clap::{Parser, Subcommand};
 
-pub use completion::{KUBECTL_COMPLETE_NAME, complete, kubectl_plugin_script};
-pub use describe::describe_text;
-pub use exit::{CliError, Exit, exit_for};
+pub use completion::{KUBECTL_COMPLETE_NAME, complete};
+pub use exit::{CliError, Exit, exit_for, render_error};
 pub use global::GlobalArgs;
-pub use manifest::{Manifest, parse_manifests};
-pub use output::Paint;
-pub use pool::describe_text as pool_describe_text;
 use session::Session;
 
 const EXAMPLES: &str = "\

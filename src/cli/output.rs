@@ -125,10 +125,6 @@ impl Paint {
         }
     }
 
-    pub fn plain() -> Paint {
-        Paint { enabled: false }
-    }
-
     fn wrap(&self, code: &str, text: &str) -> String {
         if self.enabled {
             format!("\x1b[{code}m{text}\x1b[0m")

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use tabled::Tabled;
 
@@ -12,9 +12,8 @@ use super::output::{OutputFormat, age, bar, print_names, print_objects, print_ro
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::api::{PortPool, PortPoolSpec, PortRangeText, Protocol, StaticBandSetting};
 use crate::core::{Band, hazards};
-use crate::k8s::{Anomaly, KubeError, Op, PoolRecord, error_chain, explain};
-
-const POOLS: &str = "portpools.portalloc.dev";
+use crate::k8s::{self, error_chain, get_pool};
+use crate::ledger::{Anomaly, PoolRecord};
 
 #[derive(Args, Debug)]
 pub struct PoolArgs {
@@ -106,24 +105,6 @@ pub async fn run(global: &GlobalArgs, args: PoolArgs) -> anyhow::Result<()> {
     }
 }
 
-fn op<'a>(verb: &'a str, name: Option<&'a str>) -> Op<'a> {
-    Op {
-        verb,
-        resource: POOLS,
-        kind: "PortPool",
-        name,
-        namespace: None,
-    }
-}
-
-pub async fn get_pool(client: &Client, name: &str) -> Result<PortPool, KubeError> {
-    let pools: Api<PortPool> = Api::all(client.clone());
-    pools.get(name).await.map_err(|e| {
-        explain(e, &op("get", Some(name)))
-            .with_hint(": list pools with `kubectl portalloc pool get`")
-    })
-}
-
 fn parse_static_band(text: &str) -> Result<StaticBandSetting, CliError> {
     match text {
         "Auto" | "auto" => Ok(StaticBandSetting::Auto),
@@ -156,62 +137,9 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         },
         static_band: parse_static_band(&args.static_band)?,
     };
-    let ports = spec
-        .port_set()
-        .map_err(|e| CliError::new(Exit::Invalid, format!("PortPool {:?}: {e}", args.name)))?;
-    let pools: Api<PortPool> = Api::all(client.clone());
-    if !args.allow_overlap {
-        let existing = pools
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| explain(e, &op("list", None)))?;
-        for other in existing
-            .items
-            .iter()
-            .filter(|p| p.spec.protocol == spec.protocol)
-        {
-            if let Ok(theirs) = other.spec.port_set()
-                && ports.overlaps(&theirs)
-            {
-                return Err(CliError::new(
-                    Exit::Refused,
-                    format!(
-                        "PortPool {:?} would overlap {} pool {:?} ({theirs}): a port could then be handed out \
-                         by both; choose disjoint ranges, or pass --allow-overlap",
-                        args.name,
-                        spec.protocol,
-                        other.name_any()
-                    ),
-                )
-                .into());
-            }
-        }
-    }
-    let pool = PortPool::new(&args.name, spec);
-    let created = pools
-        .create(&PostParams::default(), &pool)
-        .await
-        .map_err(|e| {
-            match e {
-        kube::Error::Api(s) if s.is_already_exists() => CliError::new(
-            Exit::Refused,
-            format!(
-                "PortPool {:?} already exists: see it with `kubectl portalloc pool describe {}`",
-                args.name, args.name
-            ),
-        )
-        .into(),
-        other => anyhow::Error::from(explain(other, &op("create", Some(&args.name)))),
-    }
-        })?;
-    // Counts for the printer columns from the start, not only after the first allocation.
-    let record = PoolRecord::load(created.clone())?;
-    let mut initialized = created;
-    initialized.status = Some(record.current_status());
-    let written = pools
-        .replace_status(&args.name, &PostParams::default(), &initialized)
-        .await
-        .map_err(|e| explain(e, &op("update", Some(&args.name))))?;
+    let written =
+        k8s::create_pool(client, PortPool::new(&args.name, spec), args.allow_overlap).await?;
+    let record = PoolRecord::load(written.clone())?;
     for hazard in hazards(&record.ports) {
         eprintln!("warning: PortPool {:?}: {}", args.name, hazard.message);
     }
@@ -285,18 +213,9 @@ fn row(pool: &PortPool) -> PoolRow {
 }
 
 async fn get(client: &Client, args: GetArgs) -> anyhow::Result<()> {
-    let pools: Api<PortPool> = Api::all(client.clone());
     let items = match &args.name {
         Some(name) => vec![get_pool(client, name).await?],
-        None => {
-            let mut items = pools
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| explain(e, &op("list", None)))?
-                .items;
-            items.sort_by_key(|p| p.name_any());
-            items
-        }
+        None => k8s::list_pools(client).await?,
     };
     match args.output {
         OutputFormat::Json | OutputFormat::Yaml => {
@@ -461,58 +380,13 @@ pub fn describe_text(record: &PoolRecord, node_ports: &[String]) -> String {
 }
 
 async fn delete(client: &Client, args: DeleteArgs) -> anyhow::Result<()> {
-    let pools: Api<PortPool> = Api::all(client.clone());
-    let pool = get_pool(client, &args.name).await?;
-    let record = PoolRecord::load(pool.clone()).ok();
-    let holders: Vec<String> = record
-        .as_ref()
-        .map(|r| {
-            r.holders
-                .values()
-                .map(|h| format!("{} ({} ports)", h.owner, h.holdings.len()))
-                .collect()
-        })
-        .unwrap_or_default();
-    if !holders.is_empty() && !args.force {
-        return Err(CliError::new(
-            Exit::Refused,
-            format!(
-                "PortPool {:?} still has {} holders: {}. Delete those PortAllocations first \
-                 (`kubectl portalloc delete NAME -n NAMESPACE`), or pass --force",
-                args.name,
-                holders.len(),
-                holders.join(", ")
-            ),
-        )
-        .into());
-    }
-    // The resourceVersion precondition makes "no holders" and "deleted" one atomic step: an
-    // allocation that lands in between makes this delete fail instead of orphaning its ports.
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            resource_version: if args.force {
-                None
-            } else {
-                pool.resource_version()
-            },
-            uid: pool.uid(),
-        }),
-        ..Default::default()
-    };
-    pools.delete(&args.name, &params).await.map_err(|e| match e {
-        kube::Error::Api(s) if s.is_conflict() => CliError::new(
-            Exit::Unavailable,
-            format!("PortPool {:?} changed while deleting it (a new allocation?): run the command again", args.name),
-        )
-        .into(),
-        other => anyhow::Error::from(explain(other, &op("delete", Some(&args.name)))),
-    })?;
+    let deleted = k8s::delete_pool(client, &args.name, args.force).await?;
     println!("portpool.portalloc.dev/{} deleted", args.name);
-    if !holders.is_empty() {
+    if deleted.holders > 0 {
         eprintln!(
             "warning: {} PortAllocations still record ports of this pool; recreating the pool and running \
              `kubectl portalloc repair --apply` restores them",
-            holders.len()
+            deleted.holders
         );
     }
     Ok(())

@@ -2,10 +2,10 @@
 
 use clap::Args;
 
-use super::allocations::get_allocation;
 use super::report::print_report;
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::k8s::{owner_of, recorded_holdings};
+use crate::k8s::get_allocation;
+use crate::ledger::{owner_of, recorded_holdings};
 
 /// Give a PortAllocation's ports (or one role's) back to the pool; the object stays.
 #[derive(Args, Debug)]

@@ -5,7 +5,8 @@ use serde::Serialize;
 
 use super::report::print_report;
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::k8s::{FollowUp, PoolRepair, RepairError, RepairPlan, Repairer};
+use crate::k8s::{FollowUp, PoolRepair, Repairer};
+use crate::ledger::RepairPlan;
 
 /// Free ports whose PortAllocation is gone and restore holdings a recreated pool lost.
 ///
@@ -62,29 +63,23 @@ struct PoolOutput<'a> {
 pub async fn run(global: &GlobalArgs, args: RepairArgs) -> anyhow::Result<()> {
     let session = Session::connect(global).await?;
     let repairer = Repairer::new(session.client.clone(), session.allocator.clone());
-    let pools = match &args.pool {
-        Some(pool) => vec![pool.clone()],
-        None => repairer.pool_names().await?,
-    };
-    if pools.is_empty() && args.output.is_none() {
-        eprintln!("No PortPools found.");
-    }
     let mut results = Vec::new();
     let mut follow_up_failures = 0;
-    for pool in &pools {
-        let repair = repairer
-            .repair_pool(pool, args.apply)
-            .await
-            .map_err(into_cli_error)?;
-        if args.output.is_none() {
-            print_pool(&repair, session.verbosity);
-        }
-        follow_up_failures += repair
-            .follow_ups
-            .iter()
-            .filter(|f| matches!(f, FollowUp::Failed { .. }))
-            .count();
-        results.push(repair);
+    let pool_count = repairer
+        .repair(args.pool.as_deref(), args.apply, |repair| {
+            if args.output.is_none() {
+                print_pool(&repair, session.verbosity);
+            }
+            follow_up_failures += repair
+                .follow_ups
+                .iter()
+                .filter(|f| matches!(f, FollowUp::Failed { .. }))
+                .count();
+            results.push(repair);
+        })
+        .await?;
+    if pool_count == 0 && args.output.is_none() {
+        eprintln!("No PortPools found.");
     }
     if let Some(format) = args.output {
         let out: Vec<PoolOutput> = results
@@ -135,7 +130,7 @@ pub async fn run(global: &GlobalArgs, args: RepairArgs) -> anyhow::Result<()> {
                 "differences found in {} of {} pools ({changes} changes, {findings} findings); nothing was \
                  written{}",
                 pending.len(),
-                pools.len(),
+                pool_count,
                 if changes > 0 {
                     ": run again with --apply to make the changes"
                 } else {
@@ -146,14 +141,6 @@ pub async fn run(global: &GlobalArgs, args: RepairArgs) -> anyhow::Result<()> {
         .into());
     }
     Ok(())
-}
-
-fn into_cli_error(error: RepairError) -> anyhow::Error {
-    match error {
-        RepairError::Kube(e) => e.into(),
-        e @ RepairError::PoolSpec { .. } => CliError::new(Exit::Invalid, e.to_string()).into(),
-        e @ RepairError::Exhausted { .. } => CliError::new(Exit::Unavailable, e.to_string()).into(),
-    }
 }
 
 fn print_pool(repair: &PoolRepair, verbosity: u8) {

@@ -6,12 +6,12 @@ use std::io::Write;
 use clap::Args;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::api::ObjectMeta;
 
-use super::allocations::get_allocation;
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::api::{EnvVar, PortAllocation, index_from_pod_name};
-use crate::k8s::{FIELD_MANAGER, Op, explain};
+use crate::k8s;
+use crate::k8s::get_allocation;
 
 const EXAMPLES: &str = "Examples:
   # What pod 1 of the decode role gets, as KEY=VALUE lines
@@ -179,30 +179,11 @@ pub fn env_configmap(
 }
 
 async fn apply_configmap(session: &Session, configmap: &ConfigMap) -> anyhow::Result<()> {
-    let namespace = configmap.namespace().unwrap_or_default();
-    let name = configmap.name_any();
-    let api: Api<ConfigMap> = Api::namespaced(session.client.clone(), &namespace);
-    let mut body = serde_json::to_value(configmap)?;
-    body["apiVersion"] = "v1".into();
-    body["kind"] = "ConfigMap".into();
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map_err(|e| {
-        explain(
-            e,
-            &Op {
-                verb: "patch",
-                resource: "configmaps",
-                kind: "ConfigMap",
-                name: Some(&name),
-                namespace: Some(&namespace),
-            },
-        )
-    })?;
+    k8s::apply_configmap(&session.client, configmap).await?;
+    let (name, namespace) = (
+        configmap.name_any(),
+        configmap.namespace().unwrap_or_default(),
+    );
     println!("configmap/{name} applied in {namespace}");
     Ok(())
 }

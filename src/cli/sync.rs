@@ -4,10 +4,10 @@
 use clap::Args;
 use kube::ResourceExt;
 
-use super::allocations::{get_allocation, list_allocations};
 use super::output::{OutputFormat, print_names, print_objects};
 use super::report::print_report;
-use super::{CliError, Exit, GlobalArgs, Session, exit_for};
+use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
+use crate::k8s::{get_allocation, list_allocations};
 
 /// Allocate or release ports so each PortAllocation's status matches its spec.
 #[derive(Args, Debug)]
@@ -51,7 +51,7 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
     let mut failures = Vec::new();
     let mut synced = Vec::new();
     for pa in targets {
-        match session.allocator.sync(pa.clone(), None).await {
+        match session.allocator.sync_or_record(pa, None).await {
             Ok(report) => {
                 if args.output.is_none() {
                     print_report(&report, session.verbosity);
@@ -59,10 +59,9 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
                 synced.push(report.allocation);
             }
             Err(e) => {
-                session.allocator.record_failure(&pa, &e).await;
                 let e = anyhow::Error::from(e);
                 if total > 1 {
-                    eprintln!("error: {e:#}");
+                    eprintln!("error: {}", render_error(&e));
                 }
                 failures.push(e);
             }

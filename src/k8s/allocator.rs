@@ -1,67 +1,36 @@
 //! Client-side allocation with optimistic concurrency.
 //!
-//! The pool object's `resourceVersion` is the lock: read the pool, plan with the pure core, write
+//! The pool object's `resourceVersion` is the lock: read the pool, decide with the ledger, write
 //! the pool's status with the version read (one compare-and-swap carries every port one
-//! PortAllocation needs), and on 409 Conflict re-read and plan again. The pool write is the commit
-//! point. The PortAllocation's status is written after it and is derived from the committed pool
-//! entry, so a client killed between the two writes leaves a state the next sync completes
-//! without moving any port: the plan against the pool is then a no-op and only the status is
-//! written.
+//! PortAllocation needs), and on 409 Conflict re-read and decide again. The pool write is the
+//! commit point. The PortAllocation's status is written after it and is derived from the
+//! committed pool entry, so a client killed between the two writes leaves a state the next sync
+//! completes without moving any port: the decision against the pool is then "unchanged" and
+//! only the status is written.
 
 use std::fmt;
 
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
-use super::allocation_status::{Failure, allocation_status};
-use super::pool_record::PoolRecord;
-use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy};
-use super::{KubeError, Op, explain};
-use crate::api::{PortAllocation, PortPool, PortPoolStatus, SpecError};
-use crate::core::{self, AllocError, Holdings, PortDemand, SlotKey};
-
-const POOLS: &str = "portpools.portalloc.dev";
-const POOL_STATUS: &str = "portpools.portalloc.dev/status";
-const ALLOCATIONS: &str = "portallocations.portalloc.dev";
-const ALLOCATION_STATUS: &str = "portallocations.portalloc.dev/status";
+use super::error::{KubeError, Target, is_unknown_resource};
+use super::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOL_STATUS, POOLS};
+use super::retry::{Attempts, Exhausted, RetryPolicy, Stop};
+use crate::api::{PortAllocation, PortPool};
+use crate::core::Holdings;
+use crate::ledger::{
+    Decision, Operation, Outcome, PoolRecord, Refusal, allocation_status, decide, owner_of,
+    recorded_holdings,
+};
 
 /// Why an allocation did not happen. Nothing is half-done in any of these cases: the pool write
 /// is all-or-nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum AllocateError {
-    #[error("PortAllocation {owner}: {error}")]
-    Spec { owner: String, error: SpecError },
-
-    #[error("PortPool {pool:?} has an unusable spec: {error}")]
-    PoolSpec { pool: String, error: SpecError },
-
-    #[error(
-        "PortPool {pool:?} not found (named in spec.pool of PortAllocation {owner}): create it with \
-         `kubectl portalloc pool create {pool} --range A-B`, or list pools with `kubectl portalloc pool get`"
-    )]
-    PoolNotFound { pool: String, owner: String },
-
-    #[error(
-        "PortAllocation {owner}: port {port} of pool {pool:?} is already held by {holder} ({slot}): \
-         request another port, or leave it unset to get a free one"
-    )]
-    PortHeld {
-        owner: String,
-        pool: String,
-        port: u16,
-        holder: String,
-        /// `role decode, port metrics, pod index 0`
-        slot: String,
-    },
-
-    #[error("PortAllocation {owner}: pool {pool:?}: {error}{holders}")]
-    Refused {
-        owner: String,
-        pool: String,
-        error: Box<AllocError>,
-        /// For a full pool: who holds its ports.
-        holders: String,
-    },
+    /// A lasting refusal, recorded on the PortAllocation: the same command fails the same way
+    /// until someone changes the spec or the pool.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
 
     #[error(
         "PortAllocation {owner}: gave up after {attempts} attempts in {elapsed_ms} ms ({conflicts} conflicts on \
@@ -81,30 +50,16 @@ pub enum AllocateError {
 }
 
 impl AllocateError {
-    /// The condition reason recorded on the PortAllocation for this failure.
-    pub fn reason(&self) -> &'static str {
+    /// The lasting refusal, if this is one (transport trouble and conflicts are not).
+    pub fn refusal(&self) -> Option<&Refusal> {
         match self {
-            Self::Spec { .. } => "InvalidSpec",
-            Self::PoolSpec { .. } => "InvalidPool",
-            Self::PoolNotFound { .. } => "PoolNotFound",
-            Self::PortHeld { .. } => "PortHeld",
-            Self::Refused { error, .. } if matches!(**error, AllocError::PoolFull { .. }) => {
-                "PoolFull"
-            }
-            Self::Refused { .. } => "Refused",
-            Self::Exhausted { .. } => "RetriesExhausted",
-            Self::Kube(_) => "APIError",
+            AllocateError::Refused(refusal) => Some(refusal),
+            _ => None,
         }
-    }
-
-    /// Failures that say something about the spec or the pool, worth recording on the object.
-    /// Transport trouble is not: the next run will simply try again.
-    pub fn is_durable(&self) -> bool {
-        !matches!(self, Self::Exhausted { .. } | Self::Kube(_))
     }
 }
 
-/// What one sync did.
+/// What one sync or release did.
 #[derive(Clone, Debug)]
 pub struct SyncReport {
     pub namespace: String,
@@ -120,19 +75,7 @@ pub struct SyncReport {
     pub allocation: PortAllocation,
 }
 
-/// The result of one decision about the pool.
-enum Decision {
-    /// The pool already says what we want.
-    Unchanged(Holdings),
-    /// Write this status; `holdings` is our new entry.
-    Write {
-        status: PortPoolStatus,
-        holdings: Holdings,
-        allocated: usize,
-        released: usize,
-    },
-}
-
+/// What the pool step committed.
 struct Committed {
     holdings: Holdings,
     pool_uid: Option<String>,
@@ -146,7 +89,6 @@ struct Committed {
 pub struct Allocator {
     client: Client,
     pub policy: RetryPolicy,
-    pub verbosity: u8,
 }
 
 impl Allocator {
@@ -154,7 +96,6 @@ impl Allocator {
         Self {
             client,
             policy: RetryPolicy::default(),
-            verbosity: 0,
         }
     }
 
@@ -165,15 +106,24 @@ impl Allocator {
         pa: PortAllocation,
         pool: Option<PortPool>,
     ) -> Result<SyncReport, AllocateError> {
-        let owner = owner_of(&pa);
-        let demands = pa.spec.demands().map_err(|error| AllocateError::Spec {
-            owner: owner.clone(),
-            error,
-        })?;
-        self.converge(pa, pool, move |record, uid| {
-            decide_sync(record, uid, &owner, &demands)
-        })
-        .await
+        let operation = Operation::sync_of(&pa)?;
+        self.converge(pa, pool, operation).await
+    }
+
+    /// [`Allocator::sync`], and on a lasting refusal record it on the object's status so
+    /// `kubectl get` and GitOps dashboards show it.
+    pub async fn sync_or_record(
+        &self,
+        pa: PortAllocation,
+        pool: Option<PortPool>,
+    ) -> Result<SyncReport, AllocateError> {
+        match self.sync(pa.clone(), pool).await {
+            Ok(report) => Ok(report),
+            Err(error) => {
+                self.record_failure(&pa, &error).await;
+                Err(error)
+            }
+        }
     }
 
     /// Give back the ports of one role, or all of them, without touching the spec.
@@ -182,32 +132,7 @@ impl Allocator {
         pa: PortAllocation,
         role: Option<String>,
     ) -> Result<SyncReport, AllocateError> {
-        let owner = owner_of(&pa);
-        self.converge(pa, None, move |record, uid| {
-            let current = record.holdings_of(uid);
-            let keep: Holdings = current
-                .iter()
-                .filter(|(slot, _)| role.as_ref().is_some_and(|r| &slot.role != r))
-                .map(|(slot, port)| (slot.clone(), port))
-                .collect();
-            let released = current.len() - keep.len();
-            if released == 0 {
-                return Ok(Decision::Unchanged(current));
-            }
-            let mut state = record.state.clone();
-            for (slot, port) in current.iter() {
-                if !keep.contains(slot) {
-                    state.release(port);
-                }
-            }
-            Ok(Decision::Write {
-                status: record.status_with(&state, uid, &owner, &keep),
-                holdings: keep,
-                allocated: 0,
-                released,
-            })
-        })
-        .await
+        self.converge(pa, None, Operation::Release { role }).await
     }
 
     /// Remove a holder from a pool entirely, after its PortAllocation is gone.
@@ -219,39 +144,22 @@ impl Allocator {
         owner: &str,
     ) -> Result<usize, AllocateError> {
         let mut attempts = Attempts::new(self.policy);
-        let (committed, _) = self
-            .commit_to_pool(pool, owner, uid, None, &mut attempts, |record, uid| {
-                let current = record.holdings_of(uid);
-                if current.is_empty() && !record.opaque.contains_key(uid) {
-                    return Ok(Decision::Unchanged(current));
-                }
-                let mut state = record.state.clone();
-                for port in current.ports() {
-                    state.release(port);
-                }
-                let mut record = record.clone();
-                record.opaque.remove(uid);
-                Ok(Decision::Write {
-                    status: record.status_with(&state, uid, owner, &Holdings::new()),
-                    holdings: Holdings::new(),
-                    allocated: 0,
-                    released: current.len(),
-                })
-            })
+        let committed = self
+            .commit_to_pool(pool, owner, uid, None, &mut attempts, &Operation::Remove)
             .await?;
         Ok(committed.released)
     }
 
-    /// Record a durable failure on the PortAllocation's status, so `kubectl get` and GitOps
-    /// dashboards show it. Best effort: the caller reports the original error either way.
-    pub async fn record_failure(&self, pa: &PortAllocation, error: &AllocateError) {
-        if !error.is_durable() {
+    /// Record a lasting refusal on the PortAllocation's status. Best effort: the caller reports
+    /// the original error either way.
+    async fn record_failure(&self, pa: &PortAllocation, error: &AllocateError) {
+        let Some(refusal) = error.refusal() else {
             return;
-        }
+        };
         let mut holdings = pa
             .status
             .as_ref()
-            .map(super::allocation_status::recorded_holdings)
+            .map(recorded_holdings)
             .unwrap_or_default();
         // The status must not go on claiming ports the pool no longer gives this object (a
         // release killed before its status write leaves such a status; another object may hold
@@ -267,32 +175,37 @@ impl Allocator {
         {
             holdings = record.holdings_of(&pa.uid().unwrap_or_default());
         }
-        let failure = Failure {
-            reason: error.reason().to_string(),
-            message: error.to_string(),
-        };
         let mut updated = pa.clone();
-        updated.status = Some(allocation_status(pa, &holdings, None, Some(&failure)));
+        updated.status = Some(allocation_status(
+            pa,
+            &holdings,
+            None,
+            Outcome::Refused(refusal),
+        ));
         if updated.status != pa.status {
             let api: Api<PortAllocation> =
                 Api::namespaced(self.client.clone(), &pa.namespace().unwrap_or_default());
-            let _ = api
+            if let Err(e) = api
                 .replace_status(&pa.name_any(), &PostParams::default(), &updated)
-                .await;
+                .await
+            {
+                tracing::info!(
+                    "{}: could not record {}: {e}",
+                    owner_of(pa),
+                    refusal.reason()
+                );
+            }
         }
     }
 
     /// Commit to the pool, then write the PortAllocation's status; on a status conflict re-read
     /// the PortAllocation and go round again (the pool step is then a no-op).
-    async fn converge<F>(
+    async fn converge(
         &self,
         mut pa: PortAllocation,
         mut pool: Option<PortPool>,
-        mut decide: F,
-    ) -> Result<SyncReport, AllocateError>
-    where
-        F: FnMut(&PoolRecord, &str) -> Result<Decision, AllocateError>,
-    {
+        operation: Operation,
+    ) -> Result<SyncReport, AllocateError> {
         let mut attempts = Attempts::new(self.policy);
         let namespace = pa.namespace().unwrap_or_default();
         let name = pa.name_any();
@@ -304,29 +217,30 @@ impl Allocator {
             let uid = pa.uid().unwrap_or_default();
             let owner = owner_of(&pa);
             let pool_name = pa.spec.pool.clone();
-            let (committed, _) = self
+            let committed = self
                 .commit_to_pool(
                     &pool_name,
                     &owner,
                     &uid,
                     pool.take(),
                     &mut attempts,
-                    &mut decide,
+                    &operation,
                 )
                 .await?;
             allocated += committed.allocated;
             released += committed.released;
             pool_written |= committed.written;
 
-            let failure = (committed.holdings.is_empty() && released > 0 && allocated == 0).then(|| Failure {
-                reason: "Released".into(),
-                message: "ports released with `kubectl portalloc release`; run `kubectl portalloc sync` to allocate again".into(),
-            });
+            let outcome = if operation.released_on_purpose(&committed.holdings, released) {
+                Outcome::Released
+            } else {
+                Outcome::Converged
+            };
             let status = allocation_status(
                 &pa,
                 &committed.holdings,
                 committed.pool_uid.as_deref(),
-                failure.as_ref(),
+                outcome,
             );
             let report = |pa: PortAllocation, attempts: &Attempts, status_written| SyncReport {
                 namespace: namespace.clone(),
@@ -346,43 +260,18 @@ impl Allocator {
             }
             let mut updated = pa.clone();
             updated.status = Some(status);
+            let label = format!("{owner} in pool {pool_name:?}");
             match api
                 .replace_status(&name, &PostParams::default(), &updated)
                 .await
             {
                 Ok(written) => return Ok(report(written, &attempts, true)),
                 Err(e) => {
-                    let cause = retry_cause(&e).ok_or_else(|| {
-                        explain(
-                            e,
-                            &op(
-                                "update",
-                                ALLOCATION_STATUS,
-                                "PortAllocation",
-                                &name,
-                                Some(&namespace),
-                            ),
-                        )
-                    })?;
-                    self.wait(
-                        &mut attempts,
-                        cause,
-                        &pool_name,
-                        &owner,
-                        "PortAllocation status",
-                    )
-                    .await?;
+                    let target = ALLOCATION_STATUS.on("update", &name, Some(&namespace));
+                    self.backoff(&mut attempts, e, target, &label, &pool_name, &owner)
+                        .await?;
                     pa = api.get(&name).await.map_err(|e| {
-                        explain(
-                            e,
-                            &op(
-                                "get",
-                                ALLOCATIONS,
-                                "PortAllocation",
-                                &name,
-                                Some(&namespace),
-                            ),
-                        )
+                        KubeError::from_kube(e, ALLOCATIONS.on("get", &name, Some(&namespace)))
                     })?;
                     if pa.uid().unwrap_or_default() != uid {
                         // Deleted and recreated meanwhile: a new owner, which the next round serves;
@@ -395,19 +284,17 @@ impl Allocator {
     }
 
     /// The compare-and-swap loop on the pool object.
-    async fn commit_to_pool<F>(
+    async fn commit_to_pool(
         &self,
         pool_name: &str,
         owner: &str,
         uid: &str,
         mut prefetched: Option<PortPool>,
         attempts: &mut Attempts,
-        mut decide: F,
-    ) -> Result<(Committed, PortPool), AllocateError>
-    where
-        F: FnMut(&PoolRecord, &str) -> Result<Decision, AllocateError>,
-    {
+        operation: &Operation,
+    ) -> Result<Committed, AllocateError> {
         let pools: Api<PortPool> = Api::all(self.client.clone());
+        let label = format!("{owner} in pool {pool_name:?}");
         loop {
             let pool = match prefetched.take() {
                 Some(pool) => pool,
@@ -416,43 +303,34 @@ impl Allocator {
                     Err(kube::Error::Api(status))
                         if status.is_not_found() && !is_unknown_resource(&status) =>
                     {
-                        return Err(AllocateError::PoolNotFound {
+                        return Err(Refusal::PoolNotFound {
                             pool: pool_name.into(),
                             owner: owner.into(),
-                        });
+                        }
+                        .into());
                     }
-                    Err(e) => match retry_cause(&e) {
-                        Some(cause @ RetryCause::Transient(_)) => {
-                            self.wait(attempts, cause, pool_name, owner, "PortPool")
-                                .await?;
-                            continue;
-                        }
-                        _ => {
-                            return Err(
-                                explain(e, &op("get", POOLS, "PortPool", pool_name, None)).into()
-                            );
-                        }
-                    },
+                    Err(e) => {
+                        let target = POOLS.on("get", pool_name, None);
+                        self.backoff(attempts, e, target, &label, pool_name, owner)
+                            .await?;
+                        continue;
+                    }
                 },
             };
-            let record =
-                PoolRecord::load(pool.clone()).map_err(|error| AllocateError::PoolSpec {
-                    pool: pool_name.into(),
-                    error,
-                })?;
+            let record = PoolRecord::load(pool.clone()).map_err(|error| Refusal::PoolSpec {
+                pool: pool_name.into(),
+                error,
+            })?;
             let pool_uid = record.uid().map(str::to_string);
-            match decide(&record, uid)? {
+            match decide(&record, uid, owner, operation, &mut rand::rng())? {
                 Decision::Unchanged(holdings) => {
-                    return Ok((
-                        Committed {
-                            holdings,
-                            pool_uid,
-                            allocated: 0,
-                            released: 0,
-                            written: false,
-                        },
-                        pool,
-                    ));
+                    return Ok(Committed {
+                        holdings,
+                        pool_uid,
+                        allocated: 0,
+                        released: 0,
+                        written: false,
+                    });
                 }
                 Decision::Write {
                     status,
@@ -467,23 +345,25 @@ impl Allocator {
                         .replace_status(pool_name, &PostParams::default(), &updated)
                         .await
                     {
-                        Ok(written) => {
-                            return Ok((
-                                Committed {
-                                    holdings,
-                                    pool_uid,
-                                    allocated,
-                                    released,
-                                    written: true,
-                                },
-                                written,
-                            ));
+                        Ok(_) => {
+                            tracing::info!(
+                                "{label}: {allocated} ports allocated, {released} released, {} held \
+                                 (attempt {}, {} conflicts)",
+                                holdings.len(),
+                                attempts.attempts,
+                                attempts.conflicts
+                            );
+                            return Ok(Committed {
+                                holdings,
+                                pool_uid,
+                                allocated,
+                                released,
+                                written: true,
+                            });
                         }
                         Err(e) => {
-                            let cause = retry_cause(&e).ok_or_else(|| {
-                                explain(e, &op("update", POOL_STATUS, "PortPool", pool_name, None))
-                            })?;
-                            self.wait(attempts, cause, pool_name, owner, "PortPool status")
+                            let target = POOL_STATUS.on("update", pool_name, None);
+                            self.backoff(attempts, e, target, &label, pool_name, owner)
                                 .await?;
                         }
                     }
@@ -492,188 +372,36 @@ impl Allocator {
         }
     }
 
-    async fn wait(
+    /// Wait before the next round, or end the loop with the error the caller reports.
+    async fn backoff(
         &self,
         attempts: &mut Attempts,
-        cause: RetryCause,
+        err: kube::Error,
+        target: Target,
+        label: &str,
         pool: &str,
         owner: &str,
-        what: &str,
     ) -> Result<(), AllocateError> {
-        let described = describe_cause(&cause);
-        match attempts.retry_after(cause).await {
-            Ok(delay) => {
-                if self.verbosity >= 1 {
-                    eprintln!(
-                        "{owner}: {described} writing {what} of pool {pool:?}; attempt {} after {} ms",
-                        attempts.attempts,
-                        delay.as_millis()
-                    );
-                }
-                Ok(())
-            }
-            Err(Exhausted {
-                attempts,
-                elapsed,
-                conflicts,
-                last,
-            }) => Err(AllocateError::Exhausted {
-                owner: owner.into(),
-                pool: pool.into(),
-                attempts,
-                elapsed_ms: elapsed.as_millis(),
-                conflicts,
-                last: describe_cause(&last),
-            }),
-        }
+        attempts
+            .backoff(err, target, label)
+            .await
+            .map_err(|stop| match stop {
+                Stop::Final(e) => AllocateError::Kube(e),
+                Stop::Exhausted(Exhausted {
+                    attempts,
+                    elapsed,
+                    conflicts,
+                    last,
+                }) => AllocateError::Exhausted {
+                    owner: owner.into(),
+                    pool: pool.into(),
+                    attempts,
+                    elapsed_ms: elapsed.as_millis(),
+                    conflicts,
+                    last: last.to_string(),
+                },
+            })
     }
-}
-
-fn describe_cause(cause: &RetryCause) -> String {
-    match cause {
-        RetryCause::Conflict => "409 Conflict (another client wrote first)".to_string(),
-        RetryCause::Transient(message) => message.clone(),
-    }
-}
-
-/// Conflicts and transient failures are retried; anything else is final.
-pub(super) fn retry_cause(err: &kube::Error) -> Option<RetryCause> {
-    match err {
-        kube::Error::Api(status) if status.is_conflict() => Some(RetryCause::Conflict),
-        kube::Error::Api(status) if matches!(status.code, 429 | 500 | 502 | 503 | 504) => Some(
-            RetryCause::Transient(format!("HTTP {}: {}", status.code, status.message)),
-        ),
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
-            Some(RetryCause::Transient(super::error::transport_message(err)))
-        }
-        _ => None,
-    }
-}
-
-/// A 404 for the resource type itself (CRDs missing) rather than for the object.
-fn is_unknown_resource(status: &kube::core::Status) -> bool {
-    status
-        .message
-        .contains("could not find the requested resource")
-}
-
-fn op<'a>(
-    verb: &'a str,
-    resource: &'a str,
-    kind: &'a str,
-    name: &'a str,
-    namespace: Option<&'a str>,
-) -> Op<'a> {
-    Op {
-        verb,
-        resource,
-        kind,
-        name: Some(name),
-        namespace,
-    }
-}
-
-pub fn owner_of(pa: &PortAllocation) -> String {
-    format!("{}/{}", pa.namespace().unwrap_or_default(), pa.name_any())
-}
-
-/// The sync decision: plan against what `uid` holds now, and carry the plan out on a copy of
-/// the pool state.
-fn decide_sync(
-    record: &PoolRecord,
-    uid: &str,
-    owner: &str,
-    demands: &[PortDemand],
-) -> Result<Decision, AllocateError> {
-    let current = record.holdings_of(uid);
-    let plan = core::plan(demands, &current);
-    if plan.is_noop() {
-        return Ok(Decision::Unchanged(current));
-    }
-    let mut state = record.state.clone();
-    let holdings = core::execute(&plan, &mut state, &mut rand::rng())
-        .map_err(|e| refusal(e, record, uid, owner))?;
-    Ok(Decision::Write {
-        status: record.status_with(&state, uid, owner, &holdings),
-        holdings,
-        allocated: plan.allocate.len(),
-        released: plan.release.len(),
-    })
-}
-
-/// Would syncing `pa` against this pool succeed? Lets `create` refuse before writing anything.
-pub fn precheck(record: &PoolRecord, pa: &PortAllocation) -> Result<(), AllocateError> {
-    let owner = owner_of(pa);
-    let demands = pa.spec.demands().map_err(|error| AllocateError::Spec {
-        owner: owner.clone(),
-        error,
-    })?;
-    decide_sync(record, &pa.uid().unwrap_or_default(), &owner, &demands).map(|_| ())
-}
-
-/// Add who is involved to a core refusal.
-fn refusal(error: AllocError, record: &PoolRecord, uid: &str, owner: &str) -> AllocateError {
-    let pool = record.name().to_string();
-    match error {
-        AllocError::Held { port } => {
-            let (holder, slot) = match record.holder_of(port) {
-                Some((holder_uid, _, slot)) if holder_uid == uid => {
-                    (format!("{owner} itself"), Some(slot))
-                }
-                Some((_, entry, slot)) => (entry.owner.clone(), Some(slot)),
-                None => ("an unknown holder".to_string(), None),
-            };
-            let slot = match slot {
-                Some(SlotKey { role, port, index }) => {
-                    format!("role {role}, port {port}, pod index {index}")
-                }
-                None => "slot unknown".into(),
-            };
-            AllocateError::PortHeld {
-                owner: owner.into(),
-                pool,
-                port,
-                holder,
-                slot,
-            }
-        }
-        error @ AllocError::PoolFull { .. } => AllocateError::Refused {
-            owner: owner.into(),
-            pool,
-            error: Box::new(error),
-            holders: holders_summary(record),
-        },
-        error => AllocateError::Refused {
-            owner: owner.into(),
-            pool,
-            error: Box::new(error),
-            holders: String::new(),
-        },
-    }
-}
-
-/// `. Holders: ns/a (12 ports), ns/b (8 ports) and 3 more`, largest first.
-fn holders_summary(record: &PoolRecord) -> String {
-    let mut holders: Vec<(&str, usize)> = record
-        .holders
-        .values()
-        .map(|h| (h.owner.as_str(), h.holdings.len()))
-        .collect();
-    if holders.is_empty() {
-        return String::new();
-    }
-    holders.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let shown: Vec<String> = holders
-        .iter()
-        .take(5)
-        .map(|(o, n)| format!("{o} ({n} ports)"))
-        .collect();
-    let more = holders.len().saturating_sub(5);
-    let mut text = format!(". Holders: {}", shown.join(", "));
-    if more > 0 {
-        text.push_str(&format!(" and {more} more"));
-    }
-    text
 }
 
 impl fmt::Display for SyncReport {

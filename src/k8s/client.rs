@@ -26,7 +26,7 @@ fn config_error(message: String) -> KubeError {
         .unwrap_or_default()
         .trim_end()
         .to_string();
-    KubeError::Config { message }
+    KubeError::config(message)
 }
 
 /// A client and the namespace the selected context defaults to.

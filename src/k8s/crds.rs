@@ -1,4 +1,4 @@
-//! Installing the CRDs and noticing when they are missing.
+//! Installing the CRDs.
 
 use std::time::Duration;
 
@@ -7,10 +7,10 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
 
-use super::{FIELD_MANAGER, KubeError, Op, explain};
+use super::FIELD_MANAGER;
+use super::error::{ApiErrorKind, KubeError};
+use super::resources::CRDS;
 use crate::api;
-
-const CRD_RESOURCE: &str = "customresourcedefinitions.apiextensions.k8s.io";
 
 /// Server-side apply every CRD, then wait until the API server serves them (`Established`).
 /// Returns the names applied.
@@ -22,18 +22,8 @@ pub async fn install_crds(client: &Client, wait: Duration) -> Result<Vec<String>
         let name = crd.name_any();
         crds.patch(&name, &params, &Patch::Apply(&crd))
             .await
-            .map_err(|e| {
-                explain(
-                    e,
-                    &Op {
-                        verb: "patch",
-                        resource: CRD_RESOURCE,
-                        kind: "CustomResourceDefinition",
-                        name: Some(&name),
-                        namespace: None,
-                    },
-                )
-            })?;
+            .map_err(|e| KubeError::from_kube(e, CRDS.on("patch", &name, None)))?;
+        tracing::info!("applied CustomResourceDefinition {name}");
         names.push(name);
     }
     for name in &names {
@@ -41,48 +31,20 @@ pub async fn install_crds(client: &Client, wait: Duration) -> Result<Vec<String>
         match tokio::time::timeout(wait, established).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
-                return Err(KubeError::Other {
-                    verb: "watch".into(),
-                    resource: CRD_RESOURCE.into(),
-                    message: format!("waiting for {name} to be Established: {e}"),
-                });
+                return Err(KubeError::new(
+                    ApiErrorKind::Other,
+                    CRDS.all("watch", None),
+                    format!("waiting for {name} to be Established: {e}"),
+                ));
             }
             Err(_) => {
-                return Err(KubeError::Unavailable {
-                    verb: "watch".into(),
-                    resource: CRD_RESOURCE.into(),
-                    message: format!("{name} was not Established within {wait:?}"),
-                });
+                return Err(KubeError::new(
+                    ApiErrorKind::Unavailable,
+                    CRDS.all("watch", None),
+                    format!("{name} was not Established within {wait:?}"),
+                ));
             }
         }
     }
     Ok(names)
-}
-
-/// Whether both CRDs are served. Reading a CRD needs cluster-scoped rights that ordinary users
-/// lack, so this asks the discovery endpoint of our group instead.
-pub async fn crds_installed(client: &Client) -> Result<bool, KubeError> {
-    let path = format!("/apis/{}/{}", api::GROUP, api::VERSION);
-    let request = http::Request::get(&path)
-        .body(Vec::new())
-        .expect("a GET request always builds");
-    match client
-        .request::<k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList>(request)
-        .await
-    {
-        Ok(list) => Ok(["portpools", "portallocations"]
-            .iter()
-            .all(|plural| list.resources.iter().any(|r| r.name == *plural))),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
-        Err(e) => Err(explain(
-            e,
-            &Op {
-                verb: "get",
-                resource: &path,
-                kind: "APIGroup",
-                name: None,
-                namespace: None,
-            },
-        )),
-    }
 }

@@ -1,4 +1,8 @@
-//! API failures turned into messages that say what went wrong, on which object, and what to do.
+//! API failures as data: what kind of failure, which request on which object, the server's own
+//! words and the `kube::Error` itself. Rendered as one line that says what to do next.
+
+use std::fmt;
+use std::time::Duration;
 
 use kube::core::Status;
 
@@ -16,188 +20,187 @@ pub enum ApiErrorKind {
     Other,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum KubeError {
-    #[error("{message}")]
-    Config { message: String },
-
-    #[error(
-        "the portalloc.dev CRDs are not installed in this cluster ({resource} is unknown to the API server): \
-         run `kubectl portalloc install`, or `kubectl apply --server-side -f crds/portalloc-crds.yaml`"
-    )]
-    CrdsMissing { resource: String },
-
-    #[error(
-        "forbidden: you may not {verb} {resource}{scope}: {message}. Ask a cluster administrator to bind \
-         the portalloc ClusterRoles (see rbac/ in the kubectl-portalloc repository)"
-    )]
-    Forbidden {
-        verb: String,
-        resource: String,
-        scope: String,
-        message: String,
-    },
-
-    #[error("{kind} {name:?} not found{scope}{hint}")]
-    NotFound {
-        kind: String,
-        name: String,
-        scope: String,
-        hint: String,
-    },
-
-    #[error("{message}")]
-    Invalid { message: String },
-
-    #[error(
-        "the API server is unavailable while trying to {verb} {resource}: {message} (safe to retry)"
-    )]
-    Unavailable {
-        verb: String,
-        resource: String,
-        message: String,
-    },
-
-    /// Another client wrote the object between our read and our write (409 Conflict). The
-    /// write did not happen; running the command again reads the new version.
-    #[error(
-        "{object} was changed by another client while this command was updating it ({verb} \
-         {resource}: {message}): running the command again is safe"
-    )]
-    Conflict {
-        verb: String,
-        resource: String,
-        /// `PortAllocation "x" in namespace "y"`
-        object: String,
-        message: String,
-    },
-
-    #[error("{verb} {resource}: {message}")]
-    Other {
-        verb: String,
-        resource: String,
-        message: String,
-    },
-}
-
-impl KubeError {
-    /// Add what to do next to a "not found"; other errors pass through unchanged.
-    pub fn with_hint(self, hint: &str) -> KubeError {
-        match self {
-            KubeError::NotFound {
-                kind, name, scope, ..
-            } => KubeError::NotFound {
-                kind,
-                name,
-                scope,
-                hint: hint.to_string(),
-            },
-            other => other,
-        }
-    }
-
-    pub fn kind(&self) -> ApiErrorKind {
-        match self {
-            Self::Config { .. } => ApiErrorKind::Config,
-            Self::CrdsMissing { .. } => ApiErrorKind::CrdsMissing,
-            Self::Forbidden { .. } => ApiErrorKind::Forbidden,
-            Self::NotFound { .. } => ApiErrorKind::NotFound,
-            Self::Invalid { .. } => ApiErrorKind::Invalid,
-            Self::Conflict { .. } => ApiErrorKind::Conflict,
-            Self::Unavailable { .. } => ApiErrorKind::Unavailable,
-            Self::Other { .. } => ApiErrorKind::Other,
-        }
-    }
-}
-
-/// The operation that failed, so the message can name it.
-#[derive(Clone, Debug)]
-pub struct Op<'a> {
-    /// Kubernetes verb: get, list, create, update, patch, delete.
-    pub verb: &'a str,
+/// The request that failed, so the message can name it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Kubernetes verb: get, list, create, update, patch, delete, watch.
+    pub verb: &'static str,
     /// Plural resource, e.g. `portpools.portalloc.dev` or `portpools.portalloc.dev/status`.
-    pub resource: &'a str,
+    pub resource: String,
     /// The object's kind for "not found" messages, e.g. `PortPool`.
-    pub kind: &'a str,
-    pub name: Option<&'a str>,
-    pub namespace: Option<&'a str>,
+    pub kind: &'static str,
+    pub name: Option<String>,
+    pub namespace: Option<String>,
 }
 
-impl Op<'_> {
+impl Target {
     fn scope(&self) -> String {
-        match self.namespace {
+        match &self.namespace {
             Some(ns) => format!(" in namespace {ns:?}"),
             None => String::new(),
         }
     }
-}
 
-/// Turn a kube error into one that says what to do next.
-pub fn explain(err: kube::Error, op: &Op<'_>) -> KubeError {
-    match err {
-        kube::Error::Api(response) => explain_status(&response, op),
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
-            KubeError::Unavailable {
-                verb: op.verb.into(),
-                resource: op.resource.into(),
-                message: transport_message(&err),
-            }
-        }
-        other => KubeError::Other {
-            verb: op.verb.into(),
-            resource: op.resource.into(),
-            message: error_chain(&other),
-        },
+    fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or_default()
     }
 }
 
-fn explain_status(response: &Status, op: &Op<'_>) -> KubeError {
-    let status = &response.message;
-    match response.code {
-        403 => KubeError::Forbidden {
-            verb: op.verb.into(),
-            resource: op.resource.into(),
-            scope: op.scope(),
-            message: status.clone(),
-        },
-        404 if is_unknown_resource(response) => KubeError::CrdsMissing {
-            resource: op.resource.into(),
-        },
-        404 => KubeError::NotFound {
-            kind: op.kind.into(),
-            name: op.name.unwrap_or_default().into(),
-            scope: op.scope(),
+/// A failed request (or an unusable kubeconfig), with everything needed to explain it.
+#[derive(Debug)]
+pub struct KubeError {
+    kind: ApiErrorKind,
+    /// `None` only for configuration errors, which precede any request.
+    target: Option<Target>,
+    /// The server's message, the transport's error chain, or the configuration problem.
+    detail: String,
+    /// What to do next, for "not found".
+    hint: String,
+    /// The HTTP status code, when the server answered.
+    code: Option<u16>,
+    source: Option<kube::Error>,
+}
+
+impl KubeError {
+    /// A kubeconfig or context that cannot be used.
+    pub fn config(message: impl Into<String>) -> KubeError {
+        KubeError {
+            kind: ApiErrorKind::Config,
+            target: None,
+            detail: message.into(),
             hint: String::new(),
-        },
-        409 if response.is_conflict() => KubeError::Conflict {
-            verb: op.verb.into(),
-            resource: op.resource.into(),
-            object: format!(
-                "{} {:?}{}",
-                op.kind,
-                op.name.unwrap_or_default(),
-                op.scope()
+            code: None,
+            source: None,
+        }
+    }
+
+    /// A failure noticed by this client rather than answered by the server (e.g. a wait that
+    /// timed out).
+    pub fn new(kind: ApiErrorKind, target: Target, detail: impl Into<String>) -> KubeError {
+        KubeError {
+            kind,
+            target: Some(target),
+            detail: detail.into(),
+            hint: String::new(),
+            code: None,
+            source: None,
+        }
+    }
+
+    /// Classify a kube error for `target`.
+    pub fn from_kube(err: kube::Error, target: Target) -> KubeError {
+        let (kind, detail, code) = match &err {
+            kube::Error::Api(status) => {
+                let (kind, detail) = classify_status(status);
+                (kind, detail, Some(status.code))
+            }
+            kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
+                (ApiErrorKind::Unavailable, transport_message(&err), None)
+            }
+            other => (ApiErrorKind::Other, error_chain(other), None),
+        };
+        KubeError {
+            kind,
+            target: Some(target),
+            detail,
+            hint: String::new(),
+            code,
+            source: Some(err),
+        }
+    }
+
+    /// Add what to do next to a "not found"; other errors pass through unchanged.
+    pub fn with_hint(mut self, hint: &str) -> KubeError {
+        if self.kind == ApiErrorKind::NotFound {
+            self.hint = hint.to_string();
+        }
+        self
+    }
+
+    pub fn kind(&self) -> ApiErrorKind {
+        self.kind
+    }
+
+    pub fn target(&self) -> Option<&Target> {
+        self.target.as_ref()
+    }
+
+    /// The HTTP status code, when the server answered.
+    pub fn code(&self) -> Option<u16> {
+        self.code
+    }
+
+    /// The error as kube returned it.
+    pub fn kube_error(&self) -> Option<&kube::Error> {
+        self.source.as_ref()
+    }
+}
+
+impl std::error::Error for KubeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl fmt::Display for KubeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let detail = &self.detail;
+        let Some(target) = &self.target else {
+            return f.write_str(detail);
+        };
+        let (verb, resource) = (target.verb, &target.resource);
+        match self.kind {
+            ApiErrorKind::Config | ApiErrorKind::Invalid => f.write_str(detail),
+            ApiErrorKind::CrdsMissing => write!(
+                f,
+                "the portalloc.dev CRDs are not installed in this cluster ({resource} is unknown to the API \
+                 server): run `kubectl portalloc install`, or `kubectl apply --server-side -f crds/portalloc-crds.yaml`"
             ),
-            message: status.clone(),
-        },
-        409 => KubeError::Other {
-            verb: op.verb.into(),
-            resource: op.resource.into(),
-            message: format!("conflict: {status}"),
-        },
-        400 | 422 => KubeError::Invalid {
-            message: status.clone(),
-        },
-        429 | 500 | 503 | 504 => KubeError::Unavailable {
-            verb: op.verb.into(),
-            resource: op.resource.into(),
-            message: status.clone(),
-        },
-        _ => KubeError::Other {
-            verb: op.verb.into(),
-            resource: op.resource.into(),
-            message: format!("{status} (HTTP {})", response.code),
-        },
+            ApiErrorKind::Forbidden => write!(
+                f,
+                "forbidden: you may not {verb} {resource}{}: {detail}. Ask a cluster administrator to bind \
+                 the portalloc ClusterRoles (see rbac/ in the kubectl-portalloc repository)",
+                target.scope()
+            ),
+            ApiErrorKind::NotFound => write!(
+                f,
+                "{} {:?} not found{}{}",
+                target.kind,
+                target.name(),
+                target.scope(),
+                self.hint
+            ),
+            ApiErrorKind::Unavailable => write!(
+                f,
+                "the API server is unavailable while trying to {verb} {resource}: {detail} (safe to retry)"
+            ),
+            ApiErrorKind::Conflict => write!(
+                f,
+                "{} {:?}{} was changed by another client while this command was updating it ({verb} \
+                 {resource}: {detail}): running the command again is safe",
+                target.kind,
+                target.name(),
+                target.scope()
+            ),
+            ApiErrorKind::Other => write!(f, "{verb} {resource}: {detail}"),
+        }
+    }
+}
+
+/// The kind of an answer from the server, and the detail its message should carry.
+fn classify_status(response: &Status) -> (ApiErrorKind, String) {
+    let status = response.message.clone();
+    match response.code {
+        403 => (ApiErrorKind::Forbidden, status),
+        404 if is_unknown_resource(response) => (ApiErrorKind::CrdsMissing, status),
+        404 => (ApiErrorKind::NotFound, status),
+        409 if response.is_conflict() => (ApiErrorKind::Conflict, status),
+        409 => (ApiErrorKind::Other, format!("conflict: {status}")),
+        400 | 422 => (ApiErrorKind::Invalid, status),
+        429 | 500 | 503 | 504 => (ApiErrorKind::Unavailable, status),
+        code => (ApiErrorKind::Other, format!("{status} (HTTP {code})")),
     }
 }
 
@@ -212,6 +215,20 @@ pub fn is_unknown_resource(status: &Status) -> bool {
             || status
                 .message
                 .contains("could not find the requested resource"))
+}
+
+/// How long the server asked us to wait (`Retry-After`, carried in the Status details of a
+/// 429 or 503), if it did.
+pub fn server_retry_after(err: &kube::Error) -> Option<Duration> {
+    match err {
+        kube::Error::Api(status) => status
+            .details
+            .as_ref()
+            .map(|d| d.retry_after_seconds)
+            .filter(|s| *s > 0)
+            .map(|s| Duration::from_secs(u64::from(s))),
+        _ => None,
+    }
 }
 
 /// What went wrong on the wire. A timeout says so first: the chain alone reads "client error
@@ -264,18 +281,25 @@ mod tests {
         }))
     }
 
-    const OP: Op<'static> = Op {
-        verb: "update",
-        resource: "portallocations.portalloc.dev",
-        kind: "PortAllocation",
-        name: Some("a"),
-        namespace: Some("ns"),
-    };
+    fn target() -> Target {
+        Target {
+            verb: "update",
+            resource: "portallocations.portalloc.dev".into(),
+            kind: "PortAllocation",
+            name: Some("a".into()),
+            namespace: Some("ns".into()),
+        }
+    }
 
     #[test]
     fn a_conflict_names_the_object_and_says_a_rerun_is_safe() {
-        let err = explain(status(409, "Conflict", "the object has been modified"), &OP);
+        let err = KubeError::from_kube(
+            status(409, "Conflict", "the object has been modified"),
+            target(),
+        );
         assert_eq!(err.kind(), ApiErrorKind::Conflict);
+        assert_eq!(err.code(), Some(409));
+        assert!(matches!(err.kube_error(), Some(kube::Error::Api(_))));
         let text = err.to_string();
         assert!(
             text.starts_with(
@@ -288,7 +312,41 @@ mod tests {
             "{text}"
         );
         // AlreadyExists is a 409 too, but not one a rerun fixes.
-        let exists = explain(status(409, "AlreadyExists", "already exists"), &OP);
+        let exists = KubeError::from_kube(status(409, "AlreadyExists", "already exists"), target());
         assert_eq!(exists.kind(), ApiErrorKind::Other);
+    }
+
+    #[test]
+    fn a_missing_object_differs_from_a_missing_resource_and_takes_a_hint() {
+        let mut gone = Status {
+            code: 404,
+            reason: "NotFound".into(),
+            message: "portallocations.portalloc.dev \"a\" not found".into(),
+            ..Default::default()
+        };
+        gone.details = Some(serde_json::from_value(serde_json::json!({"name": "a"})).unwrap());
+        let err = KubeError::from_kube(kube::Error::Api(Box::new(gone)), target())
+            .with_hint(": list them with `kubectl portalloc get -A`");
+        assert_eq!(err.kind(), ApiErrorKind::NotFound);
+        assert_eq!(
+            err.to_string(),
+            "PortAllocation \"a\" not found in namespace \"ns\": list them with `kubectl portalloc get -A`"
+        );
+        let unknown = KubeError::from_kube(status(404, "", "404 page not found"), target());
+        assert_eq!(unknown.kind(), ApiErrorKind::CrdsMissing);
+    }
+
+    #[test]
+    fn retry_after_comes_from_the_status_details() {
+        let mut busy = Status {
+            code: 429,
+            message: "too many requests".into(),
+            ..Default::default()
+        };
+        busy.details =
+            Some(serde_json::from_value(serde_json::json!({"retryAfterSeconds": 2})).unwrap());
+        let err = kube::Error::Api(Box::new(busy));
+        assert_eq!(server_retry_after(&err), Some(Duration::from_secs(2)));
+        assert_eq!(server_retry_after(&status(409, "Conflict", "x")), None);
     }
 }

@@ -1,26 +1,35 @@
-//! The thin Kubernetes layer: clients, reads and compare-and-swap writes. Decisions about which
-//! ports to hand out live in [`crate::core`]; this layer only moves state to and from the API.
+//! The Kubernetes layer: the client, errors, the one retry driver, and the loops that read,
+//! decide (with [`crate::ledger`]) and write. Every write that protects consistency lives here:
+//! the pool compare-and-swap of allocation and repair, pool creation and deletion, and the
+//! create-then-allocate of a manifest.
 
-mod allocation_status;
+mod allocations;
 mod allocator;
 mod client;
+mod configmaps;
 mod crds;
 mod error;
-mod pool_record;
+mod pools;
 mod repair;
+mod resources;
 mod retry;
 
-pub use allocation_status::{CONDITION_ALLOCATED, Failure, allocation_status, recorded_holdings};
-pub use allocator::{AllocateError, Allocator, SyncReport, owner_of, precheck};
-pub use client::{ClientOptions, connect};
-pub use crds::{crds_installed, install_crds};
-pub use error::{ApiErrorKind, KubeError, Op, error_chain, explain};
-pub use pool_record::{Anomaly, HolderEntry, PoolRecord};
-pub use repair::{
-    Change, Finding, FollowUp, FreeReason, PoolRepair, RepairError, RepairPlan, Repairer, Restored,
-    plan_repair,
+pub use allocations::{
+    ApplyError, DeleteError, Deleted, apply_allocation, delete_allocation, get_allocation,
+    list_allocations,
 };
-pub use retry::{Attempts, RetryCause, RetryPolicy};
+pub use allocator::{AllocateError, Allocator, SyncReport};
+pub use client::{ClientOptions, connect};
+pub use configmaps::apply_configmap;
+pub use crds::install_crds;
+pub use error::{ApiErrorKind, KubeError, Target, error_chain};
+pub use pools::{
+    Applied, DeletedPool, PoolError, apply_pool, create_pool, delete_pool, get_pool, list_pools,
+    pool_ports,
+};
+pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
+pub use resources::{NAMESPACES, POOLS, Resource, SERVICES};
+pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 
 /// The field manager name our writes are recorded under.
 pub const FIELD_MANAGER: &str = "kubectl-portalloc";

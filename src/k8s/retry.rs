@@ -1,9 +1,13 @@
-//! Bounded retries with exponential backoff and full jitter, for compare-and-swap conflicts and
-//! transient API failures.
+//! The one retry driver: bounded retries with exponential backoff and full jitter, for
+//! compare-and-swap conflicts and transient API failures, honouring the server's Retry-After.
+//! Every read-decide-write loop of this layer (allocation, repair, spec updates) goes round
+//! through [`Attempts::backoff`].
 
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+
+use super::error::{KubeError, Target, server_retry_after, transport_message};
 
 /// How hard to try before giving up. Both bounds apply: whichever is reached first ends it.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +41,40 @@ pub enum RetryCause {
     Transient(String),
 }
 
+impl RetryCause {
+    /// Whether a failed request is worth another round, and why; `None` when it is final.
+    pub fn of(err: &kube::Error) -> Option<RetryCause> {
+        match err {
+            kube::Error::Api(status) if status.is_conflict() => Some(RetryCause::Conflict),
+            kube::Error::Api(status) if matches!(status.code, 429 | 500 | 502 | 503 | 504) => Some(
+                RetryCause::Transient(format!("HTTP {}: {}", status.code, status.message)),
+            ),
+            kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
+                Some(RetryCause::Transient(transport_message(err)))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for RetryCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RetryCause::Conflict => f.write_str("409 Conflict (another client wrote first)"),
+            RetryCause::Transient(message) => f.write_str(message),
+        }
+    }
+}
+
+/// Why a loop stops going round.
+#[derive(Debug)]
+pub enum Stop {
+    /// The failure is not one a retry fixes.
+    Final(KubeError),
+    /// The budget of attempts or time is spent.
+    Exhausted(Exhausted),
+}
+
 /// Counts attempts against a policy and sleeps between them.
 #[derive(Debug)]
 pub struct Attempts {
@@ -67,13 +105,45 @@ impl Attempts {
         }
     }
 
+    /// After request `target` failed with `err`: sleep and return Ok to go round again, or say
+    /// why not. `label` names the loop in the log line (`ns/name in pool "p"`).
+    pub async fn backoff(
+        &mut self,
+        err: kube::Error,
+        target: Target,
+        label: &str,
+    ) -> Result<(), Stop> {
+        let Some(cause) = RetryCause::of(&err) else {
+            return Err(Stop::Final(KubeError::from_kube(err, target)));
+        };
+        let described = cause.to_string();
+        let delay = self
+            .retry_after(cause, server_retry_after(&err))
+            .await
+            .map_err(Stop::Exhausted)?;
+        tracing::info!(
+            "{label}: {described} on {} {}; attempt {} after {} ms",
+            target.verb,
+            target.resource,
+            self.attempts,
+            delay.as_millis()
+        );
+        Ok(())
+    }
+
     /// Record a failed attempt; sleep and return Ok to try again, or Err when the budget is spent.
-    pub async fn retry_after(&mut self, cause: RetryCause) -> Result<Duration, Exhausted> {
+    /// The delay is at least what the server asked for (`server_delay`, its Retry-After).
+    pub async fn retry_after(
+        &mut self,
+        cause: RetryCause,
+        server_delay: Option<Duration>,
+    ) -> Result<Duration, Exhausted> {
         match &cause {
             RetryCause::Conflict => self.conflicts += 1,
             RetryCause::Transient(_) => self.transient_failures += 1,
         }
-        let delay = self.next_delay(&mut rand::rng());
+        let jittered = self.next_delay(&mut rand::rng());
+        let delay = server_delay.map_or(jittered, |asked| asked.max(jittered));
         let elapsed = self.started.elapsed();
         if self.attempts >= self.policy.max_attempts || elapsed + delay > self.policy.max_elapsed {
             return Err(Exhausted {
@@ -121,15 +191,20 @@ mod tests {
     #[tokio::test]
     async fn gives_up_after_max_attempts_and_counts_them() {
         let mut attempts = Attempts::new(quick(3));
-        assert!(attempts.retry_after(RetryCause::Conflict).await.is_ok());
         assert!(
             attempts
-                .retry_after(RetryCause::Transient("reset".into()))
+                .retry_after(RetryCause::Conflict, None)
+                .await
+                .is_ok()
+        );
+        assert!(
+            attempts
+                .retry_after(RetryCause::Transient("reset".into()), None)
                 .await
                 .is_ok()
         );
         let exhausted = attempts
-            .retry_after(RetryCause::Conflict)
+            .retry_after(RetryCause::Conflict, None)
             .await
             .unwrap_err();
         assert_eq!(exhausted.attempts, 3);
@@ -144,10 +219,49 @@ mod tests {
             ..quick(100)
         };
         let exhausted = Attempts::new(policy)
-            .retry_after(RetryCause::Conflict)
+            .retry_after(RetryCause::Conflict, None)
             .await
             .unwrap_err();
         assert_eq!(exhausted.attempts, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_servers_retry_after_is_honoured_within_the_budget() {
+        let mut attempts = Attempts::new(quick(10));
+        let asked = Duration::from_secs(2);
+        let delay = attempts
+            .retry_after(RetryCause::Transient("429".into()), Some(asked))
+            .await
+            .unwrap();
+        assert_eq!(delay, asked);
+        // A wait longer than the time left ends the loop instead of overrunning it.
+        let exhausted = attempts
+            .retry_after(
+                RetryCause::Transient("429".into()),
+                Some(Duration::from_secs(60)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(exhausted.attempts, 2);
+    }
+
+    #[tokio::test]
+    async fn a_final_error_stops_at_once_and_names_the_request() {
+        let mut attempts = Attempts::new(quick(10));
+        let forbidden = kube::Error::Api(Box::new(kube::core::Status {
+            code: 403,
+            message: "no".into(),
+            ..Default::default()
+        }));
+        let target = super::super::resources::POOLS.on("get", "p", None);
+        let Err(Stop::Final(err)) = attempts.backoff(forbidden, target, "test").await else {
+            panic!("a 403 is final");
+        };
+        assert!(
+            err.to_string()
+                .starts_with("forbidden: you may not get portpools.portalloc.dev")
+        );
+        assert_eq!(attempts.attempts, 1);
     }
 
     #[test]

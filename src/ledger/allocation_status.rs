@@ -4,17 +4,21 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::refusal::{Reason, Refusal};
 use crate::api::{Phase, PortAllocation, PortAllocationStatus, PortAssignment, Scope};
 use crate::core::{Holdings, SlotKey};
 
 pub const CONDITION_ALLOCATED: &str = "Allocated";
 
-/// Why the last allocation attempt did not complete, for the `Allocated` condition.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
-    /// CamelCase reason: `PoolFull`, `PortHeld`, `PoolNotFound`, `InvalidSpec`, `Released`.
-    pub reason: String,
-    pub message: String,
+/// How the last operation on a PortAllocation ended, as far as its status is concerned.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Outcome<'a> {
+    /// The pool holds what the spec asks for (or as much as a scale-down left).
+    Converged,
+    /// `kubectl portalloc release` gave every port back on purpose.
+    Released,
+    /// A lasting refusal: the spec, the pool or a port makes the allocation impossible.
+    Refused(&'a Refusal),
 }
 
 /// The status for `pa` given what it holds in its pool. Conditions keep their transition time
@@ -23,7 +27,7 @@ pub fn allocation_status(
     pa: &PortAllocation,
     holdings: &Holdings,
     pool_uid: Option<&str>,
-    failure: Option<&Failure>,
+    outcome: Outcome<'_>,
 ) -> PortAllocationStatus {
     let previous = pa.status.clone().unwrap_or_default();
     let mut assignments = Vec::new();
@@ -53,21 +57,25 @@ pub fn allocation_status(
         }
     }
     let allocated: usize = assignments.iter().map(|a| a.values.len()).sum();
-    let (phase, condition_status, reason, message) = match failure {
-        Some(f) if f.reason == "Released" => {
-            (Phase::Pending, "False", f.reason.clone(), f.message.clone())
-        }
-        Some(f) => (Phase::Failed, "False", f.reason.clone(), f.message.clone()),
-        None if allocated == desired => (
-            Phase::Allocated,
-            "True",
-            "Allocated".to_string(),
-            format!("{allocated} ports allocated"),
-        ),
-        None => (
+    let (phase, condition_status, reason, message) = match outcome {
+        Outcome::Released => (
             Phase::Pending,
             "False",
-            "Pending".to_string(),
+            Reason::Released,
+            "ports released with `kubectl portalloc release`; run `kubectl portalloc sync` to allocate again"
+                .to_string(),
+        ),
+        Outcome::Refused(refusal) => (Phase::Failed, "False", refusal.reason(), refusal.to_string()),
+        Outcome::Converged if allocated == desired => (
+            Phase::Allocated,
+            "True",
+            Reason::Allocated,
+            format!("{allocated} ports allocated"),
+        ),
+        Outcome::Converged => (
+            Phase::Pending,
+            "False",
+            Reason::Pending,
             format!("{allocated} of {desired} ports allocated: run `kubectl portalloc sync`"),
         ),
     };
@@ -75,7 +83,7 @@ pub fn allocation_status(
     let condition = Condition {
         type_: CONDITION_ALLOCATED.to_string(),
         status: condition_status.to_string(),
-        reason,
+        reason: reason.to_string(),
         message,
         observed_generation: generation,
         last_transition_time: Time(Timestamp::now()),
@@ -174,7 +182,7 @@ mod tests {
     #[test]
     fn complete_holdings_are_allocated_and_mirror_back() {
         let held = holdings(&[("http", 0, 100), ("http", 1, 101), ("admin", 0, 102)]);
-        let status = allocation_status(&pa(), &held, Some("pool-uid"), None);
+        let status = allocation_status(&pa(), &held, Some("pool-uid"), Outcome::Converged);
         assert_eq!(status.phase, Some(Phase::Allocated));
         assert_eq!(status.ports.as_deref(), Some("3/3"));
         assert_eq!(status.roles.as_deref(), Some("web:2"));
@@ -186,28 +194,52 @@ mod tests {
     #[test]
     fn partial_holdings_are_pending_and_failures_are_failed() {
         let held = holdings(&[("http", 0, 100)]);
-        let status = allocation_status(&pa(), &held, None, None);
+        let status = allocation_status(&pa(), &held, None, Outcome::Converged);
         assert_eq!(
             (status.phase, status.ports.as_deref()),
             (Some(Phase::Pending), Some("1/3"))
         );
-        let failure = Failure {
-            reason: "PoolFull".into(),
-            message: "full".into(),
+        let refusal = Refusal::PoolNotFound {
+            pool: "p".into(),
+            owner: "ns/x".into(),
         };
-        let status = allocation_status(&pa(), &Holdings::new(), None, Some(&failure));
+        let status = allocation_status(&pa(), &Holdings::new(), None, Outcome::Refused(&refusal));
         assert_eq!(status.phase, Some(Phase::Failed));
-        assert_eq!(status.conditions[0].reason, "PoolFull");
+        assert_eq!(status.conditions[0].reason, "PoolNotFound");
+        assert_eq!(status.conditions[0].message, refusal.to_string());
+    }
+
+    #[test]
+    fn zero_of_zero_ports_is_allocated_and_only_a_release_says_released() {
+        let mut scaled_to_zero = pa();
+        scaled_to_zero.spec.roles[0].replicas = 0;
+        let status = allocation_status(&scaled_to_zero, &Holdings::new(), None, Outcome::Converged);
+        assert_eq!(status.phase, Some(Phase::Allocated));
+        assert_eq!(status.ports.as_deref(), Some("0/0"));
+        assert_eq!(status.conditions[0].reason, "Allocated");
+        let released = allocation_status(&pa(), &Holdings::new(), None, Outcome::Released);
+        assert_eq!(released.phase, Some(Phase::Pending));
+        assert_eq!(released.conditions[0].reason, "Released");
     }
 
     #[test]
     fn recomputing_an_unchanged_status_is_identical() {
         let held = holdings(&[("http", 0, 100), ("http", 1, 101), ("admin", 0, 102)]);
         let mut object = pa();
-        object.status = Some(allocation_status(&object, &held, Some("u"), None));
+        object.status = Some(allocation_status(
+            &object,
+            &held,
+            Some("u"),
+            Outcome::Converged,
+        ));
         std::thread::sleep(std::time::Duration::from_millis(5));
         assert_eq!(
-            Some(allocation_status(&object, &held, Some("u"), None)),
+            Some(allocation_status(
+                &object,
+                &held,
+                Some("u"),
+                Outcome::Converged
+            )),
             object.status
         );
     }

@@ -8,7 +8,7 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use portalloc::api::{PoolHolder, PortAllocation, PortPool, PortPoolStatus};
 use portalloc::core::{Holdings, SlotKey};
-use portalloc::k8s::recorded_holdings;
+use portalloc::ledger::recorded_holdings;
 
 use crate::support::invariants::{assert_consistent, pool_record};
 use crate::support::{self, cli};
@@ -349,13 +349,7 @@ async fn sync_completes_an_allocation_interrupted_after_the_pool_write() {
     support::create_pool(&pool, "31600-31699");
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
     let manifest = support::simple_allocation("half", &pool, "worker", 2, &["rpc"]);
-    let pa = match portalloc::cli::parse_manifests("t", &manifest)
-        .unwrap()
-        .remove(0)
-    {
-        portalloc::cli::Manifest::Allocation(pa) => pa,
-        other => panic!("{other:?}"),
-    };
+    let pa: PortAllocation = serde_yaml::from_str(&manifest).unwrap();
     let pa = api.create(&PostParams::default(), &pa).await.unwrap();
     // What the killed client committed: its pool entry, and nothing else.
     let pools: Api<PortPool> = Api::all(client.clone());
@@ -393,13 +387,7 @@ async fn gitops_applied_allocations_get_ports_from_sync_all() {
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
     for name in ["a", "b", "c"] {
         let manifest = support::simple_allocation(name, &pool, "worker", 3, &["rpc", "metrics"]);
-        let portalloc::cli::Manifest::Allocation(pa) =
-            portalloc::cli::parse_manifests("t", &manifest)
-                .unwrap()
-                .remove(0)
-        else {
-            unreachable!()
-        };
+        let pa: PortAllocation = serde_yaml::from_str(&manifest).unwrap();
         api.create(&PostParams::default(), &pa).await.unwrap();
     }
     let run = cli::run(&["sync", "--all", "-n", &ns]);
@@ -411,4 +399,51 @@ async fn gitops_applied_allocations_get_ports_from_sync_all() {
     let run = cli::run(&["get", "-n", &ns]);
     assert!(run.ok(), "{run}");
     assert_eq!(run.stdout.matches("Allocated").count(), 3, "{run}");
+}
+
+/// Scaling every role to 0 with a plain apply (as GitOps does), then `sync`: every port is given
+/// back and the object is Allocated with 0 of 0 ports. Nobody ran `release`, so the status must
+/// not say so.
+#[tokio::test]
+async fn scaling_every_role_to_zero_and_syncing_is_allocated_not_released() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "zero").await;
+    let pool = support::unique_name("zero");
+    support::create_pool(&pool, "31800-31819");
+    let manifest = support::simple_allocation("z", &pool, "worker", 3, &["rpc"]);
+    let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns], &manifest);
+    assert!(run.ok(), "{run}");
+
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
+    let mut pa = get_pa(&client, &ns, "z").await;
+    pa.spec.roles[0].replicas = 0;
+    api.replace("z", &PostParams::default(), &pa).await.unwrap();
+    let run = cli::run(&["sync", "z", "-n", &ns]);
+    assert!(run.ok(), "{run}");
+    assert!(run.stdout.contains("(3 released)"), "{run}");
+
+    let status = get_pa(&client, &ns, "z").await.status.unwrap();
+    let condition = &status.conditions[0];
+    assert_eq!(
+        (
+            status.phase.map(|p| p.to_string()),
+            status.ports.as_deref(),
+            condition.status.as_str(),
+            condition.reason.as_str()
+        ),
+        (Some("Allocated".into()), Some("0/0"), "True", "Allocated"),
+        "{status:?}"
+    );
+    assert!(recorded_holdings(&status).is_empty());
+    let holdings = assert_consistent(&client, &pool).await;
+    assert!(holdings.values().all(Holdings::is_empty), "{holdings:?}");
+
+    // `release` still says what it did.
+    pa = get_pa(&client, &ns, "z").await;
+    pa.spec.roles[0].replicas = 2;
+    api.replace("z", &PostParams::default(), &pa).await.unwrap();
+    assert!(cli::run(&["sync", "z", "-n", &ns]).ok());
+    assert!(cli::run(&["release", "z", "-n", &ns]).ok());
+    let status = get_pa(&client, &ns, "z").await.status.unwrap();
+    assert_eq!(status.conditions[0].reason, "Released", "{status:?}");
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use kube::api::Api;
 use portalloc::api::{PortAllocation, PortPool};
-use portalloc::k8s::{Anomaly, PoolRecord, recorded_holdings};
+use portalloc::ledger::{Anomaly, PoolRecord, recorded_holdings};
 use rand::Rng;
 
 use crate::support::cli::BIN;

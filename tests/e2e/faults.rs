@@ -33,12 +33,7 @@ fn one_line_error(run: &Run) -> &str {
 
 async fn create_object(client: &Client, ns: &str, name: &str, pool: &str) -> PortAllocation {
     let manifest = support::simple_allocation(name, pool, "worker", 2, &["rpc"]);
-    let portalloc::cli::Manifest::Allocation(pa) = portalloc::cli::parse_manifests("t", &manifest)
-        .unwrap()
-        .remove(0)
-    else {
-        unreachable!()
-    };
+    let pa: PortAllocation = serde_yaml::from_str(&manifest).unwrap();
     Api::<PortAllocation>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &pa)
         .await

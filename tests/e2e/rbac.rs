@@ -7,7 +7,7 @@
 use kube::Client;
 use kube::api::{Api, PostParams};
 use portalloc::api::{PoolHolder, PortPool};
-use portalloc::k8s::PoolRecord;
+use portalloc::ledger::PoolRecord;
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::cli::Run;

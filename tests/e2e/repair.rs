@@ -9,7 +9,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use portalloc::api::{PoolHolder, PortAllocation, PortPool};
 use portalloc::core::Holdings;
-use portalloc::k8s::{PoolRecord, recorded_holdings};
+use portalloc::ledger::{PoolRecord, recorded_holdings};
 
 use crate::support::invariants::{allocations_of, assert_consistent, pool_record};
 use crate::support::{self, cli};

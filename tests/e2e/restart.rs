@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use portalloc::k8s::recorded_holdings;
+use portalloc::ledger::recorded_holdings;
 
 use crate::support::cli::BIN;
 use crate::support::invariants::{allocations_of, assert_consistent};

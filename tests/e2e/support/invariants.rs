@@ -6,7 +6,7 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 use portalloc::api::{PortAllocation, PortPool};
 use portalloc::core::Holdings;
-use portalloc::k8s::{PoolRecord, recorded_holdings};
+use portalloc::ledger::{PoolRecord, recorded_holdings};
 
 /// The pool as the allocator sees it.
 pub async fn pool_record(client: &Client, pool: &str) -> PoolRecord {

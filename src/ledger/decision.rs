@@ -1,0 +1,275 @@
+//! What one owner should hold in a pool after an operation, decided from one read of the pool.
+//!
+//! The Kubernetes layer reads the pool, calls [`decide`], writes the status it returns with the
+//! resourceVersion it read, and on a conflict reads again and decides again. Nothing here does
+//! I/O, so every decision is tested without a server.
+
+use rand::Rng;
+
+use crate::api::{PortAllocation, PortPoolStatus};
+use crate::core::{self, Holdings, PortDemand};
+
+use super::owner_of;
+use super::pool_record::PoolRecord;
+use super::refusal::Refusal;
+
+/// What the caller asked for. The operation, not the numbers it produces, decides what the
+/// PortAllocation's status says afterwards (see [`Operation::released_on_purpose`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Operation {
+    /// Hold exactly what these demands ask for: allocate new slots, release removed ones, keep
+    /// the rest.
+    Sync(Vec<PortDemand>),
+    /// Give back one role's ports, or all of them, without touching the spec.
+    Release { role: Option<String> },
+    /// Drop the owner's entry entirely: its PortAllocation is gone.
+    Remove,
+}
+
+impl Operation {
+    /// The sync operation for a PortAllocation's current spec.
+    pub fn sync_of(pa: &PortAllocation) -> Result<Operation, Refusal> {
+        pa.spec
+            .demands()
+            .map(Operation::Sync)
+            .map_err(|error| Refusal::Spec {
+                owner: owner_of(pa),
+                error,
+            })
+    }
+
+    /// Whether, after this operation left `holdings` and released `released` ports, the status
+    /// should say the ports were released on purpose (and not that a sync is pending).
+    pub fn released_on_purpose(&self, holdings: &Holdings, released: usize) -> bool {
+        matches!(self, Operation::Release { .. }) && holdings.is_empty() && released > 0
+    }
+}
+
+/// The result of one decision about the pool.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// The pool already says what we want: nothing to write.
+    Unchanged(Holdings),
+    /// Write `status` (with the resourceVersion read); `holdings` is the owner's new entry.
+    Write {
+        status: PortPoolStatus,
+        holdings: Holdings,
+        allocated: usize,
+        released: usize,
+    },
+}
+
+impl Decision {
+    pub fn holdings(&self) -> &Holdings {
+        match self {
+            Decision::Unchanged(holdings) | Decision::Write { holdings, .. } => holdings,
+        }
+    }
+}
+
+/// Decide what `uid` (the PortAllocation `owner`, `namespace/name`) holds after `operation`.
+pub fn decide(
+    record: &PoolRecord,
+    uid: &str,
+    owner: &str,
+    operation: &Operation,
+    rng: &mut impl Rng,
+) -> Result<Decision, Refusal> {
+    match operation {
+        Operation::Sync(demands) => decide_sync(record, uid, owner, demands, rng),
+        Operation::Release { role } => Ok(decide_release(record, uid, owner, role.as_deref())),
+        Operation::Remove => Ok(decide_remove(record, uid, owner)),
+    }
+}
+
+/// Plan against what `uid` holds now, and carry the plan out on a copy of the pool state.
+fn decide_sync(
+    record: &PoolRecord,
+    uid: &str,
+    owner: &str,
+    demands: &[PortDemand],
+    rng: &mut impl Rng,
+) -> Result<Decision, Refusal> {
+    let current = record.holdings_of(uid);
+    let plan = core::plan(demands, &current);
+    if plan.is_noop() {
+        return Ok(Decision::Unchanged(current));
+    }
+    let mut state = record.state.clone();
+    let holdings = core::execute(&plan, &mut state, rng)
+        .map_err(|e| Refusal::from_core(e, record, uid, owner))?;
+    Ok(Decision::Write {
+        status: record.status_with(&state, uid, owner, &holdings),
+        holdings,
+        allocated: plan.allocate.len(),
+        released: plan.release.len(),
+    })
+}
+
+fn decide_release(record: &PoolRecord, uid: &str, owner: &str, role: Option<&str>) -> Decision {
+    let current = record.holdings_of(uid);
+    let keep: Holdings = current
+        .iter()
+        .filter(|(slot, _)| role.is_some_and(|r| slot.role != r))
+        .map(|(slot, port)| (slot.clone(), port))
+        .collect();
+    let released = current.len() - keep.len();
+    if released == 0 {
+        return Decision::Unchanged(current);
+    }
+    let mut state = record.state.clone();
+    for (slot, port) in current.iter() {
+        if !keep.contains(slot) {
+            state.release(port);
+        }
+    }
+    Decision::Write {
+        status: record.status_with(&state, uid, owner, &keep),
+        holdings: keep,
+        allocated: 0,
+        released,
+    }
+}
+
+fn decide_remove(record: &PoolRecord, uid: &str, owner: &str) -> Decision {
+    let current = record.holdings_of(uid);
+    if current.is_empty() && !record.opaque.contains_key(uid) {
+        return Decision::Unchanged(current);
+    }
+    let mut state = record.state.clone();
+    for port in current.ports() {
+        state.release(port);
+    }
+    // An undecodable entry of this owner goes too: the object is gone, nobody will read it.
+    let mut without_opaque = record.clone();
+    without_opaque.opaque.remove(uid);
+    Decision::Write {
+        status: without_opaque.status_with(&state, uid, owner, &Holdings::new()),
+        holdings: Holdings::new(),
+        allocated: 0,
+        released: current.len(),
+    }
+}
+
+/// Would syncing `pa` against this pool succeed? Lets `create` refuse before writing anything.
+pub fn precheck(record: &PoolRecord, pa: &PortAllocation) -> Result<(), Refusal> {
+    let operation = Operation::sync_of(pa)?;
+    let uid = pa.metadata.uid.clone().unwrap_or_default();
+    decide(record, &uid, &owner_of(pa), &operation, &mut rand::rng()).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{PoolHolder, PortPool, PortPoolSpec, StaticBandSetting};
+    use crate::core::{Scope, SlotKey};
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn record(holders: &[(&str, &str)]) -> PoolRecord {
+        let mut pool = PortPool::new(
+            "p",
+            PortPoolSpec {
+                ranges: vec!["100-103".into()],
+                exclude: vec![],
+                protocol: Default::default(),
+                static_band: StaticBandSetting::None,
+            },
+        );
+        pool.status = Some(PortPoolStatus {
+            holders: holders
+                .iter()
+                .map(|(uid, ports)| PoolHolder {
+                    uid: (*uid).into(),
+                    owner: format!("ns/{uid}"),
+                    ports: (*ports).into(),
+                })
+                .collect(),
+            ..Default::default()
+        });
+        PoolRecord::load(pool).unwrap()
+    }
+
+    fn demand(role: &str, port: &str, replicas: u32) -> PortDemand {
+        PortDemand {
+            role: role.into(),
+            port: port.into(),
+            scope: Scope::PodScoped,
+            replicas,
+            requested: None,
+        }
+    }
+
+    fn rng() -> StdRng {
+        StdRng::seed_from_u64(7)
+    }
+
+    #[test]
+    fn syncing_what_is_held_writes_nothing() {
+        let record = record(&[("a", "web.http=100,101")]);
+        let sync = Operation::Sync(vec![demand("web", "http", 2)]);
+        let decision = decide(&record, "a", "ns/a", &sync, &mut rng()).unwrap();
+        assert!(matches!(decision, Decision::Unchanged(ref h) if h.len() == 2));
+    }
+
+    #[test]
+    fn scaling_to_zero_releases_everything_and_is_not_a_release_on_purpose() {
+        let record = record(&[("a", "web.http=100,101")]);
+        let sync = Operation::Sync(vec![demand("web", "http", 0)]);
+        let decision = decide(&record, "a", "ns/a", &sync, &mut rng()).unwrap();
+        let Decision::Write {
+            status,
+            holdings,
+            released,
+            ..
+        } = decision
+        else {
+            panic!("a scale-down writes the pool");
+        };
+        assert_eq!((holdings.len(), released), (0, 2));
+        assert!(status.holders.is_empty());
+        assert!(!sync.released_on_purpose(&holdings, released));
+        let release = Operation::Release { role: None };
+        assert!(release.released_on_purpose(&holdings, released));
+    }
+
+    #[test]
+    fn releasing_one_role_keeps_the_others() {
+        let record = record(&[("a", "web.http=100 db.sql=101")]);
+        let release = Operation::Release {
+            role: Some("web".into()),
+        };
+        let decision = decide(&record, "a", "ns/a", &release, &mut rng()).unwrap();
+        let kept = decision.holdings();
+        assert_eq!(kept.get(&SlotKey::new("db", "sql", 0)), Some(101));
+        assert_eq!(kept.len(), 1);
+        assert!(!release.released_on_purpose(kept, 1));
+    }
+
+    #[test]
+    fn removing_drops_the_entry_and_undecodable_text() {
+        let record = record(&[("a", "web.http=100"), ("b", "not valid")]);
+        for uid in ["a", "b"] {
+            let decision = decide(&record, uid, "ns/x", &Operation::Remove, &mut rng()).unwrap();
+            let Decision::Write { status, .. } = decision else {
+                panic!("removing {uid} writes the pool");
+            };
+            assert_eq!(status.holders.len(), 1);
+            assert!(status.holders.iter().all(|h| h.uid != uid));
+        }
+        let absent = decide(&record, "c", "ns/c", &Operation::Remove, &mut rng()).unwrap();
+        assert!(matches!(absent, Decision::Unchanged(_)));
+    }
+
+    #[test]
+    fn a_full_pool_is_refused_naming_its_holders() {
+        let record = record(&[("a", "web.http=100,101,102")]);
+        let sync = Operation::Sync(vec![demand("x", "y", 2)]);
+        let refusal = decide(&record, "b", "ns/b", &sync, &mut rng()).unwrap_err();
+        assert_eq!(refusal.reason(), super::super::Reason::PoolFull);
+        assert!(
+            refusal.to_string().contains("Holders: ns/a (3 ports)"),
+            "{refusal}"
+        );
+    }
+}

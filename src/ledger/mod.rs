@@ -1,0 +1,36 @@
+//! The ledger: every decision about who holds which port, over the API types and with no I/O.
+//!
+//! - [`PoolRecord`]: a PortPool as read, decoded into the core's pool state plus its holders, and
+//!   turned back into the status to write.
+//! - [`decide`]: what one owner holds after a sync, a release or its removal; [`Refusal`] when
+//!   that is impossible (pool full, port held, invalid spec, pool missing).
+//! - [`allocation_status`]: a PortAllocation's status as a function of its spec and its pool
+//!   entry, so it can be recomputed at any time.
+//! - [`plan_repair`]: the diff that makes a pool's record match the live PortAllocations.
+//! - [`overlapping_pool`]: whether a new pool would share ports with an existing one.
+//!
+//! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
+
+mod allocation_status;
+mod decision;
+mod pool_record;
+mod pools;
+mod refusal;
+mod repair_plan;
+mod repair_text;
+
+pub use allocation_status::{CONDITION_ALLOCATED, Outcome, allocation_status, recorded_holdings};
+pub use decision::{Decision, Operation, decide, precheck};
+pub use pool_record::{Anomaly, HolderEntry, PoolRecord};
+pub use pools::{PoolOverlap, overlapping_pool};
+pub use refusal::{Reason, Refusal};
+pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_repair};
+
+use kube::ResourceExt;
+
+use crate::api::PortAllocation;
+
+/// `namespace/name`: how a PortAllocation is named in pool entries and messages.
+pub fn owner_of(pa: &PortAllocation) -> String {
+    format!("{}/{}", pa.namespace().unwrap_or_default(), pa.name_any())
+}

@@ -1,0 +1,174 @@
+//! Lasting refusals: a spec, a pool or a port that makes an allocation impossible until someone
+//! changes something. Unlike transport trouble, these are recorded on the PortAllocation and
+//! running the same command again gives the same answer.
+
+use crate::api::SpecError;
+use crate::core::{AllocError, SlotKey};
+
+use super::pool_record::PoolRecord;
+
+/// The CamelCase `reason` of the PortAllocation's conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Every desired port is held.
+    Allocated,
+    /// Some desired ports are not held yet: a sync has not run since the spec changed.
+    Pending,
+    /// `kubectl portalloc release` gave ports back on purpose.
+    Released,
+    PoolFull,
+    PortHeld,
+    PoolNotFound,
+    InvalidSpec,
+    InvalidPool,
+    /// Any other refusal of the core (a requested port outside the pool, one port requested
+    /// twice).
+    Refused,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Allocated => "Allocated",
+            Reason::Pending => "Pending",
+            Reason::Released => "Released",
+            Reason::PoolFull => "PoolFull",
+            Reason::PortHeld => "PortHeld",
+            Reason::PoolNotFound => "PoolNotFound",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::InvalidPool => "InvalidPool",
+            Reason::Refused => "Refused",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why an allocation cannot happen. Nothing is half-done in any of these cases: the decision
+/// is made before anything is written.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    #[error("PortAllocation {owner}: {error}")]
+    Spec { owner: String, error: SpecError },
+
+    #[error("PortPool {pool:?} has an unusable spec: {error}")]
+    PoolSpec { pool: String, error: SpecError },
+
+    #[error(
+        "PortPool {pool:?} not found (named in spec.pool of PortAllocation {owner}): create it with \
+         `kubectl portalloc pool create {pool} --range A-B`, or list pools with `kubectl portalloc pool get`"
+    )]
+    PoolNotFound { pool: String, owner: String },
+
+    #[error(
+        "PortAllocation {owner}: port {port} of pool {pool:?} is already held by {holder} ({slot}): \
+         request another port, or leave it unset to get a free one"
+    )]
+    PortHeld {
+        owner: String,
+        pool: String,
+        port: u16,
+        holder: String,
+        /// `role decode, port metrics, pod index 0`
+        slot: String,
+    },
+
+    #[error("PortAllocation {owner}: pool {pool:?}: {error}{holders}")]
+    Core {
+        owner: String,
+        pool: String,
+        error: Box<AllocError>,
+        /// For a full pool: who holds its ports.
+        holders: String,
+    },
+}
+
+impl Refusal {
+    /// The reason recorded on the PortAllocation's conditions.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Refusal::Spec { .. } => Reason::InvalidSpec,
+            Refusal::PoolSpec { .. } => Reason::InvalidPool,
+            Refusal::PoolNotFound { .. } => Reason::PoolNotFound,
+            Refusal::PortHeld { .. } => Reason::PortHeld,
+            Refusal::Core { error, .. } if matches!(**error, AllocError::PoolFull { .. }) => {
+                Reason::PoolFull
+            }
+            Refusal::Core { .. } => Reason::Refused,
+        }
+    }
+
+    /// The input is wrong (as opposed to the pool being unable to serve it).
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Refusal::Spec { .. } | Refusal::PoolSpec { .. })
+    }
+
+    /// Add who is involved to a refusal of the core.
+    pub fn from_core(error: AllocError, record: &PoolRecord, uid: &str, owner: &str) -> Refusal {
+        let pool = record.name().to_string();
+        match error {
+            AllocError::Held { port } => {
+                let (holder, slot) = match record.holder_of(port) {
+                    Some((holder_uid, _, slot)) if holder_uid == uid => {
+                        (format!("{owner} itself"), Some(slot))
+                    }
+                    Some((_, entry, slot)) => (entry.owner.clone(), Some(slot)),
+                    None => ("an unknown holder".to_string(), None),
+                };
+                let slot = match slot {
+                    Some(SlotKey { role, port, index }) => {
+                        format!("role {role}, port {port}, pod index {index}")
+                    }
+                    None => "slot unknown".into(),
+                };
+                Refusal::PortHeld {
+                    owner: owner.into(),
+                    pool,
+                    port,
+                    holder,
+                    slot,
+                }
+            }
+            error @ AllocError::PoolFull { .. } => Refusal::Core {
+                owner: owner.into(),
+                pool,
+                error: Box::new(error),
+                holders: holders_summary(record),
+            },
+            error => Refusal::Core {
+                owner: owner.into(),
+                pool,
+                error: Box::new(error),
+                holders: String::new(),
+            },
+        }
+    }
+}
+
+/// `. Holders: ns/a (12 ports), ns/b (8 ports) and 3 more`, largest first.
+fn holders_summary(record: &PoolRecord) -> String {
+    let mut holders: Vec<(&str, usize)> = record
+        .holders
+        .values()
+        .map(|h| (h.owner.as_str(), h.holdings.len()))
+        .collect();
+    if holders.is_empty() {
+        return String::new();
+    }
+    holders.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let shown: Vec<String> = holders
+        .iter()
+        .take(5)
+        .map(|(o, n)| format!("{o} ({n} ports)"))
+        .collect();
+    let more = holders.len().saturating_sub(5);
+    let mut text = format!(". Holders: {}", shown.join(", "));
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    text
+}

@@ -1,0 +1,465 @@
+//! `repair`: make a pool's record match the live PortAllocations again.
+//!
+//! The pool's `status.holders` is the authoritative record of who holds which port. Two things
+//! can make it disagree with the cluster: an entry whose PortAllocation is gone (a `delete`
+//! interrupted between deleting the object and freeing its entry, or an object deleted with
+//! `kubectl delete`), and holdings the pool lost (the pool was deleted and created again while
+//! PortAllocations still held ports in it; their statuses still record them).
+//!
+//! # Why a single pass is safe (what Kubernetes solves with several)
+//!
+//! Kubernetes' repair controller frees a leaked port only after seeing it leaked on several
+//! passes, because an allocation may be in flight. Here, the order of the reads settles it:
+//!
+//! 1. read the pool, at resourceVersion `R`;
+//! 2. *then* list every PortAllocation (a consistent list, served at a revision after `R`).
+//!
+//! A client writes a pool entry only for a PortAllocation that exists: the entry is keyed by the
+//! object's UID, which the API server assigns when the object is created. So every entry in the
+//! pool at `R` belongs to an object created before `R`; if the list taken after `R` does not
+//! contain that UID, the object has been deleted, and a UID never comes back. Such an entry is a
+//! genuine leak, never an allocation in flight. Allocations that land after `R` are not in what
+//! we read at all, and the write back is a compare-and-swap on `R`: if anything wrote the pool
+//! after `R`, the write fails with 409 and repair starts again from step 1. A concurrent
+//! allocation can therefore never lose its ports to repair.
+//!
+//! # What repair changes, and what it only reports
+//!
+//! - **Frees** entries whose UID is not a live PortAllocation of this pool (also undecodable
+//!   ones).
+//! - **Restores** the holdings a live PortAllocation's status records when the pool lost them:
+//!   `status.poolUID` names another pool object (the pool was recreated) and the pool has no
+//!   entry for the UID. Only slots its spec still asks for, only ports inside the pool, and only
+//!   ports nobody else holds; a conflict is reported, never forced.
+//! - **Reports** what it must not decide alone: a port held by two entries, a held port outside
+//!   the pool's ranges or excluded, an unreadable entry of a live object, and statuses that are
+//!   merely stale (`status.poolUID` is this pool but the pool has no entry: a release or
+//!   scale-down was interrupted after its pool write; `sync` corrects the status). Repair never
+//!   moves a live workload's port: a duplicate or an excluded port may be in use by a running
+//!   pod, and which side should move is a decision for a person (`release`, then `sync`).
+//!
+//! The diff is computed by [`plan_repair`], a pure function of one pool read and one list; the
+//! Kubernetes layer (`k8s::repair`) does the reads and the compare-and-swap write.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::ResourceExt;
+use serde::Serialize;
+
+use super::allocation_status::recorded_holdings;
+use super::owner_of;
+use super::pool_record::{Anomaly, HolderEntry, PoolRecord};
+use crate::api::{PoolHolder, PortAllocation, PortPoolStatus, SpecError};
+use crate::core::{Holdings, desired_slots};
+
+/// Why an entry is freed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FreeReason {
+    /// No PortAllocation with this UID exists any more.
+    OwnerGone,
+    /// The PortAllocation with this UID allocates from another pool (its `spec.pool` is
+    /// immutable, so no client will ever free this entry).
+    OtherPool { pool: String },
+}
+
+/// One change repair makes to a pool's status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "camelCase")]
+pub enum Change {
+    /// Remove an entry whose owner is gone.
+    #[serde(rename_all = "camelCase")]
+    Free {
+        uid: String,
+        owner: String,
+        /// The entry's `ports` text as it was.
+        ports: String,
+        /// How many ports that frees (0 for an undecodable entry).
+        count: usize,
+        reason: FreeReason,
+    },
+    /// Put back holdings a live PortAllocation's status records.
+    #[serde(rename_all = "camelCase")]
+    Restore {
+        uid: String,
+        owner: String,
+        ports: String,
+        count: usize,
+    },
+    /// Only the counts (size, allocated, available, holderCount) were wrong.
+    #[serde(rename_all = "camelCase")]
+    Recount {
+        size: i32,
+        allocated: i32,
+        available: i32,
+        holder_count: i32,
+    },
+}
+
+/// Something repair reports and leaves as it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Finding {
+    /// One port listed by two entries (or twice by one).
+    #[serde(rename_all = "camelCase")]
+    Duplicate {
+        port: u16,
+        first: String,
+        second: String,
+    },
+    /// A held port outside the pool's ranges, or excluded.
+    #[serde(rename_all = "camelCase")]
+    OutsidePool {
+        uid: String,
+        owner: String,
+        slot: String,
+        port: u16,
+    },
+    /// An entry of a live PortAllocation whose text does not decode; kept verbatim.
+    #[serde(rename_all = "camelCase")]
+    Undecodable {
+        uid: String,
+        owner: String,
+        error: String,
+    },
+    /// The status records ports of this pool but the pool has no entry for the object: an
+    /// interrupted release or scale-down, or a status written by hand. `sync` corrects it.
+    #[serde(rename_all = "camelCase")]
+    StaleStatus {
+        owner: String,
+        recorded: String,
+        why: String,
+    },
+    /// A recorded port that could not be restored because someone else holds it now.
+    #[serde(rename_all = "camelCase")]
+    RestoreConflict {
+        owner: String,
+        slot: String,
+        port: u16,
+        holder: String,
+    },
+    /// A recorded port that was not restored: outside the pool, or a slot the spec no longer
+    /// asks for.
+    #[serde(rename_all = "camelCase")]
+    RestoreSkipped {
+        owner: String,
+        slot: String,
+        port: u16,
+        why: String,
+    },
+}
+
+/// A PortAllocation whose holdings a plan restores; it is synced after the write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restored {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What repair would do to one pool, computed from one read of the pool and one later list.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RepairPlan {
+    pub pool: String,
+    pub pool_uid: String,
+    /// The resourceVersion read: the write is a compare-and-swap on it.
+    pub resource_version: String,
+    pub changes: Vec<Change>,
+    pub findings: Vec<Finding>,
+    /// Holders and held ports after the changes.
+    pub holders: usize,
+    pub held_ports: u32,
+    /// The status to write; `None` when nothing changes.
+    #[serde(skip)]
+    pub status: Option<PortPoolStatus>,
+    #[serde(skip)]
+    pub restored: Vec<Restored>,
+}
+
+impl RepairPlan {
+    pub fn is_clean(&self) -> bool {
+        self.changes.is_empty() && self.findings.is_empty()
+    }
+}
+
+/// The diff for one pool. `allocations` is every PortAllocation in the cluster, listed *after*
+/// the pool was read (see the module docs for why that order matters). Pure.
+pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> RepairPlan {
+    let pool_name = record.name().to_string();
+    let pool_uid = record.uid().unwrap_or_default().to_string();
+    let by_uid: BTreeMap<String, &PortAllocation> = allocations
+        .iter()
+        .filter_map(|pa| pa.uid().map(|uid| (uid, pa)))
+        .collect();
+    let raw: Vec<PoolHolder> = record
+        .pool
+        .status
+        .as_ref()
+        .map(|s| s.holders.clone())
+        .unwrap_or_default();
+
+    let mut changes = Vec::new();
+    let mut findings = Vec::new();
+
+    // 1. Entries whose owner is gone, or is an object of another pool.
+    let mut freed = BTreeSet::new();
+    for entry in &raw {
+        let reason = match by_uid.get(&entry.uid) {
+            None => FreeReason::OwnerGone,
+            Some(pa) if pa.spec.pool != pool_name => FreeReason::OtherPool {
+                pool: pa.spec.pool.clone(),
+            },
+            Some(_) => continue,
+        };
+        let count = record
+            .holders
+            .get(&entry.uid)
+            .map_or(0, |h| h.holdings.len());
+        freed.insert(entry.uid.clone());
+        changes.push(Change::Free {
+            uid: entry.uid.clone(),
+            owner: entry.owner.clone(),
+            ports: entry.ports.clone(),
+            count,
+            reason,
+        });
+    }
+
+    // 2. What the kept entries say that should not be so: reported, never changed.
+    for anomaly in &record.anomalies {
+        match anomaly {
+            Anomaly::Undecodable { uid, owner, error } if !freed.contains(uid) => {
+                findings.push(Finding::Undecodable {
+                    uid: uid.clone(),
+                    owner: owner.clone(),
+                    error: error.clone(),
+                });
+            }
+            Anomaly::OutsidePool {
+                uid,
+                owner,
+                slot,
+                port,
+            } if !freed.contains(uid) => findings.push(Finding::OutsidePool {
+                uid: uid.clone(),
+                owner: owner.clone(),
+                slot: slot.to_string(),
+                port: *port,
+            }),
+            _ => {}
+        }
+    }
+    // Duplicates among the kept entries only: freeing a dead entry resolves its duplicates.
+    // Kept entries are visited oldest PortAllocation first, so `second` (the one a person would
+    // move) is the younger holder.
+    let age = |uid: &str| {
+        by_uid.get(uid).map(|pa| {
+            (
+                pa.metadata.creation_timestamp.clone(),
+                pa.namespace(),
+                pa.name_any(),
+            )
+        })
+    };
+    let mut kept: Vec<(&String, &HolderEntry)> = record
+        .holders
+        .iter()
+        .filter(|(uid, _)| !freed.contains(*uid))
+        .collect();
+    kept.sort_by_key(|(uid, _)| (age(uid), (*uid).clone()));
+    let mut held: BTreeMap<u16, String> = BTreeMap::new();
+    for (_, entry) in kept {
+        for port in entry.holdings.ports() {
+            if let Some(first) = held.get(&port) {
+                findings.push(Finding::Duplicate {
+                    port,
+                    first: first.clone(),
+                    second: entry.owner.clone(),
+                });
+            } else {
+                held.insert(port, entry.owner.clone());
+            }
+        }
+    }
+
+    // 3. Holdings the pool lost, oldest PortAllocation first so the outcome is deterministic.
+    let mut live: Vec<&PortAllocation> = allocations
+        .iter()
+        .filter(|pa| pa.spec.pool == pool_name && pa.uid().is_some())
+        .collect();
+    live.sort_by_key(|pa| {
+        (
+            pa.metadata.creation_timestamp.clone(),
+            pa.namespace(),
+            pa.name_any(),
+        )
+    });
+    let mut added = Vec::new();
+    let mut restored = Vec::new();
+    for pa in live {
+        let uid = pa.uid().unwrap_or_default();
+        if record.holders.contains_key(&uid) || record.opaque.contains_key(&uid) {
+            continue;
+        }
+        let Some(status) = pa.status.as_ref() else {
+            continue;
+        };
+        let recorded = recorded_holdings(status);
+        if recorded.is_empty() {
+            continue;
+        }
+        let owner = owner_of(pa);
+        let why = match status.pool_uid.as_deref() {
+            Some(recorded_uid) if recorded_uid == pool_uid => Some(
+                "its status names this pool object, which has no entry for it: a release or \
+                 scale-down was interrupted after its pool write",
+            ),
+            None => Some("its status names no pool object (poolUID is unset)"),
+            Some(_) => None,
+        };
+        if let Some(why) = why {
+            findings.push(Finding::StaleStatus {
+                owner,
+                recorded: recorded.encode(),
+                why: why.to_string(),
+            });
+            continue;
+        }
+        let desired = match pa.spec.demands() {
+            Ok(demands) => desired_slots(&demands),
+            Err(SpecError { field, message }) => {
+                for (slot, port) in recorded.iter() {
+                    findings.push(Finding::RestoreSkipped {
+                        owner: owner.clone(),
+                        slot: slot.to_string(),
+                        port,
+                        why: format!("its spec is invalid ({field}: {message})"),
+                    });
+                }
+                continue;
+            }
+        };
+        let mut holdings = Holdings::new();
+        for (slot, port) in recorded.iter() {
+            let skip = |why: String| Finding::RestoreSkipped {
+                owner: owner.clone(),
+                slot: slot.to_string(),
+                port,
+                why,
+            };
+            match desired.get(slot) {
+                None => {
+                    findings.push(skip("its spec no longer asks for this slot".into()));
+                    continue;
+                }
+                Some(Some(requested)) if *requested != port => {
+                    findings.push(skip(format!("its spec now requests port {requested}")));
+                    continue;
+                }
+                Some(_) => {}
+            }
+            if !record.ports.contains(port) {
+                findings.push(skip(format!(
+                    "the pool's ports are now {}",
+                    describe_ports(record)
+                )));
+                continue;
+            }
+            if let Some(holder) = held.get(&port) {
+                findings.push(Finding::RestoreConflict {
+                    owner: owner.clone(),
+                    slot: slot.to_string(),
+                    port,
+                    holder: holder.clone(),
+                });
+                continue;
+            }
+            if holdings.ports().any(|p| p == port) {
+                findings.push(skip("it records this port for another slot too".into()));
+                continue;
+            }
+            holdings.insert(slot.clone(), port);
+        }
+        if holdings.is_empty() {
+            continue;
+        }
+        for port in holdings.ports() {
+            held.insert(port, owner.clone());
+        }
+        changes.push(Change::Restore {
+            uid: uid.clone(),
+            owner: owner.clone(),
+            ports: holdings.encode(),
+            count: holdings.len(),
+        });
+        added.push(PoolHolder {
+            uid: uid.clone(),
+            owner,
+            ports: holdings.encode(),
+        });
+        restored.push(Restored {
+            uid,
+            namespace: pa.namespace().unwrap_or_default(),
+            name: pa.name_any(),
+        });
+    }
+
+    // 4. The status after the changes, counts recomputed from the resulting holders.
+    let mut holders: Vec<PoolHolder> = raw
+        .iter()
+        .filter(|h| !freed.contains(&h.uid))
+        .cloned()
+        .chain(added)
+        .collect();
+    holders.sort_by(|a, b| a.uid.cmp(&b.uid));
+    let mut after = record.pool.clone();
+    after.status = Some(PortPoolStatus {
+        holders: holders.clone(),
+        ..Default::default()
+    });
+    let recounted = PoolRecord::load(after)
+        .map(|r| r.current_status())
+        .unwrap_or_else(|_| record.current_status());
+    let stored = record.pool.status.clone().unwrap_or_default();
+    if changes.is_empty() && counts(&recounted) != counts(&stored) {
+        changes.push(Change::Recount {
+            size: recounted.size,
+            allocated: recounted.allocated,
+            available: recounted.available,
+            holder_count: recounted.holder_count,
+        });
+    }
+    RepairPlan {
+        pool: pool_name,
+        pool_uid,
+        resource_version: record.pool.resource_version().unwrap_or_default(),
+        holders: recounted.holders.len(),
+        held_ports: recounted.allocated.max(0) as u32,
+        status: (!changes.is_empty()).then_some(recounted),
+        changes,
+        findings,
+        restored,
+    }
+}
+
+fn counts(status: &PortPoolStatus) -> (i32, i32, i32, i32) {
+    (
+        status.size,
+        status.allocated,
+        status.available,
+        status.holder_count,
+    )
+}
+
+fn describe_ports(record: &PoolRecord) -> String {
+    if record.ports.is_empty() {
+        "none (every port is excluded)".into()
+    } else {
+        record.ports.to_string()
+    }
+}
+
+#[cfg(test)]
+#[path = "repair_plan_tests.rs"]
+mod tests;

@@ -1,0 +1,168 @@
+//! How repair's changes and findings read: one line each, naming the pool entry and the command
+//! that fixes what repair leaves to a person.
+
+use std::fmt;
+
+use super::repair_plan::{Change, Finding, FreeReason};
+
+fn count_ports(n: usize) -> String {
+    if n == 1 {
+        "1 port".into()
+    } else {
+        format!("{n} ports")
+    }
+}
+
+/// `namespace/name` split for commands the messages suggest.
+fn name_and_namespace(owner: &str) -> (&str, &str) {
+    owner.split_once('/').map_or(("", owner), |(ns, n)| (n, ns))
+}
+
+fn role_of(slot: &str) -> &str {
+    slot.split('.').next().unwrap_or(slot)
+}
+
+impl Change {
+    /// The first word of the change's line: `free`, `restore` or `recount`.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Change::Free { .. } => "free",
+            Change::Restore { .. } => "restore",
+            Change::Recount { .. } => "recount",
+        }
+    }
+}
+
+impl Finding {
+    /// The first word of the finding's line: `warning`, `stale`, `conflict` or `skip`.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Finding::Duplicate { .. }
+            | Finding::OutsidePool { .. }
+            | Finding::Undecodable { .. } => "warning",
+            Finding::StaleStatus { .. } => "stale",
+            Finding::RestoreConflict { .. } => "conflict",
+            Finding::RestoreSkipped { .. } => "skip",
+        }
+    }
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::Free {
+                uid,
+                owner,
+                ports,
+                count,
+                reason,
+            } => {
+                let why = match reason {
+                    FreeReason::OwnerGone => "its PortAllocation no longer exists".to_string(),
+                    FreeReason::OtherPool { pool } => {
+                        format!("its PortAllocation allocates from pool {pool:?}")
+                    }
+                };
+                if *count == 0 {
+                    write!(f, "{owner} (uid {uid})  unreadable entry {ports:?}: {why}")
+                } else {
+                    write!(
+                        f,
+                        "{owner} (uid {uid})  {}: {ports}  ({why})",
+                        count_ports(*count)
+                    )
+                }
+            }
+            Change::Restore {
+                uid,
+                owner,
+                ports,
+                count,
+            } => write!(
+                f,
+                "{owner} (uid {uid})  {}: {ports}  (recorded in its status; the pool lost them)",
+                count_ports(*count)
+            ),
+            Change::Recount {
+                size,
+                allocated,
+                available,
+                holder_count,
+            } => write!(
+                f,
+                "size {size}, allocated {allocated}, available {available}, holders {holder_count}"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Finding::Duplicate {
+                port,
+                first,
+                second,
+            } => {
+                let (name, ns) = name_and_namespace(second);
+                write!(
+                    f,
+                    "port {port} is held by both {first} and {second}: repair never moves a live \
+                     workload's port; to move one, `kubectl portalloc release {name} -n {ns} --role ROLE` \
+                     then `kubectl portalloc sync {name} -n {ns}`"
+                )
+            }
+            Finding::OutsidePool {
+                owner, slot, port, ..
+            } => {
+                let (name, ns) = name_and_namespace(owner);
+                write!(
+                    f,
+                    "{owner} holds port {port} ({slot}), which is outside the pool's ranges or \
+                     excluded; it stays held until moved: `kubectl portalloc release {name} -n {ns} \
+                     --role {}` then `kubectl portalloc sync {name} -n {ns}`",
+                    role_of(slot)
+                )
+            }
+            Finding::Undecodable { uid, owner, error } => write!(
+                f,
+                "{owner} (uid {uid}) has an unreadable entry ({error}); it is kept because the \
+                 PortAllocation exists: `kubectl portalloc release` and `sync` rewrite it"
+            ),
+            Finding::StaleStatus {
+                owner,
+                recorded,
+                why,
+            } => {
+                let (name, ns) = name_and_namespace(owner);
+                write!(
+                    f,
+                    "{owner}: its status records {recorded} but {why}; not restored. \
+                     `kubectl portalloc sync {name} -n {ns}` corrects the status"
+                )
+            }
+            Finding::RestoreConflict {
+                owner,
+                slot,
+                port,
+                holder,
+            } => {
+                let (name, ns) = name_and_namespace(owner);
+                write!(
+                    f,
+                    "{owner}: cannot restore port {port} ({slot}), now held by {holder}; \
+                     `kubectl portalloc sync {name} -n {ns}` gives that slot a free port"
+                )
+            }
+            Finding::RestoreSkipped {
+                owner,
+                slot,
+                port,
+                why,
+            } => write!(
+                f,
+                "{owner}: port {port} ({slot}) recorded in its status is not restored: {why}"
+            ),
+        }
+    }
+}
