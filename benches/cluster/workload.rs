@@ -17,6 +17,7 @@ use portalloc::api::{
     StaticBandSetting,
 };
 use portalloc::k8s::Allocator;
+use portalloc::ledger::Reason;
 
 /// One finished operation.
 pub struct Sample {
@@ -387,7 +388,7 @@ pub async fn run_sharded(
                             conflicts: report.conflicts,
                         });
                     }
-                    Err(e) if e.reason() == "PoolFull" => {
+                    Err(e) if e.refusal().is_some_and(|r| r.reason() == Reason::PoolFull) => {
                         attempts += 1;
                         api.delete(&name, &DeleteParams::default()).await?;
                     }

@@ -322,7 +322,10 @@ impl Allocator {
                 error,
             })?;
             let pool_uid = record.uid().map(str::to_string);
-            match decide(&record, uid, owner, operation, &mut rand::rng())? {
+            // Decided in a statement of its own: the thread-local RNG must not live across the
+            // awaits below, or the future could not move between threads.
+            let decision = decide(&record, uid, owner, operation, &mut rand::rng())?;
+            match decision {
                 Decision::Unchanged(holdings) => {
                     return Ok(Committed {
                         holdings,

@@ -46,9 +46,13 @@ impl Target {
     }
 }
 
-/// A failed request (or an unusable kubeconfig), with everything needed to explain it.
+/// A failed request (or an unusable kubeconfig), with everything needed to explain it. Boxed:
+/// it travels inside other errors, and results stay small.
 #[derive(Debug)]
-pub struct KubeError {
+pub struct KubeError(Box<Failure>);
+
+#[derive(Debug)]
+struct Failure {
     kind: ApiErrorKind,
     /// `None` only for configuration errors, which precede any request.
     target: Option<Target>,
@@ -64,27 +68,27 @@ pub struct KubeError {
 impl KubeError {
     /// A kubeconfig or context that cannot be used.
     pub fn config(message: impl Into<String>) -> KubeError {
-        KubeError {
+        KubeError(Box::new(Failure {
             kind: ApiErrorKind::Config,
             target: None,
             detail: message.into(),
             hint: String::new(),
             code: None,
             source: None,
-        }
+        }))
     }
 
     /// A failure noticed by this client rather than answered by the server (e.g. a wait that
     /// timed out).
     pub fn new(kind: ApiErrorKind, target: Target, detail: impl Into<String>) -> KubeError {
-        KubeError {
+        KubeError(Box::new(Failure {
             kind,
             target: Some(target),
             detail: detail.into(),
             hint: String::new(),
             code: None,
             source: None,
-        }
+        }))
     }
 
     /// Classify a kube error for `target`.
@@ -99,46 +103,47 @@ impl KubeError {
             }
             other => (ApiErrorKind::Other, error_chain(other), None),
         };
-        KubeError {
+        KubeError(Box::new(Failure {
             kind,
             target: Some(target),
             detail,
             hint: String::new(),
             code,
             source: Some(err),
-        }
+        }))
     }
 
     /// Add what to do next to a "not found"; other errors pass through unchanged.
     pub fn with_hint(mut self, hint: &str) -> KubeError {
-        if self.kind == ApiErrorKind::NotFound {
-            self.hint = hint.to_string();
+        if self.0.kind == ApiErrorKind::NotFound {
+            self.0.hint = hint.to_string();
         }
         self
     }
 
     pub fn kind(&self) -> ApiErrorKind {
-        self.kind
+        self.0.kind
     }
 
     pub fn target(&self) -> Option<&Target> {
-        self.target.as_ref()
+        self.0.target.as_ref()
     }
 
     /// The HTTP status code, when the server answered.
     pub fn code(&self) -> Option<u16> {
-        self.code
+        self.0.code
     }
 
     /// The error as kube returned it.
     pub fn kube_error(&self) -> Option<&kube::Error> {
-        self.source.as_ref()
+        self.0.source.as_ref()
     }
 }
 
 impl std::error::Error for KubeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
+        self.0
+            .source
             .as_ref()
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
@@ -146,12 +151,12 @@ impl std::error::Error for KubeError {
 
 impl fmt::Display for KubeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let detail = &self.detail;
-        let Some(target) = &self.target else {
+        let detail = &self.0.detail;
+        let Some(target) = &self.0.target else {
             return f.write_str(detail);
         };
         let (verb, resource) = (target.verb, &target.resource);
-        match self.kind {
+        match self.0.kind {
             ApiErrorKind::Config | ApiErrorKind::Invalid => f.write_str(detail),
             ApiErrorKind::CrdsMissing => write!(
                 f,
@@ -170,7 +175,7 @@ impl fmt::Display for KubeError {
                 target.kind,
                 target.name(),
                 target.scope(),
-                self.hint
+                self.0.hint
             ),
             ApiErrorKind::Unavailable => write!(
                 f,

@@ -42,13 +42,10 @@ pub enum FollowUp {
     /// Synced: its status now names the pool's new UID.
     Synced(Box<SyncReport>),
     /// It was deleted meanwhile; its restored entry was freed again.
-    Gone {
-        owner: String,
-        freed: usize,
-    },
+    Gone { owner: String, freed: usize },
     Failed {
         owner: String,
-        error: AllocateError,
+        error: Box<AllocateError>,
     },
 }
 
@@ -267,7 +264,7 @@ impl Repairer {
                         KubeError::from_kube(e, ALLOCATIONS.on("get", &r.name, Some(&r.namespace)));
                     out.push(FollowUp::Failed {
                         owner,
-                        error: error.into(),
+                        error: Box::new(error.into()),
                     });
                     continue;
                 }
@@ -276,12 +273,18 @@ impl Repairer {
                 Some(pa) if pa.uid().as_deref() == Some(r.uid.as_str()) => {
                     match self.allocator.sync(pa, None).await {
                         Ok(report) => out.push(FollowUp::Synced(Box::new(report))),
-                        Err(error) => out.push(FollowUp::Failed { owner, error }),
+                        Err(error) => out.push(FollowUp::Failed {
+                            owner,
+                            error: Box::new(error),
+                        }),
                     }
                 }
                 _ => match self.allocator.release_holder(pool, &r.uid, &owner).await {
                     Ok(freed) => out.push(FollowUp::Gone { owner, freed }),
-                    Err(error) => out.push(FollowUp::Failed { owner, error }),
+                    Err(error) => out.push(FollowUp::Failed {
+                        owner,
+                        error: Box::new(error),
+                    }),
                 },
             }
         }
