@@ -202,3 +202,26 @@ fn echo_and_keep_tail(from: impl Read) -> String {
     }
     tail.into_iter().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_script_call_names_the_command_and_shows_its_output() {
+        // `stop` on a directory without cluster state fails at once, with no server involved.
+        let dir = tempfile::tempdir().unwrap();
+        let plane = ControlPlane {
+            dir: dir.path().to_path_buf(),
+            kubeconfig: PathBuf::new(),
+            down: true,
+        };
+        let error = format!("{:#}", plane.stop(true).unwrap_err());
+        assert!(
+            error.contains("scripts/local-cluster.sh stop --kill` failed"),
+            "{error}"
+        );
+        assert!(error.contains(&dir.path().display().to_string()), "{error}");
+        assert!(error.contains("no cluster state in"), "{error}");
+    }
+}
