@@ -205,15 +205,15 @@ fn echo_and_keep_tail(from: impl Read) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
+    // No `use` here: the bench crate (harness = false) sees cfg(test) but drops `#[test]` items,
+    // which would leave an import unused there.
     #[test]
     fn a_failing_script_call_names_the_command_and_shows_its_output() {
         // `stop` on a directory without cluster state fails at once, with no server involved.
         let dir = tempfile::tempdir().unwrap();
-        let plane = ControlPlane {
+        let plane = super::ControlPlane {
             dir: dir.path().to_path_buf(),
-            kubeconfig: PathBuf::new(),
+            kubeconfig: std::path::PathBuf::new(),
             down: true,
         };
         let error = format!("{:#}", plane.stop(true).unwrap_err());
