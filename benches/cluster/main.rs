@@ -25,6 +25,8 @@
 
 mod baseline;
 mod cli;
+// The control plane of the end-to-end tests, started the same way (shared test code).
+#[path = "../../tests/common/control_plane.rs"]
 mod controlplane;
 mod metrics;
 mod workload;
@@ -122,14 +124,16 @@ fn main() -> anyhow::Result<()> {
         "cluster bench ({} mode): starting a local control plane",
         if quick { "quick" } else { "full" }
     );
-    let mut plane = ControlPlane::start()?;
+    let mut plane = ControlPlane::up("bench-cluster")?;
+    controlplane::install_crds(&plane.kubeconfig)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let measured = runtime.block_on(measure(&plane, &scale));
     drop(runtime);
-    plane.stop();
+    let stopped = plane.down();
     let (mut rows, version) = measured?;
+    stopped?;
     rows.sort_by_key(|r| r.id);
     let load_after = load_average();
     print!(

@@ -8,18 +8,21 @@
 
 pub mod apply;
 pub mod cli;
+#[path = "../../common/control_plane.rs"]
+pub mod control_plane;
 pub mod fault_proxy;
 pub mod invariants;
 pub mod private_cluster;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
 use kube::api::{Api, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+
+use control_plane::ControlPlane;
+pub use control_plane::repo_root;
 
 /// The admin context (client certificate in system:masters).
 pub const ADMIN_CONTEXT: &str = "portalloc-local";
@@ -31,20 +34,17 @@ pub struct TestCluster {
     pub kubeconfig: PathBuf,
     /// Whether this is the local control plane (with its two contexts) or a reused cluster.
     pub local: bool,
+    /// Never dropped (a static): the script's owner watcher stops it when the test process exits.
+    _plane: Option<ControlPlane>,
 }
 
 static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
-
-pub fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The cluster for this test run, started (and given our CRDs) on first use.
 pub fn cluster() -> &'static TestCluster {
     CLUSTER.get_or_init(|| {
         let cluster = start_or_reuse().unwrap_or_else(|e| panic!("no test cluster: {e}"));
-        let installed = cli::run_with(&cluster.kubeconfig, &["install", "--timeout", "60s"]);
-        assert!(installed.ok(), "installing the CRDs failed: {installed}");
+        control_plane::install_crds(&cluster.kubeconfig).unwrap_or_else(|e| panic!("{e:#}"));
         cluster
     })
 }
@@ -59,50 +59,22 @@ fn start_or_reuse() -> Result<TestCluster, String> {
         return Ok(TestCluster {
             kubeconfig: first,
             local: false,
+            _plane: None,
         });
     }
-    let dir = repo_root()
-        .join("target")
-        .join(format!("e2e-cluster-{}", std::process::id()));
-    let output = Command::new(repo_root().join("scripts/local-cluster.sh"))
-        .arg("up")
-        .env("PORTALLOC_CLUSTER_DIR", &dir)
-        .env(
-            "PORTALLOC_CLUSTER_OWNER_PID",
-            std::process::id().to_string(),
-        )
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot run scripts/local-cluster.sh: {e}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!(
-            "scripts/local-cluster.sh up failed ({}): {stdout}",
-            output.status
-        ));
-    }
-    let kubeconfig = stdout
-        .lines()
-        .last()
-        .ok_or("local-cluster.sh printed nothing")?;
+    let plane = ControlPlane::up("e2e-cluster").map_err(|e| format!("{e:#}"))?;
     Ok(TestCluster {
-        kubeconfig: PathBuf::from(kubeconfig.trim()),
+        kubeconfig: plane.kubeconfig.clone(),
         local: true,
+        _plane: Some(plane),
     })
 }
 
 /// A client for the given kubeconfig context (`None`: the current one).
 pub async fn client_for(context: Option<&str>) -> Client {
-    let cluster = cluster();
-    let kubeconfig = Kubeconfig::read_from(&cluster.kubeconfig).expect("test kubeconfig reads");
-    let options = KubeConfigOptions {
-        context: context.map(str::to_string),
-        ..Default::default()
-    };
-    let config = Config::from_custom_kubeconfig(kubeconfig, &options)
+    control_plane::client_from(&cluster().kubeconfig, context)
         .await
-        .expect("test kubeconfig is valid");
-    Client::try_from(config).expect("client builds")
+        .expect("test client")
 }
 
 /// An admin client. Clients are per test: each test has its own runtime.
