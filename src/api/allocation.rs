@@ -138,8 +138,13 @@ pub struct PortReference {
 const REFERENCE_SYNTAX_RULE: &str = r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?[.][a-z]([-a-z0-9]*[a-z0-9])?(\\[([0-9]+|\\*)\\])?$')";
 
 /// Observed state, written by the allocator after the pool write that commits the ports.
+///
+/// The API server fills in a default status (generation 0 observed, phase Pending) for an object
+/// nobody has synced yet, since it stores none: health checks that follow kstatus (Flux,
+/// `kubectl wait`) then read it as in progress rather than current.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("default" = {"observedGeneration": 0, "phase": "Pending"}))]
 pub struct PortAllocationStatus {
     /// The spec generation these assignments satisfy.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,6 +9,12 @@ use crate::api::{Phase, PortAllocation, PortAllocationStatus, PortAssignment, Sc
 use crate::core::{Holdings, SlotKey};
 
 pub const CONDITION_ALLOCATED: &str = "Allocated";
+/// True when every port the current spec asks for is held (`kubectl wait --for=condition=Ready`).
+pub const CONDITION_READY: &str = "Ready";
+/// True while a sync has work left: ports not yet allocated, or released on purpose.
+pub const CONDITION_RECONCILING: &str = "Reconciling";
+/// True after a lasting refusal (pool full, port held, invalid spec, pool missing).
+pub const CONDITION_STALLED: &str = "Stalled";
 
 /// How the last operation on a PortAllocation ended, as far as its status is concerned.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,15 +86,33 @@ pub fn allocation_status(
         ),
     };
     let generation = pa.metadata.generation;
-    let condition = Condition {
-        type_: CONDITION_ALLOCATED.to_string(),
-        status: condition_status.to_string(),
+    let condition = |type_: &str, status: &str, reason: Reason, message: &str| Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
         reason: reason.to_string(),
-        message,
+        message: message.to_string(),
         observed_generation: generation,
         last_transition_time: Time(Timestamp::now()),
     };
-    let conditions = vec![keep_transition_time(condition, &previous.conditions)];
+    // kstatus' rules, which Flux, Argo CD (with our health check) and `kubectl wait` follow:
+    // Ready says whether the object is usable; the abnormal-true conditions Reconciling (work
+    // left for a sync) and Stalled (a refusal nobody can retry away) appear only while true.
+    // `Allocated` is the condition earlier versions wrote; it stays for existing readers.
+    let mut conditions = vec![
+        condition(CONDITION_ALLOCATED, condition_status, reason, &message),
+        condition(CONDITION_READY, condition_status, reason, &message),
+    ];
+    match phase {
+        Phase::Pending => {
+            conditions.push(condition(CONDITION_RECONCILING, "True", reason, &message))
+        }
+        Phase::Failed => conditions.push(condition(CONDITION_STALLED, "True", reason, &message)),
+        Phase::Allocated => {}
+    }
+    let conditions = conditions
+        .into_iter()
+        .map(|c| keep_transition_time(c, &previous.conditions))
+        .collect();
     PortAllocationStatus {
         observed_generation: generation,
         phase: Some(phase),
@@ -220,6 +244,64 @@ mod tests {
         let released = allocation_status(&pa(), &Holdings::new(), None, Outcome::Released);
         assert_eq!(released.phase, Some(Phase::Pending));
         assert_eq!(released.conditions[0].reason, "Released");
+    }
+
+    /// (type, status, reason) of every condition, in order.
+    fn conditions(status: &PortAllocationStatus) -> Vec<(&str, &str, &str)> {
+        status
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn conditions_follow_kstatus_for_every_outcome() {
+        let all = holdings(&[("http", 0, 100), ("http", 1, 101), ("admin", 0, 102)]);
+        let status = allocation_status(&pa(), &all, None, Outcome::Converged);
+        assert_eq!(
+            conditions(&status),
+            vec![
+                ("Allocated", "True", "Allocated"),
+                ("Ready", "True", "Allocated")
+            ]
+        );
+        let status = allocation_status(
+            &pa(),
+            &holdings(&[("http", 0, 100)]),
+            None,
+            Outcome::Converged,
+        );
+        assert_eq!(
+            conditions(&status),
+            vec![
+                ("Allocated", "False", "Pending"),
+                ("Ready", "False", "Pending"),
+                ("Reconciling", "True", "Pending")
+            ]
+        );
+        let status = allocation_status(&pa(), &Holdings::new(), None, Outcome::Released);
+        assert_eq!(conditions(&status)[2], ("Reconciling", "True", "Released"));
+        let full = Refusal::PoolNotFound {
+            pool: "p".into(),
+            owner: "ns/x".into(),
+        };
+        let status = allocation_status(&pa(), &Holdings::new(), None, Outcome::Refused(&full));
+        assert_eq!(
+            conditions(&status),
+            vec![
+                ("Allocated", "False", "PoolNotFound"),
+                ("Ready", "False", "PoolNotFound"),
+                ("Stalled", "True", "PoolNotFound")
+            ]
+        );
+        assert!(
+            status
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(3))
+        );
+        assert_eq!(status.conditions[2].message, full.to_string());
     }
 
     #[test]

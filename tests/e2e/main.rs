@@ -10,6 +10,7 @@ mod crash;
 mod crd_validation;
 mod examples;
 mod faults;
+mod health;
 mod rbac;
 mod repair;
 mod restart;

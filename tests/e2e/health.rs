@@ -1,0 +1,123 @@
+//! Status that health checks read right, against the real API server: the default status the
+//! server gives an object nobody has synced, the kstatus conditions in every state, and
+//! `kubectl wait --for=condition=Ready`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use kube::Client;
+use kube::api::{Api, PostParams};
+use portalloc::api::PortAllocation;
+
+use crate::support::{self, cli};
+
+/// kubectl, built from its pinned Go module by `scripts/build-krew.sh` (cached).
+fn kubectl() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let output = Command::new(support::repo_root().join("scripts/build-krew.sh"))
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run scripts/build-krew.sh");
+        assert!(output.status.success(), "scripts/build-krew.sh failed");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        PathBuf::from(stdout.lines().last().expect("a bin dir").trim())
+    })
+    .join("kubectl")
+}
+
+async fn get(client: &Client, ns: &str, name: &str) -> PortAllocation {
+    Api::<PortAllocation>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap()
+}
+
+/// `type=status/reason` of every condition.
+fn conditions(pa: &PortAllocation) -> Vec<String> {
+    pa.status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .map(|c| format!("{}={}/{}", c.type_, c.status, c.reason))
+        .collect()
+}
+
+fn wait_ready(ns: &str, name: &str, timeout: &str) -> std::process::Output {
+    Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(&support::cluster().kubeconfig)
+        .args(["wait", "--for=condition=Ready", "-n", ns])
+        .arg(format!("portallocation.portalloc.dev/{name}"))
+        .arg(format!("--timeout={timeout}"))
+        .output()
+        .expect("run kubectl wait")
+}
+
+#[tokio::test]
+async fn every_state_carries_the_conditions_health_checks_read() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "health").await;
+    let pool = support::unique_name("health");
+    support::create_pool(&pool, "31820-31823");
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
+
+    // Applied by GitOps, never synced: the API server defaults the status it does not store.
+    let manifest = support::simple_allocation("app", &pool, "worker", 2, &["rpc"]);
+    let pa: PortAllocation = serde_yaml::from_str(&manifest).unwrap();
+    api.create(&PostParams::default(), &pa).await.unwrap();
+    let unsynced = get(&client, &ns, "app").await;
+    let status = unsynced.status.clone().expect("a defaulted status");
+    assert_eq!(status.observed_generation, Some(0), "{status:?}");
+    assert_eq!(status.phase.map(|p| p.to_string()).as_deref(), Some("Pending"));
+    assert_eq!(unsynced.metadata.generation, Some(1));
+    let waited = wait_ready(&ns, "app", "1s");
+    assert!(!waited.status.success(), "Ready before any sync");
+
+    // Synced: Ready, and kubectl wait returns at once.
+    assert!(cli::run(&["sync", "app", "-n", &ns]).ok());
+    let synced = get(&client, &ns, "app").await;
+    assert_eq!(
+        conditions(&synced),
+        ["Allocated=True/Allocated", "Ready=True/Allocated"]
+    );
+    assert_eq!(
+        synced.status.as_ref().unwrap().observed_generation,
+        synced.metadata.generation
+    );
+    let waited = wait_ready(&ns, "app", "10s");
+    assert!(
+        waited.status.success(),
+        "kubectl wait: {}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+
+    // Spec changed, not yet synced: the status describes an older generation.
+    let mut changed = synced.clone();
+    changed.spec.roles[0].replicas = 3;
+    let changed = api
+        .replace("app", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let observed = changed.status.as_ref().unwrap().observed_generation.unwrap();
+    assert!(observed < changed.metadata.generation.unwrap());
+
+    // The pool (4 ports) cannot give 3 + 2: the second object stalls, with the reason.
+    assert!(cli::run(&["sync", "app", "-n", &ns]).ok());
+    let other = support::simple_allocation("other", &pool, "worker", 2, &["rpc"]);
+    let pa: PortAllocation = serde_yaml::from_str(&other).unwrap();
+    api.create(&PostParams::default(), &pa).await.unwrap();
+    let run = cli::run(&["sync", "other", "-n", &ns]);
+    assert_eq!(run.code, 4, "{run}");
+    let stalled = get(&client, &ns, "other").await;
+    assert_eq!(
+        conditions(&stalled),
+        [
+            "Allocated=False/PoolFull",
+            "Ready=False/PoolFull",
+            "Stalled=True/PoolFull"
+        ]
+    );
+    let message = &stalled.status.as_ref().unwrap().conditions[2].message;
+    assert!(message.contains("pool is full"), "{message}");
+}
