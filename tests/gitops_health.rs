@@ -8,6 +8,8 @@
 mod runner;
 #[path = "gitops_health/support.rs"]
 mod support;
+#[path = "gitops_health/upstream.rs"]
+mod upstream;
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -310,6 +312,12 @@ fn health_test_yaml_cases_pass_as_argo_cd_tests_its_own_checks() {
         .iter()
         .map(|l| {
             assert_eq!(l["pass"], true, "{l}");
+            // Argo CD picks a script by the object's kind: each case must use its own directory's.
+            let case = l["case"].as_str().unwrap();
+            assert!(
+                case.starts_with(&format!("{}/", l["script"].as_str().unwrap())),
+                "{l}"
+            );
             (
                 l["case"].as_str().unwrap().to_string(),
                 l["want"]["status"].as_str().unwrap().to_string(),
