@@ -1,14 +1,17 @@
 //! Status that health checks read right, against the real API server: the default status the
-//! server gives an object nobody has synced, the kstatus conditions in every state, and
+//! server gives an object nobody has synced, the kstatus conditions in every state, judged by
+//! the library Flux uses (kstatus) and by Argo CD's Lua runtime with our health check, and
 //! `kubectl wait --for=condition=Ready`.
 
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use kube::Client;
 use kube::api::{Api, PostParams};
-use portalloc::api::PortAllocation;
+use portalloc::api::{PortAllocation, PortPool};
+use serde::Serialize;
 
 use crate::support::{self, cli};
 
@@ -25,6 +28,64 @@ fn kubectl() -> PathBuf {
         PathBuf::from(stdout.lines().last().expect("a bin dir").trim())
     })
     .join("kubectl")
+}
+
+/// kstatus and argocd-lua, built from their pinned Go modules by `scripts/build-test-tools.sh`.
+fn test_tools() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let output = Command::new(support::repo_root().join("scripts/build-test-tools.sh"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/build-test-tools.sh");
+        assert!(
+            output.status.success(),
+            "scripts/build-test-tools.sh failed"
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        PathBuf::from(stdout.lines().last().expect("a bin dir").trim())
+    })
+}
+
+/// `status: message` of one object as the tool judges it (the object on stdin, as JSON).
+fn judge(tool: &str, args: &[&str], object: &impl Serialize) -> String {
+    let mut child = Command::new(test_tools().join(tool))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+    let json = serde_json::to_vec(object).unwrap();
+    child.stdin.take().unwrap().write_all(&json).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{tool}: {stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    format!(
+        "{}: {}",
+        line["status"].as_str().unwrap_or_default(),
+        line["message"].as_str().unwrap_or_default()
+    )
+}
+
+/// (kstatus, Argo CD) verdicts of an object as read from the API server.
+fn health(kind: &str, object: &impl Serialize) -> (String, String) {
+    let script = support::repo_root().join(format!(
+        "integrations/argocd/resource_customizations/portalloc.dev/{kind}/health.lua"
+    ));
+    (
+        judge("kstatus", &[], object),
+        judge("argocd-lua", &["-script", script.to_str().unwrap()], object),
+    )
+}
+
+fn status_of(verdict: &str) -> &str {
+    verdict.split(':').next().unwrap_or_default()
 }
 
 async fn get(client: &Client, ns: &str, name: &str) -> PortAllocation {
@@ -69,10 +130,19 @@ async fn every_state_carries_the_conditions_health_checks_read() {
     let unsynced = get(&client, &ns, "app").await;
     let status = unsynced.status.clone().expect("a defaulted status");
     assert_eq!(status.observed_generation, Some(0), "{status:?}");
-    assert_eq!(status.phase.map(|p| p.to_string()).as_deref(), Some("Pending"));
+    assert_eq!(
+        status.phase.map(|p| p.to_string()).as_deref(),
+        Some("Pending")
+    );
     assert_eq!(unsynced.metadata.generation, Some(1));
     let waited = wait_ready(&ns, "app", "1s");
     assert!(!waited.status.success(), "Ready before any sync");
+    let (kstatus, argocd) = health("PortAllocation", &unsynced);
+    assert_eq!(
+        (status_of(&kstatus), status_of(&argocd)),
+        ("InProgress", "Progressing"),
+        "{kstatus} / {argocd}"
+    );
 
     // Synced: Ready, and kubectl wait returns at once.
     assert!(cli::run(&["sync", "app", "-n", &ns]).ok());
@@ -91,6 +161,9 @@ async fn every_state_carries_the_conditions_health_checks_read() {
         "kubectl wait: {}",
         String::from_utf8_lossy(&waited.stderr)
     );
+    let (kstatus, argocd) = health("PortAllocation", &synced);
+    assert_eq!(status_of(&kstatus), "Current", "{kstatus}");
+    assert_eq!(argocd, "Healthy: 2 ports allocated");
 
     // Spec changed, not yet synced: the status describes an older generation.
     let mut changed = synced.clone();
@@ -99,8 +172,19 @@ async fn every_state_carries_the_conditions_health_checks_read() {
         .replace("app", &PostParams::default(), &changed)
         .await
         .unwrap();
-    let observed = changed.status.as_ref().unwrap().observed_generation.unwrap();
+    let observed = changed
+        .status
+        .as_ref()
+        .unwrap()
+        .observed_generation
+        .unwrap();
     assert!(observed < changed.metadata.generation.unwrap());
+    let (kstatus, argocd) = health("PortAllocation", &changed);
+    assert_eq!(
+        (status_of(&kstatus), status_of(&argocd)),
+        ("InProgress", "Progressing"),
+        "{kstatus} / {argocd}"
+    );
 
     // The pool (4 ports) cannot give 3 + 2: the second object stalls, with the reason.
     assert!(cli::run(&["sync", "app", "-n", &ns]).ok());
@@ -120,4 +204,16 @@ async fn every_state_carries_the_conditions_health_checks_read() {
     );
     let message = &stalled.status.as_ref().unwrap().conditions[2].message;
     assert!(message.contains("pool is full"), "{message}");
+    let (kstatus, argocd) = health("PortAllocation", &stalled);
+    assert_eq!(kstatus, format!("Failed: {message}"));
+    assert_eq!(argocd, format!("Degraded: {message}"));
+
+    // A PortPool is current once created, and says how full it is.
+    let pool_object = Api::<PortPool>::all(client.clone())
+        .get(&pool)
+        .await
+        .unwrap();
+    let (kstatus, argocd) = health("PortPool", &pool_object);
+    assert_eq!(status_of(&kstatus), "Current", "{kstatus}");
+    assert_eq!(argocd, "Healthy: 3 of 4 ports allocated");
 }
