@@ -26,6 +26,8 @@
 #   --tag TAG        the image's tag (its org.opencontainers.image.ref.name); default v<version>
 #   --allow-dynamic  accept a dynamically linked binary: the image then cannot run it, so this is
 #                    only for tests of the image's structure with a debug build
+#   --build-only     only build the static release binary and print its path (CI builds it once
+#                    this way, then packages it with --binary and tests it)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,20 +35,17 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 log() { echo "build-image: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-binary='' out=$repo/dist tag='' allow_dynamic=0
+binary='' out=$repo/dist tag='' allow_dynamic=0 build_only=0
 while (($#)); do
   case $1 in
     --binary) binary=${2:?--binary needs a path}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --tag) tag=${2:?--tag needs a value}; shift 2 ;;
     --allow-dynamic) allow_dynamic=1; shift ;;
+    --build-only) build_only=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
-done
-
-for tool in umoci skopeo file tar; do
-  command -v "$tool" >/dev/null || die "$tool is needed (scripts/install-deps.sh installs it)"
 done
 
 # [package] keys of Cargo.toml: the first `key = "..."` line.
@@ -62,13 +61,16 @@ if [[ -z $binary ]]; then
   var=CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_RUSTFLAGS
   log "cargo build --release --target $triple with crt-static (LTO: several minutes)"
   # Per-target flags: build scripts and proc-macros stay dynamic (a proc-macro cannot be static).
-  (cd "$repo" && env "$var=-C target-feature=+crt-static" \
+  # getrandom 0.3 finds glibc's getrandom() with dlsym, which a static binary cannot do, and then
+  # falls back to reading /dev/urandom; told to call getrandom() directly, the binary needs no /dev.
+  (cd "$repo" && env "$var=-C target-feature=+crt-static --cfg getrandom_backend=\"linux_getrandom\"" \
     cargo build --locked --release --target "$triple" --bin kubectl-portalloc) >&2
   target_dir=$(cd "$repo" && cargo metadata --format-version 1 --no-deps |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
   binary=$target_dir/$triple/release/kubectl-portalloc
 fi
 [[ -f $binary ]] || die "no binary at $binary"
+command -v file >/dev/null || die "file is needed (scripts/install-deps.sh installs it)"
 
 # The image's architecture is the binary's, in Go's names as OCI uses them.
 description=$(file -L "$binary")
@@ -86,6 +88,13 @@ else
   ((allow_dynamic)) || die "$binary is dynamically linked; the image ships no libc (build with -C target-feature=+crt-static, or see --help): $description"
   log "WARNING: $binary is dynamically linked: this image cannot run it (--allow-dynamic)"
 fi
+if ((build_only)); then
+  echo "$binary"
+  exit 0
+fi
+for tool in umoci skopeo tar; do
+  command -v "$tool" >/dev/null || die "$tool is needed (scripts/install-deps.sh installs it)"
+done
 
 epoch=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || true)}
 [[ $epoch =~ ^[0-9]+$ ]] || die "no SOURCE_DATE_EPOCH and no git commit to take the time from"

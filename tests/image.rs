@@ -439,6 +439,118 @@ impl Drop for Cluster {
     }
 }
 
+/// What the kubelet gives a pod of ServiceAccount `name` in `default`: a token from the
+/// TokenRequest API, the cluster's CA and the namespace, written where in-cluster configuration
+/// reads them (under `rootfs`). Returns the API server's port. `bind` grants cluster-admin.
+fn mount_service_account(kubeconfig: &Path, rootfs: &Path, name: &str, bind: bool) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+    use kube::api::{Api, ObjectMeta, PostParams};
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (token, ca, server) = runtime.block_on(async {
+        let parsed = Kubeconfig::read_from(kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        let server = config.cluster_url.to_string();
+        let ca = config.root_cert.clone().expect("a CA in the kubeconfig");
+        let client = kube::Client::try_from(config).unwrap();
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+        let meta = ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        };
+        let account = ServiceAccount {
+            metadata: meta.clone(),
+            ..Default::default()
+        };
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .unwrap();
+        if bind {
+            let binding = ClusterRoleBinding {
+                metadata: meta,
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "ClusterRole".into(),
+                    name: "cluster-admin".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: name.into(),
+                    namespace: Some("default".into()),
+                    ..Default::default()
+                }]),
+            };
+            Api::<ClusterRoleBinding>::all(client.clone())
+                .create(&PostParams::default(), &binding)
+                .await
+                .unwrap();
+        }
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![],
+                expiration_seconds: Some(600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let issued = accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .unwrap();
+        let token = issued.status.expect("a token").token;
+        (token, ca, server)
+    });
+    let dir = rootfs.join("var/run/secrets/kubernetes.io/serviceaccount");
+    fs::create_dir_all(&dir).unwrap();
+    let pem: String = ca
+        .iter()
+        .map(|der| {
+            let b64 = run_ok_stdin("base64", Command::new("base64").arg("-w64"), der);
+            format!("-----BEGIN CERTIFICATE-----\n{b64}-----END CERTIFICATE-----\n")
+        })
+        .collect();
+    for (file, content) in [
+        ("token", token),
+        ("ca.crt", pem),
+        ("namespace", "default".into()),
+    ] {
+        fs::write(dir.join(file), content).unwrap();
+    }
+    let mut walk = Some(dir.as_path());
+    while let Some(at) = walk.filter(|p| p.starts_with(rootfs) && *p != rootfs) {
+        fs::set_permissions(at, fs::Permissions::from_mode(0o755)).unwrap();
+        walk = at.parent();
+    }
+    for file in ["token", "ca.crt", "namespace"] {
+        fs::set_permissions(dir.join(file), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    server
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string()
+}
+
+fn run_ok_stdin(what: &str, command: &mut Command, input: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{what} failed: {}", show(&output));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 #[test]
 fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server() {
     let test = "chroot";
@@ -551,12 +663,38 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
         "get -A in chroot: {listed}"
     );
 
+    // In-cluster configuration, as in a pod: no kubeconfig, the API server by IP from
+    // KUBERNETES_SERVICE_HOST/PORT, and the service account's token and CA at their mounted paths
+    // (so the image needs no CA bundle of its own). Without RBAC the identity shows in a clean
+    // Forbidden (exit 5); bound, the same call works.
+    fs::remove_file(rootfs.join("kubeconfig")).unwrap();
+    let port = mount_service_account(&cluster.kubeconfig, &rootfs, "unbound", false);
+    let pod_env = [
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+        ("KUBERNETES_SERVICE_PORT", port.as_str()),
+    ];
+    let forbidden = in_chroot(privilege, &rootfs, &pod_env, &["pool", "get"]);
+    assert_eq!(forbidden.status.code(), Some(5), "{}", show(&forbidden));
+    let stderr = String::from_utf8_lossy(&forbidden.stderr);
+    assert!(
+        stderr.contains("system:serviceaccount:default:unbound") || stderr.contains("list"),
+        "{stderr}"
+    );
+    mount_service_account(&cluster.kubeconfig, &rootfs, "bound", true);
+    let in_pod = in_chroot(privilege, &rootfs, &pod_env, &["get", "-A"]);
+    assert!(in_pod.status.success(), "{}", show(&in_pod));
+    assert!(
+        String::from_utf8_lossy(&in_pod.stdout).contains("sglang-pd"),
+        "{}",
+        show(&in_pod)
+    );
+
     // A server that is not there is a clean "unavailable" (exit 6), not a crash in the resolver.
     drop(cluster);
     let gone = in_chroot(
         privilege,
         &rootfs,
-        &env,
+        &pod_env,
         &["pool", "get", "--request-timeout", "5s"],
     );
     assert_eq!(gone.status.code(), Some(6), "{}", show(&gone));

@@ -169,7 +169,10 @@ fn release_runs_on_version_tags_and_builds_every_krew_platform_natively() {
     assert_eq!(platforms, expected);
 
     let steps = scripts(build);
-    assert!(steps.contains("+crt-static"), "linux binaries are static");
+    assert!(
+        steps.contains("scripts/build-image.sh --build-only"),
+        "linux binaries are the static build of the image"
+    );
     assert!(steps.contains("scripts/release-archive.sh --binary"));
     assert!(
         steps.contains("GITHUB_REF_NAME"),
