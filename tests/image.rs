@@ -677,7 +677,8 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
     assert_eq!(forbidden.status.code(), Some(5), "{}", show(&forbidden));
     let stderr = String::from_utf8_lossy(&forbidden.stderr);
     assert!(
-        stderr.contains("system:serviceaccount:default:unbound") || stderr.contains("list"),
+        stderr.contains("you may not list portpools")
+            && stderr.contains("system:serviceaccount:default:unbound"),
         "{stderr}"
     );
     mount_service_account(&cluster.kubeconfig, &rootfs, "bound", true);
