@@ -560,7 +560,7 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
     let Some(binary) = release_binary() else {
         skip(
             test,
-            "needs the static release binary: set PORTALLOC_RELEASE_BINARY (scripts/build-image.sh --help)",
+            "needs the static release binary: PORTALLOC_RELEASE_BINARY=$(scripts/build-image.sh --build-only)",
         );
         return;
     };
