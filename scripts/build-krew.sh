@@ -11,7 +11,17 @@
 # on PATH used instead, with a warning. Builds are cached under $PORTALLOC_CACHE_DIR (default
 # ~/.cache/kubectl-portalloc), each keyed by a hash of its wrapper module's go.mod and go.sum, so
 # they are redone exactly when a pin changes.
+#
+#   scripts/build-krew.sh --no-kubectl   only krew and validate-krew-manifest (the release workflow,
+#                                        which needs no kubectl, skips the long Kubernetes build)
 set -euo pipefail
+
+with_kubectl=1
+case ${1:-} in
+  '') ;;
+  --no-kubectl) with_kubectl=0 ;;
+  *) echo "build-krew: unknown argument: $1" >&2; exit 1 ;;
+esac
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache_dir=${PORTALLOC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kubectl-portalloc}
@@ -55,7 +65,7 @@ if ! [[ -x $krew_dir/krew && -x $krew_dir/validate-krew-manifest ]]; then
 fi
 
 kubectl=$kubectl_dir/kubectl
-if ! [[ -x $kubectl ]]; then
+if ((with_kubectl)) && ! [[ -x $kubectl ]]; then
   need_go
   mkdir -p "$(dirname "$kubectl_dir")"
   tmp=$(mktemp -d "$kubectl_dir.tmp.XXXXXX")
@@ -75,6 +85,10 @@ if ! [[ -x $kubectl ]]; then
   fi
 fi
 
+if ! ((with_kubectl)); then
+  echo "$krew_dir"
+  exit 0
+fi
 mkdir -p "$bin_dir"
 for tool in "$krew_dir/krew" "$krew_dir/validate-krew-manifest" "$kubectl"; do
   ln -sfn "$tool" "$bin_dir/$(basename "$tool")"

@@ -4,15 +4,29 @@
 # by scripts/local-cluster.sh on first use, not installed here.
 set -euo pipefail
 
-missing=()
-for tool in curl openssl base64 sha256sum setsid; do
-  command -v "$tool" >/dev/null || missing+=("$tool")
+# tool -> the Debian/Ubuntu package that has it. umoci and skopeo build and inspect the OCI image
+# (scripts/build-image.sh), shellcheck lets actionlint lint the workflows' run: scripts.
+declare -A package_of=(
+  [curl]=curl [openssl]=openssl [base64]=coreutils [sha256sum]=coreutils [setsid]=util-linux
+  [file]=file [umoci]=umoci [skopeo]=skopeo [shellcheck]=shellcheck
+)
+missing=() packages=()
+for tool in "${!package_of[@]}"; do
+  if ! command -v "$tool" >/dev/null; then
+    missing+=("$tool")
+    packages+=("${package_of[$tool]}")
+  fi
 done
 if ((${#missing[@]})); then
   echo "install-deps: installing packages for: ${missing[*]}" >&2
-  if command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
-    apt-get update -qq
-    apt-get install -y -qq curl openssl coreutils util-linux >/dev/null
+  sudo=()
+  [[ $(id -u) == 0 ]] || sudo=(sudo -n)
+  if command -v apt-get >/dev/null && { ((${#sudo[@]} == 0)) || sudo -n true 2>/dev/null; }; then
+    "${sudo[@]}" apt-get update -qq
+    # Sorted and de-duplicated (coreutils serves three tools).
+    mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${packages[@]}" >/dev/null
   else
     echo "install-deps: please install: ${missing[*]}" >&2
     exit 1

@@ -1,0 +1,702 @@
+//! The OCI image built by `scripts/build-image.sh` with umoci and skopeo: what a registry client
+//! sees (`skopeo inspect`), that two builds are the same bytes, and that the unpacked root
+//! filesystem, holding nothing but the binary, runs it under chroot as UID 65532 and reaches a
+//! real API server over TLS.
+//!
+//! Which binary: `PORTALLOC_RELEASE_BINARY` (the static release build; .ci/run builds it once
+//! and sets it) for every test. Without it the structure and reproducibility tests package the
+//! dynamically linked debug binary (`--allow-dynamic`), and the chroot test, which needs a static
+//! binary, is skipped with a message; in CI (CI=true) it fails instead.
+//!
+//! Needs umoci, skopeo and root (or passwordless sudo for chroot); without them the tests skip,
+//! except in CI, where scripts/install-deps.sh installs the tools and a missing one is a failure.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+const DEBUG_BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
+const LICENSE: &str = env!("CARGO_PKG_LICENSE");
+/// The image's user: the conventional "nonroot" UID/GID, numeric so no /etc/passwd is needed.
+const USER: &str = "65532:65532";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Skip (print why, return false) or, in CI, fail.
+fn skip(test: &str, why: &str) -> bool {
+    assert!(
+        !in_ci(),
+        "{test}: {why} (CI=true: this must not be skipped)"
+    );
+    eprintln!("{test}: SKIPPED: {why}");
+    false
+}
+
+fn has(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// How chroot can be run: directly as root, or through passwordless sudo (a CI runner's user).
+#[derive(Clone, Copy, PartialEq)]
+enum Privilege {
+    Root,
+    Sudo,
+}
+
+fn privilege() -> Option<Privilege> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return Some(Privilege::Root);
+    }
+    let sudo = Command::new("sudo")
+        .args(["-n", "true"])
+        .stderr(Stdio::null())
+        .status();
+    sudo.is_ok_and(|s| s.success()).then_some(Privilege::Sudo)
+}
+
+/// Whether this test can run here: umoci and skopeo installed (and, with `chroot`, a way to run
+/// chroot).
+fn tools_ready(test: &str, chroot: bool) -> bool {
+    let missing: Vec<&str> = ["umoci", "skopeo", "file", "tar"]
+        .into_iter()
+        .filter(|t| !has(t))
+        .collect();
+    if !missing.is_empty() {
+        return skip(
+            test,
+            &format!(
+                "{} not installed (scripts/install-deps.sh)",
+                missing.join(", ")
+            ),
+        );
+    }
+    if chroot && privilege().is_none() {
+        return skip(test, "chroot needs root or passwordless sudo");
+    }
+    true
+}
+
+/// The static release binary, if one was given.
+fn release_binary() -> Option<PathBuf> {
+    let path = PathBuf::from(std::env::var_os("PORTALLOC_RELEASE_BINARY")?);
+    assert!(
+        path.is_file(),
+        "PORTALLOC_RELEASE_BINARY={} is not a file",
+        path.display()
+    );
+    Some(path)
+}
+
+/// The binary the structure tests package, and the flags that lets through. The debug build is
+/// packaged stripped (180 MB of debug info would make each build take tens of seconds).
+fn binary_under_test() -> (PathBuf, Vec<&'static str>) {
+    static STRIPPED: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    match release_binary() {
+        Some(path) => (path, vec![]),
+        None => {
+            let (_, path) = STRIPPED.get_or_init(|| {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("kubectl-portalloc");
+                run_ok(
+                    "strip",
+                    Command::new("strip").arg(DEBUG_BIN).arg("-o").arg(&path),
+                );
+                (dir, path)
+            });
+            (path.clone(), vec!["--allow-dynamic"])
+        }
+    }
+}
+
+fn show(output: &Output) -> String {
+    format!(
+        "{}\n--- stdout\n{}--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn run_ok(what: &str, command: &mut Command) -> String {
+    let output = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(output.status.success(), "{what} failed: {}", show(&output));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn git(args: &[&str]) -> String {
+    run_ok("git", Command::new("git").arg("-C").arg(repo()).args(args))
+        .trim()
+        .to_string()
+}
+
+/// The image's tag and names, as the script makes them.
+fn tag() -> String {
+    format!("v{VERSION}")
+}
+
+struct Image {
+    archive: PathBuf,
+    layout: PathBuf,
+}
+
+/// Run scripts/build-image.sh; `epoch` overrides SOURCE_DATE_EPOCH.
+fn build_image(binary: &Path, out: &Path, extra: &[&str], epoch: Option<&str>) -> Image {
+    let mut command = Command::new(repo().join("scripts/build-image.sh"));
+    command
+        .arg("--binary")
+        .arg(binary)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .env_remove("SOURCE_DATE_EPOCH");
+    if let Some(epoch) = epoch {
+        command.env("SOURCE_DATE_EPOCH", epoch);
+    }
+    let stdout = run_ok("scripts/build-image.sh", &mut command);
+    let archive = PathBuf::from(stdout.lines().last().expect("printed a path").trim());
+    assert!(archive.is_file(), "no archive at {}", archive.display());
+    let layout = archive.with_extension("");
+    assert!(
+        layout.join("index.json").is_file(),
+        "no OCI layout at {}",
+        layout.display()
+    );
+    Image { archive, layout }
+}
+
+fn skopeo_json(args: &[&str], image: &Path) -> Value {
+    let reference = format!("oci-archive:{}:{}", image.display(), tag());
+    let out = run_ok(
+        "skopeo inspect",
+        Command::new("skopeo")
+            .arg("inspect")
+            .args(args)
+            .arg(reference),
+    );
+    serde_json::from_str(&out).expect("skopeo prints JSON")
+}
+
+fn sha256(path: &Path) -> String {
+    let out = run_ok("sha256sum", Command::new("sha256sum").arg(path));
+    out.split_whitespace().next().unwrap().to_string()
+}
+
+/// Every file under `dir` with its bytes, by relative path.
+fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let bytes = fs::read(&path).unwrap();
+                files.push((path.strip_prefix(dir).unwrap().to_path_buf(), bytes));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The commit time as the image records it (RFC 3339, UTC).
+fn commit_created() -> String {
+    let epoch = git(&["log", "-1", "--format=%ct"]);
+    run_ok(
+        "date",
+        Command::new("date").args(["-u", "-d", &format!("@{epoch}"), "+%Y-%m-%dT%H:%M:%SZ"]),
+    )
+    .trim()
+    .to_string()
+}
+
+/// Built once and shared by the tests that only read it.
+fn shared_image() -> &'static (tempfile::TempDir, Image) {
+    static IMAGE: OnceLock<(tempfile::TempDir, Image)> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let (binary, flags) = binary_under_test();
+        let tmp = tempfile::tempdir().unwrap();
+        let image = build_image(&binary, &tmp.path().join("a"), &flags, None);
+        (tmp, image)
+    })
+}
+
+#[test]
+fn skopeo_inspect_shows_the_platform_user_entrypoint_and_labels() {
+    if !tools_ready("skopeo_inspect", false) {
+        return;
+    }
+    let (_, image) = shared_image();
+    let name = image.archive.file_name().unwrap().to_str().unwrap();
+    assert_eq!(
+        name,
+        format!("kubectl-portalloc_v{VERSION}_image_linux_amd64.tar")
+    );
+
+    let config = skopeo_json(&["--config"], &image.archive);
+    assert_eq!(config["architecture"], "amd64");
+    assert_eq!(config["os"], "linux");
+    assert_eq!(config["config"]["User"], USER);
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        serde_json::json!(["/kubectl-portalloc"])
+    );
+    // No shell, so no PATH-based command; nothing else configured.
+    assert!(config["config"]["Cmd"].is_null(), "{config:#}");
+    let created = commit_created();
+    assert_eq!(config["created"], created.as_str());
+
+    let labels = &config["config"]["Labels"];
+    let label = |key: &str| labels[format!("org.opencontainers.image.{key}")].clone();
+    assert_eq!(label("source"), REPOSITORY);
+    assert_eq!(label("version"), format!("v{VERSION}").as_str());
+    assert_eq!(label("revision"), git(&["rev-parse", "HEAD"]).as_str());
+    assert_eq!(label("licenses"), LICENSE);
+    assert_eq!(label("created"), created.as_str());
+
+    // One layer, one history entry, and nothing in it about the machine that built it.
+    let layers = config["rootfs"]["diff_ids"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "{config:#}");
+    let history = config["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{config:#}");
+    assert_eq!(history[0]["created"], created.as_str());
+    assert_eq!(
+        history[0]["created_by"],
+        "scripts/build-image.sh: /kubectl-portalloc"
+    );
+    let text = config.to_string();
+    let host = run_ok("hostname", &mut Command::new("hostname"));
+    assert!(
+        !text.contains(host.trim()),
+        "host name in the config: {text}"
+    );
+    assert!(
+        !text.contains(repo().to_str().unwrap()),
+        "a build path in the config: {text}"
+    );
+
+    // The manifest as a registry would store it: OCI media types, a gzip layer.
+    let manifest = skopeo_json(&["--raw"], &image.archive);
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.oci.image.config.v1+json"
+    );
+    assert_eq!(
+        manifest["layers"][0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    );
+    let summary = skopeo_json(&[], &image.archive);
+    assert_eq!(summary["Layers"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn two_builds_are_the_same_bytes_and_the_time_is_the_commits() {
+    if !tools_ready("reproducible", false) {
+        return;
+    }
+    let (binary, flags) = binary_under_test();
+    let (_, first) = shared_image();
+    // A second later, into another directory: nothing of the wall clock or the path may show.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let tmp = tempfile::tempdir().unwrap();
+    let second = build_image(&binary, &tmp.path().join("elsewhere/b"), &flags, None);
+
+    let digest = |image: &Image| skopeo_json(&[], &image.archive)["Digest"].clone();
+    assert_eq!(digest(&second), digest(first), "manifest digests differ");
+    assert_eq!(
+        sha256(&second.archive),
+        sha256(&first.archive),
+        "oci-archive tarballs differ"
+    );
+    assert!(
+        tree(&second.layout) == tree(&first.layout),
+        "the OCI layout directories differ"
+    );
+
+    // The commit time really is in the image: another SOURCE_DATE_EPOCH gives another digest.
+    let other = build_image(&binary, &tmp.path().join("c"), &flags, Some("86400"));
+    assert_ne!(digest(&other), digest(first));
+    assert_eq!(
+        skopeo_json(&["--config"], &other.archive)["created"],
+        "1970-01-02T00:00:00Z"
+    );
+}
+
+#[test]
+fn a_dynamically_linked_binary_is_refused() {
+    if !tools_ready("dynamic_refused", false) {
+        return;
+    }
+    let described = run_ok("file", Command::new("file").arg("-L").arg(DEBUG_BIN));
+    assert!(
+        described.contains("dynamically linked"),
+        "expected a dynamic debug build: {described}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let output = Command::new(repo().join("scripts/build-image.sh"))
+        .arg("--binary")
+        .arg(DEBUG_BIN)
+        .arg("--out")
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{}", show(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("dynamically linked"), "{stderr}");
+    assert!(
+        fs::read_dir(tmp.path()).unwrap().next().is_none(),
+        "nothing is written"
+    );
+}
+
+/// `chroot --userspec=65532:65532 ROOTFS /kubectl-portalloc ARGS` with an empty environment but
+/// for `env`, as root or through sudo.
+fn in_chroot(privilege: Privilege, rootfs: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let chroot = ["/usr/sbin/chroot", "/usr/bin/chroot", "/sbin/chroot"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("chroot (coreutils)");
+    let mut command = match privilege {
+        Privilege::Root => Command::new("env"),
+        Privilege::Sudo => {
+            let mut sudo = Command::new("sudo");
+            sudo.args(["-n", "env"]);
+            sudo
+        }
+    };
+    command.arg("-i");
+    for (key, value) in env {
+        command.arg(format!("{key}={value}"));
+    }
+    command
+        .arg(chroot)
+        .arg(format!("--userspec={USER}"))
+        .arg(rootfs)
+        .arg("/kubectl-portalloc")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run chroot")
+}
+
+/// A local control plane of this test's own, stopped (`local-cluster.sh down`) on drop.
+struct Cluster {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    fn script(dir: &Path, arg: &str) -> Output {
+        Command::new(repo().join("scripts/local-cluster.sh"))
+            .arg(arg)
+            .env("PORTALLOC_CLUSTER_DIR", dir)
+            .env(
+                "PORTALLOC_CLUSTER_OWNER_PID",
+                std::process::id().to_string(),
+            )
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/local-cluster.sh")
+    }
+
+    fn up() -> Cluster {
+        let dir = repo()
+            .join("target")
+            .join(format!("image-cluster-{}", std::process::id()));
+        let output = Cluster::script(&dir, "up");
+        assert!(
+            output.status.success(),
+            "local-cluster.sh up: {}",
+            show(&output)
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let kubeconfig = PathBuf::from(stdout.lines().last().expect("kubeconfig").trim());
+        Cluster { dir, kubeconfig }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Cluster::script(&self.dir, "down");
+    }
+}
+
+/// What the kubelet gives a pod of ServiceAccount `name` in `default`: a token from the
+/// TokenRequest API, the cluster's CA and the namespace, written where in-cluster configuration
+/// reads them (under `rootfs`). Returns the API server's port. `bind` grants cluster-admin.
+fn mount_service_account(kubeconfig: &Path, rootfs: &Path, name: &str, bind: bool) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+    use kube::api::{Api, ObjectMeta, PostParams};
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (token, ca, server) = runtime.block_on(async {
+        let parsed = Kubeconfig::read_from(kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        let server = config.cluster_url.to_string();
+        let ca = config.root_cert.clone().expect("a CA in the kubeconfig");
+        let client = kube::Client::try_from(config).unwrap();
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+        let meta = ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        };
+        let account = ServiceAccount {
+            metadata: meta.clone(),
+            ..Default::default()
+        };
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .unwrap();
+        if bind {
+            let binding = ClusterRoleBinding {
+                metadata: meta,
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "ClusterRole".into(),
+                    name: "cluster-admin".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: name.into(),
+                    namespace: Some("default".into()),
+                    ..Default::default()
+                }]),
+            };
+            Api::<ClusterRoleBinding>::all(client.clone())
+                .create(&PostParams::default(), &binding)
+                .await
+                .unwrap();
+        }
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![],
+                expiration_seconds: Some(600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let issued = accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .unwrap();
+        let token = issued.status.expect("a token").token;
+        (token, ca, server)
+    });
+    let dir = rootfs.join("var/run/secrets/kubernetes.io/serviceaccount");
+    fs::create_dir_all(&dir).unwrap();
+    let pem: String = ca
+        .iter()
+        .map(|der| {
+            let b64 = run_ok_stdin("base64", Command::new("base64").arg("-w64"), der);
+            format!("-----BEGIN CERTIFICATE-----\n{b64}-----END CERTIFICATE-----\n")
+        })
+        .collect();
+    for (file, content) in [
+        ("token", token),
+        ("ca.crt", pem),
+        ("namespace", "default".into()),
+    ] {
+        fs::write(dir.join(file), content).unwrap();
+    }
+    let mut walk = Some(dir.as_path());
+    while let Some(at) = walk.filter(|p| p.starts_with(rootfs) && *p != rootfs) {
+        fs::set_permissions(at, fs::Permissions::from_mode(0o755)).unwrap();
+        walk = at.parent();
+    }
+    for file in ["token", "ca.crt", "namespace"] {
+        fs::set_permissions(dir.join(file), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    server
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string()
+}
+
+fn run_ok_stdin(what: &str, command: &mut Command, input: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{what} failed: {}", show(&output));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server() {
+    let test = "chroot";
+    if !tools_ready(test, true) {
+        return;
+    }
+    let Some(binary) = release_binary() else {
+        skip(
+            test,
+            "needs the static release binary: PORTALLOC_RELEASE_BINARY=$(scripts/build-image.sh --build-only)",
+        );
+        return;
+    };
+    let privilege = privilege().unwrap();
+    let described = run_ok("file", Command::new("file").arg("-L").arg(&binary));
+    assert!(
+        described.contains("statically linked") || described.contains("static-pie linked"),
+        "not static: {described}"
+    );
+    let ldd = Command::new("ldd").arg(&binary).output().unwrap();
+    let ldd_text = String::from_utf8_lossy(&ldd.stdout) + String::from_utf8_lossy(&ldd.stderr);
+    assert!(
+        ldd_text.contains("not a dynamic executable") || ldd_text.contains("statically linked"),
+        "ldd: {ldd_text}"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let image = build_image(&binary, &tmp.path().join("dist"), &[], None);
+    let bundle = tmp.path().join("bundle");
+    let reference = format!("{}:{}", image.layout.display(), tag());
+    let mut unpack = Command::new("umoci");
+    unpack.arg("unpack");
+    if privilege == Privilege::Sudo {
+        unpack.arg("--rootless");
+    }
+    run_ok(
+        "umoci unpack",
+        unpack.arg("--image").arg(&reference).arg(&bundle),
+    );
+
+    // The runtime bundle umoci wrote says the same user and entrypoint.
+    let runtime: Value =
+        serde_json::from_slice(&fs::read(bundle.join("config.json")).unwrap()).unwrap();
+    assert_eq!(runtime["process"]["user"]["uid"], 65532);
+    assert_eq!(runtime["process"]["user"]["gid"], 65532);
+    assert_eq!(
+        runtime["process"]["args"],
+        serde_json::json!(["/kubectl-portalloc"])
+    );
+
+    // Nothing in the root filesystem but the binary, executable and read-only to its user.
+    let rootfs = bundle.join("rootfs");
+    let files = tree(&rootfs);
+    assert_eq!(
+        files.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
+        [PathBuf::from("kubectl-portalloc")]
+    );
+    assert_eq!(
+        files[0].1,
+        fs::read(&binary).unwrap(),
+        "the binary as given"
+    );
+    let mode = fs::metadata(rootfs.join("kubectl-portalloc"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o755);
+
+    let version = in_chroot(privilege, &rootfs, &[], &["version"]);
+    assert!(version.status.success(), "{}", show(&version));
+    let printed = String::from_utf8_lossy(&version.stdout);
+    assert!(
+        printed.starts_with(&format!("kubectl-portalloc v{VERSION} ")),
+        "version printed: {printed}"
+    );
+
+    // TLS and HTTP from the bare root filesystem, as UID 65532: the kubeconfig
+    // (https://127.0.0.1:PORT, CA and client certificate embedded) and the quickstart example
+    // are the only other files.
+    let cluster = Cluster::up();
+    for (from, to) in [
+        (cluster.kubeconfig.clone(), "kubeconfig"),
+        (repo().join("examples/quickstart.yaml"), "quickstart.yaml"),
+    ] {
+        fs::copy(&from, rootfs.join(to)).unwrap();
+        fs::set_permissions(rootfs.join(to), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let env = [("KUBECONFIG", "/kubeconfig")];
+    let run = |args: &[&str]| {
+        let output = in_chroot(privilege, &rootfs, &env, args);
+        assert!(
+            output.status.success(),
+            "{args:?} in chroot: {}",
+            show(&output)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    run(&["install", "--timeout", "60s"]);
+    run(&["create", "-f", "/quickstart.yaml"]);
+    let pools = run(&["pool", "get"]);
+    assert!(
+        pools.lines().any(|l| l.starts_with("quickstart ")),
+        "pool get in chroot: {pools}"
+    );
+    let listed = run(&["get", "-A"]);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.contains("sglang-pd") && l.contains("9/9") && l.contains("Allocated")),
+        "get -A in chroot: {listed}"
+    );
+
+    // In-cluster configuration, as in a pod: no kubeconfig, the API server by IP from
+    // KUBERNETES_SERVICE_HOST/PORT, and the service account's token and CA at their mounted paths
+    // (so the image needs no CA bundle of its own). Without RBAC the identity shows in a clean
+    // Forbidden (exit 5); bound, the same call works.
+    fs::remove_file(rootfs.join("kubeconfig")).unwrap();
+    let port = mount_service_account(&cluster.kubeconfig, &rootfs, "unbound", false);
+    let pod_env = [
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+        ("KUBERNETES_SERVICE_PORT", port.as_str()),
+    ];
+    let forbidden = in_chroot(privilege, &rootfs, &pod_env, &["pool", "get"]);
+    assert_eq!(forbidden.status.code(), Some(5), "{}", show(&forbidden));
+    let stderr = String::from_utf8_lossy(&forbidden.stderr);
+    assert!(
+        stderr.contains("you may not list portpools")
+            && stderr.contains("system:serviceaccount:default:unbound"),
+        "{stderr}"
+    );
+    mount_service_account(&cluster.kubeconfig, &rootfs, "bound", true);
+    let in_pod = in_chroot(privilege, &rootfs, &pod_env, &["get", "-A"]);
+    assert!(in_pod.status.success(), "{}", show(&in_pod));
+    assert!(
+        String::from_utf8_lossy(&in_pod.stdout).contains("sglang-pd"),
+        "{}",
+        show(&in_pod)
+    );
+
+    // A server that is not there is a clean "unavailable" (exit 6), not a crash in the resolver.
+    drop(cluster);
+    let gone = in_chroot(
+        privilege,
+        &rootfs,
+        &pod_env,
+        &["pool", "get", "--request-timeout", "5s"],
+    );
+    assert_eq!(gone.status.code(), Some(6), "{}", show(&gone));
+}
