@@ -9,8 +9,9 @@ use kube::{Client, ResourceExt};
 use tabled::Tabled;
 
 use super::output::{OutputFormat, age, bar, print_names, print_objects, print_rows};
+use super::pool_flags::{ProtocolFlag, StaticBandParser};
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::api::{PortPool, PortPoolSpec, PortRangeText, Protocol, StaticBandSetting};
+use crate::api::{PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
 use crate::core::{Band, hazards};
 use crate::k8s::{self, error_chain, get_pool};
 use crate::ledger::{Anomaly, PoolRecord};
@@ -51,11 +52,17 @@ pub struct CreateArgs {
     /// Ports or ranges inside the pool never to hand out.
     #[arg(long, value_delimiter = ',', value_name = "A-B")]
     pub exclude: Vec<String>,
-    #[arg(long, default_value = "TCP", value_parser = ["TCP", "UDP", "SCTP"])]
-    pub protocol: String,
+    /// The protocol of every port in the pool.
+    #[arg(long, value_enum, default_value = "TCP")]
+    pub protocol: ProtocolFlag,
     /// Ports at the low end kept for requested ports: Auto, None, or a count.
-    #[arg(long, default_value = "Auto")]
-    pub static_band: String,
+    #[arg(
+        long,
+        default_value = "Auto",
+        value_name = "Auto|None|COUNT",
+        value_parser = StaticBandParser
+    )]
+    pub static_band: StaticBandSetting,
     /// Create the pool even if it overlaps another pool of the same protocol.
     #[arg(long)]
     pub allow_overlap: bool,
@@ -105,19 +112,6 @@ pub async fn run(global: &GlobalArgs, args: PoolArgs) -> anyhow::Result<()> {
     }
 }
 
-fn parse_static_band(text: &str) -> Result<StaticBandSetting, CliError> {
-    match text {
-        "Auto" | "auto" => Ok(StaticBandSetting::Auto),
-        "None" | "none" => Ok(StaticBandSetting::None),
-        n => n.parse().map(StaticBandSetting::Count).map_err(|_| {
-            CliError::new(
-                Exit::Invalid,
-                format!("--static-band {text:?}: write Auto, None, or a port count"),
-            )
-        }),
-    }
-}
-
 async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
     let spec = PortPoolSpec {
         ranges: args
@@ -130,12 +124,8 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
             .iter()
             .map(|r| PortRangeText(r.trim().to_string()))
             .collect(),
-        protocol: match args.protocol.as_str() {
-            "UDP" => Protocol::Udp,
-            "SCTP" => Protocol::Sctp,
-            _ => Protocol::Tcp,
-        },
-        static_band: parse_static_band(&args.static_band)?,
+        protocol: args.protocol.into(),
+        static_band: args.static_band,
     };
     let written =
         k8s::create_pool(client, PortPool::new(&args.name, spec), args.allow_overlap).await?;

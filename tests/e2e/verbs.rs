@@ -492,6 +492,20 @@ async fn completion_scripts_and_kubectl_plugin_completion() {
     assert_eq!(pools, format!("{pool}\n:4\n"));
     let flags = complete(&["get", "--all-n"]);
     assert_eq!(flags, "--all-namespaces\n:4\n");
+    // Closed sets complete to exactly what the subcommand accepts.
+    assert_eq!(
+        complete(&["get", "-o", ""]),
+        "json\nname\ntable\nwide\nyaml\n:4\n"
+    );
+    assert_eq!(complete(&["resolve", "pd", "-o", "e"]), "env\nexport\n:4\n");
+    assert_eq!(
+        complete(&["pool", "create", "x", "--protocol", ""]),
+        "SCTP\nTCP\nUDP\n:4\n"
+    );
+    assert_eq!(
+        complete(&["completion", ""]),
+        "bash\nfish\nkubectl-plugin\nzsh\n:4\n"
+    );
     let files = complete(&["create", "-f", ""]);
     assert_eq!(files, ":0\n", "file names are the shell's job");
 
