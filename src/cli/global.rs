@@ -26,7 +26,8 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "DURATION", value_parser = parse_duration)]
     pub request_timeout: Option<Duration>,
 
-    /// Log verbosity: 0 is quiet, 1 reports retries, 2 and up trace each request.
+    /// Log verbosity on stderr: 0 warnings only, 1 what the command decided, 2 also each API
+    /// request (method, path, status, duration), 3 and up everything, the client's internals too.
     #[arg(
         short = 'v',
         long = "v",

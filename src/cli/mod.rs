@@ -12,6 +12,7 @@ mod get;
 mod global;
 mod import;
 mod install;
+mod logging;
 mod manifest;
 mod output;
 mod pool;
@@ -29,6 +30,7 @@ use clap::{Parser, Subcommand};
 pub use completion::{KUBECTL_COMPLETE_NAME, complete};
 pub use exit::{CliError, Exit, exit_for, render_error};
 pub use global::GlobalArgs;
+pub use logging::init_logging;
 use session::Session;
 
 const EXAMPLES: &str = "\
