@@ -265,7 +265,8 @@ fn contexts(before: &[String]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Completion must never fail loudly: no cluster simply means no names.
+/// Completion must never fail loudly: no cluster simply means no names. Names come from
+/// metadata-only lists: a pool's status or an allocation's spec would be read only to be dropped.
 async fn namespace_and_client(before: &[String]) -> Option<(kube::Client, String)> {
     let (client, default_namespace) = k8s::connect(&options(before)).await.ok()?;
     let namespace = flag_value(before, "namespace", Some('n')).unwrap_or(default_namespace);
@@ -277,7 +278,7 @@ async fn namespaces(before: &[String]) -> Vec<String> {
         return Vec::new();
     };
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
-    api.list(&ListParams::default())
+    api.list_metadata(&ListParams::default())
         .await
         .map(|l| l.items.iter().map(|n| n.name_any()).collect())
         .unwrap_or_default()
@@ -288,7 +289,7 @@ async fn pools(before: &[String]) -> Vec<String> {
         return Vec::new();
     };
     let api: Api<PortPool> = Api::all(client);
-    api.list(&ListParams::default())
+    api.list_metadata(&ListParams::default())
         .await
         .map(|l| l.items.iter().map(|p| p.name_any()).collect())
         .unwrap_or_default()
@@ -299,7 +300,7 @@ async fn allocations(before: &[String]) -> Vec<String> {
         return Vec::new();
     };
     let api: Api<PortAllocation> = Api::namespaced(client, &namespace);
-    api.list(&ListParams::default())
+    api.list_metadata(&ListParams::default())
         .await
         .map(|l| l.items.iter().map(|p| p.name_any()).collect())
         .unwrap_or_default()
