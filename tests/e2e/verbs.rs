@@ -192,8 +192,43 @@ async fn pool_describe_shows_bands_usage_holders_and_hazards() {
         .create(&PostParams::default(), &service)
         .await
         .unwrap();
-    let run = cli::run(&["pool", "describe", &pool]);
+    // A LoadBalancer Service has node ports too; a ClusterIP Service has none.
+    for (name, kind, node_port) in [
+        ("lb", "LoadBalancer", Some(30660)),
+        ("internal", "ClusterIP", None),
+    ] {
+        let mut port = serde_json::json!({"port": 80});
+        if let Some(node_port) = node_port {
+            port["nodePort"] = node_port.into();
+        }
+        let service: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"type": kind, "selector": {"app": name}, "ports": [port]}
+        }))
+        .unwrap();
+        Api::<Service>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &service)
+            .await
+            .unwrap();
+    }
+    let run = cli::run(&["pool", "describe", &pool, "-v", "2"]);
     assert!(run.ok(), "{run}");
+    // The server leaves out the Services that cannot hold node ports, a page at a time.
+    let services = request_lines(&run.stderr, "GET /api/v1/services?");
+    assert_eq!(services.len(), 1, "{run}");
+    assert!(
+        services[0]
+            .contains("fieldSelector=spec.type%21%3DClusterIP%2Cspec.type%21%3DExternalName")
+            && services[0].contains("limit=500")
+            && services[0].contains(" 200 "),
+        "{run}"
+    );
+    assert!(
+        run.stdout
+            .contains(&format!("port 30660 is a NodePort of Service {ns}/lb")),
+        "{run}"
+    );
+    assert_eq!(run.stdout, cli::run(&["pool", "describe", &pool]).stdout);
     for needle in [
         "Size:         100 ports".to_string(),
         "static   30600-30615".to_string(),
