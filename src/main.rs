@@ -43,6 +43,7 @@ fn main() -> ExitCode {
         return cli::Exit::Ok.code();
     }
     let cli = Cli::parse();
+    cli::init_logging(cli.global.verbosity);
     match runtime.block_on(cli::run(cli)) {
         Ok(()) => cli::Exit::Ok.code(),
         Err(err) => {

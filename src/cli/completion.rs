@@ -35,16 +35,25 @@ pub const KUBECTL_COMPLETE_NAME: &str = "kubectl_complete-portalloc";
   chmod +x ~/.local/bin/kubectl_complete-portalloc")]
 pub struct CompletionArgs {
     /// bash, zsh, fish, or kubectl-plugin (the kubectl_complete-portalloc executable).
-    #[arg(value_parser = ["bash", "zsh", "fish", "kubectl-plugin"])]
-    pub shell: String,
+    #[arg(value_enum)]
+    pub shell: CompletionShell,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+    /// The `kubectl_complete-portalloc` executable kubectl runs.
+    KubectlPlugin,
 }
 
 pub fn run(args: CompletionArgs) -> anyhow::Result<()> {
-    let shell = match args.shell.as_str() {
-        "bash" => Shell::Bash,
-        "zsh" => Shell::Zsh,
-        "fish" => Shell::Fish,
-        _ => {
+    let shell = match args.shell {
+        CompletionShell::Bash => Shell::Bash,
+        CompletionShell::Zsh => Shell::Zsh,
+        CompletionShell::Fish => Shell::Fish,
+        CompletionShell::KubectlPlugin => {
             print!("{}", kubectl_plugin_script());
             return Ok(());
         }
@@ -80,11 +89,17 @@ pub async fn complete(words: Vec<String>) {
         Some((last, rest)) => (last.clone(), rest.to_vec()),
         None => (String::new(), Vec::new()),
     };
-    let (_, slot) = locate(&before, &partial);
+    let (path, slot) = locate(&before, &partial);
     let (mut candidates, directive) = match slot {
         Slot::Subcommand(names) | Slot::Flag(names) => (names, NO_FILE_COMPLETION),
-        Slot::FlagValue(flag) => flag_values(&flag, &before).await,
-        Slot::Positional(path) => (positionals(&path, &before).await, NO_FILE_COMPLETION),
+        Slot::FlagValue(flag) => match closed_set(&path, Some(&flag)) {
+            Some(values) => (values, NO_FILE_COMPLETION),
+            None => flag_values(&flag, &before).await,
+        },
+        Slot::Positional(path) => match closed_set(&path, None) {
+            Some(values) => (values, NO_FILE_COMPLETION),
+            None => (positionals(&path, &before).await, NO_FILE_COMPLETION),
+        },
     };
     candidates.sort();
     candidates.dedup();
@@ -146,6 +161,36 @@ fn locate(before: &[String], partial: &str) -> (Vec<String>, Slot) {
     (path, Slot::Subcommand(Vec::new()))
 }
 
+/// The values clap itself accepts for `flag` (the first positional argument when `None`) of the
+/// subcommand at `path`, when they are a closed set: the same list a wrong value is answered with.
+fn closed_set(path: &[String], flag: Option<&str>) -> Option<Vec<String>> {
+    let root = Cli::command();
+    let mut command = &root;
+    for name in path {
+        command = command.find_subcommand(name)?;
+    }
+    let arg = match flag {
+        Some(flag) => {
+            let flag = flag.trim_start_matches('-');
+            command
+                .get_arguments()
+                .chain(root.get_arguments())
+                .find(|a| {
+                    a.get_long() == Some(flag)
+                        || (flag.len() == 1 && a.get_short() == flag.chars().next())
+                })?
+        }
+        None => command.get_positionals().next()?,
+    };
+    let values: Vec<String> = arg
+        .get_possible_values()
+        .iter()
+        .filter(|v| !v.is_hide_set())
+        .map(|v| v.get_name().to_string())
+        .collect();
+    (!values.is_empty()).then_some(values)
+}
+
 fn takes_value(command: &clap::Command, flag: &str) -> bool {
     let root = Cli::command();
     command
@@ -175,21 +220,8 @@ fn flag_value(words: &[String], long: &str, short: Option<char>) -> Option<Strin
 
 async fn flag_values(flag: &str, before: &[String]) -> (Vec<String>, u8) {
     let values = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+    // Closed sets (-o, --protocol) come from clap, in `closed_set`.
     match flag.trim_start_matches('-') {
-        "o" | "output" => (
-            values(&[
-                "table",
-                "wide",
-                "json",
-                "yaml",
-                "name",
-                "env",
-                "export",
-                "configmap",
-            ]),
-            NO_FILE_COMPLETION,
-        ),
-        "protocol" => (values(&["TCP", "UDP", "SCTP"]), NO_FILE_COMPLETION),
         "static-band" => (values(&["Auto", "None"]), NO_FILE_COMPLETION),
         "f" | "filename" | "kubeconfig" => (Vec::new(), DEFAULT),
         "context" => (contexts(before), NO_FILE_COMPLETION),
@@ -211,10 +243,6 @@ async fn positionals(path: &[String], before: &[String]) -> Vec<String> {
         ["get" | "describe" | "sync" | "release" | "delete" | "resolve"] => {
             allocations(before).await
         }
-        ["completion"] => ["bash", "zsh", "fish", "kubectl-plugin"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
         _ => Vec::new(),
     }
 }
@@ -237,7 +265,8 @@ fn contexts(before: &[String]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Completion must never fail loudly: no cluster simply means no names.
+/// Completion must never fail loudly: no cluster simply means no names. Names come from
+/// metadata-only lists: a pool's status or an allocation's spec would be read only to be dropped.
 async fn namespace_and_client(before: &[String]) -> Option<(kube::Client, String)> {
     let (client, default_namespace) = k8s::connect(&options(before)).await.ok()?;
     let namespace = flag_value(before, "namespace", Some('n')).unwrap_or(default_namespace);
@@ -249,7 +278,7 @@ async fn namespaces(before: &[String]) -> Vec<String> {
         return Vec::new();
     };
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
-    api.list(&ListParams::default())
+    api.list_metadata(&ListParams::default())
         .await
         .map(|l| l.items.iter().map(|n| n.name_any()).collect())
         .unwrap_or_default()
@@ -260,7 +289,7 @@ async fn pools(before: &[String]) -> Vec<String> {
         return Vec::new();
     };
     let api: Api<PortPool> = Api::all(client);
-    api.list(&ListParams::default())
+    api.list_metadata(&ListParams::default())
         .await
         .map(|l| l.items.iter().map(|p| p.name_any()).collect())
         .unwrap_or_default()
@@ -271,7 +300,7 @@ async fn allocations(before: &[String]) -> Vec<String> {
         return Vec::new();
     };
     let api: Api<PortAllocation> = Api::namespaced(client, &namespace);
-    api.list(&ListParams::default())
+    api.list_metadata(&ListParams::default())
         .await
         .map(|l| l.items.iter().map(|p| p.name_any()).collect())
         .unwrap_or_default()

@@ -23,8 +23,13 @@ pub struct InstallArgs {
     #[arg(long)]
     pub dry_run: bool,
 
-    /// How long to wait for the CRDs to become Established.
-    #[arg(long, default_value = "60s", value_parser = super::global::parse_duration)]
+    /// How long to wait for the CRDs to become Established, e.g. 60s, 2m, 1m30s.
+    #[arg(
+        long,
+        default_value = "60s",
+        value_name = "DURATION",
+        value_parser = super::duration::parse_duration
+    )]
     pub timeout: Duration,
 }
 

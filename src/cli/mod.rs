@@ -6,14 +6,17 @@ mod completion;
 mod create;
 mod delete;
 mod describe;
+mod duration;
 mod exit;
 mod get;
 mod global;
 mod import;
 mod install;
+mod logging;
 mod manifest;
 mod output;
 mod pool;
+mod pool_flags;
 mod release;
 mod repair;
 mod report;
@@ -27,6 +30,7 @@ use clap::{Parser, Subcommand};
 pub use completion::{KUBECTL_COMPLETE_NAME, complete};
 pub use exit::{CliError, Exit, exit_for, render_error};
 pub use global::GlobalArgs;
+pub use logging::init_logging;
 use session::Session;
 
 const EXAMPLES: &str = "\

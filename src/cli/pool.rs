@@ -9,8 +9,9 @@ use kube::{Client, ResourceExt};
 use tabled::Tabled;
 
 use super::output::{OutputFormat, age, bar, print_names, print_objects, print_rows};
+use super::pool_flags::{ProtocolFlag, StaticBandParser};
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::api::{PortPool, PortPoolSpec, PortRangeText, Protocol, StaticBandSetting};
+use crate::api::{PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
 use crate::core::{Band, hazards};
 use crate::k8s::{self, error_chain, get_pool};
 use crate::ledger::{Anomaly, PoolRecord};
@@ -51,11 +52,17 @@ pub struct CreateArgs {
     /// Ports or ranges inside the pool never to hand out.
     #[arg(long, value_delimiter = ',', value_name = "A-B")]
     pub exclude: Vec<String>,
-    #[arg(long, default_value = "TCP", value_parser = ["TCP", "UDP", "SCTP"])]
-    pub protocol: String,
+    /// The protocol of every port in the pool.
+    #[arg(long, value_enum, default_value = "TCP")]
+    pub protocol: ProtocolFlag,
     /// Ports at the low end kept for requested ports: Auto, None, or a count.
-    #[arg(long, default_value = "Auto")]
-    pub static_band: String,
+    #[arg(
+        long,
+        default_value = "Auto",
+        value_name = "Auto|None|COUNT",
+        value_parser = StaticBandParser
+    )]
+    pub static_band: StaticBandSetting,
     /// Create the pool even if it overlaps another pool of the same protocol.
     #[arg(long)]
     pub allow_overlap: bool,
@@ -105,19 +112,6 @@ pub async fn run(global: &GlobalArgs, args: PoolArgs) -> anyhow::Result<()> {
     }
 }
 
-fn parse_static_band(text: &str) -> Result<StaticBandSetting, CliError> {
-    match text {
-        "Auto" | "auto" => Ok(StaticBandSetting::Auto),
-        "None" | "none" => Ok(StaticBandSetting::None),
-        n => n.parse().map(StaticBandSetting::Count).map_err(|_| {
-            CliError::new(
-                Exit::Invalid,
-                format!("--static-band {text:?}: write Auto, None, or a port count"),
-            )
-        }),
-    }
-}
-
 async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
     let spec = PortPoolSpec {
         ranges: args
@@ -130,12 +124,8 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
             .iter()
             .map(|r| PortRangeText(r.trim().to_string()))
             .collect(),
-        protocol: match args.protocol.as_str() {
-            "UDP" => Protocol::Udp,
-            "SCTP" => Protocol::Sctp,
-            _ => Protocol::Tcp,
-        },
-        static_band: parse_static_band(&args.static_band)?,
+        protocol: args.protocol.into(),
+        static_band: args.static_band,
     };
     let written =
         k8s::create_pool(client, PortPool::new(&args.name, spec), args.allow_overlap).await?;
@@ -249,37 +239,77 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
 /// every node, so a hostNetwork server bound there never receives that traffic.
 async fn node_port_conflicts(client: &Client, record: &PoolRecord) -> Vec<String> {
     let services: Api<Service> = Api::all(client.clone());
-    let list = match services.list(&ListParams::default()).await {
-        Ok(list) => list,
-        Err(e) => {
-            return vec![format!(
-                "could not check NodePort Services ({}); ports they use are not reported",
-                error_chain(&e)
-            )];
+    let mut found = Vec::new();
+    let listed = match list_services(&services, Some(MAY_HOLD_NODE_PORTS), record, &mut found).await
+    {
+        // A server that cannot select Services by type: every Service, page by page.
+        Err(kube::Error::Api(status)) if status.code == 400 => {
+            list_services(&services, None, record, &mut found).await
         }
+        other => other,
     };
+    match listed {
+        Ok(()) => found,
+        Err(e) => vec![format!(
+            "could not check NodePort Services ({}); ports they use are not reported",
+            error_chain(&e)
+        )],
+    }
+}
+
+/// Only NodePort and LoadBalancer Services have node ports: ClusterIP and ExternalName ones are
+/// left on the server (the API server selects Services by `spec.type`).
+const MAY_HOLD_NODE_PORTS: &str = "spec.type!=ClusterIP,spec.type!=ExternalName";
+
+/// Services per page: a cluster's Services are never held in memory all at once.
+const SERVICES_PER_PAGE: u32 = 500;
+
+/// Walk the Services (those `fields` selects) page by page, noting each conflict in `found`.
+async fn list_services(
+    services: &Api<Service>,
+    fields: Option<&str>,
+    record: &PoolRecord,
+    found: &mut Vec<String>,
+) -> Result<(), kube::Error> {
+    found.clear();
+    let mut params = ListParams::default().limit(SERVICES_PER_PAGE);
+    if let Some(fields) = fields {
+        params = params.fields(fields);
+    }
+    loop {
+        let page = services.list(&params).await?;
+        for service in &page.items {
+            found.extend(service_conflicts(service, record));
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// What one Service's node ports mean for the pool.
+fn service_conflicts(service: &Service, record: &PoolRecord) -> Vec<String> {
     let protocol = record.pool.spec.protocol.to_string();
     let mut found = Vec::new();
-    for service in &list.items {
-        let ports = service.spec.as_ref().and_then(|s| s.ports.as_ref());
-        for port in ports.into_iter().flatten() {
-            let Some(node_port) = port.node_port.and_then(|p| u16::try_from(p).ok()) else {
-                continue;
+    let ports = service.spec.as_ref().and_then(|s| s.ports.as_ref());
+    for port in ports.into_iter().flatten() {
+        let Some(node_port) = port.node_port.and_then(|p| u16::try_from(p).ok()) else {
+            continue;
+        };
+        let same_protocol = port.protocol.as_deref().unwrap_or("TCP") == protocol;
+        if same_protocol && record.ports.contains(node_port) {
+            let held = match record.holder_of(node_port) {
+                Some((_, holder, slot)) => {
+                    format!(", and the pool has handed it to {} ({slot})", holder.owner)
+                }
+                None => String::new(),
             };
-            let same_protocol = port.protocol.as_deref().unwrap_or("TCP") == protocol;
-            if same_protocol && record.ports.contains(node_port) {
-                let held = match record.holder_of(node_port) {
-                    Some((_, holder, slot)) => {
-                        format!(", and the pool has handed it to {} ({slot})", holder.owner)
-                    }
-                    None => String::new(),
-                };
-                found.push(format!(
-                    "port {node_port} is a NodePort of Service {}/{}{held}: kube-proxy forwards it on every node; exclude it from the pool",
-                    service.namespace().unwrap_or_default(),
-                    service.name_any()
-                ));
-            }
+            found.push(format!(
+                "port {node_port} is a NodePort of Service {}/{}{held}: kube-proxy forwards it on every node; exclude it from the pool",
+                service.namespace().unwrap_or_default(),
+                service.name_any()
+            ));
         }
     }
     found

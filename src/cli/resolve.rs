@@ -42,8 +42,8 @@ pub struct ResolveArgs {
     #[arg(long, conflicts_with = "role")]
     pub all: bool,
     /// env (KEY=VALUE), export (shell), json, yaml, or configmap (with --all).
-    #[arg(short = 'o', long, default_value = "env", value_parser = ["env", "export", "json", "yaml", "configmap"])]
-    pub output: String,
+    #[arg(short = 'o', long, value_enum, default_value_t = EnvFormat::Env)]
+    pub output: EnvFormat,
     /// With -o configmap: write the ConfigMap to the cluster (server-side apply).
     #[arg(long)]
     pub apply: bool,
@@ -52,15 +52,28 @@ pub struct ResolveArgs {
     pub configmap_name: Option<String>,
 }
 
+/// What `resolve -o` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EnvFormat {
+    /// `KEY=VALUE` lines.
+    Env,
+    /// `export KEY=VALUE` lines, for a shell.
+    Export,
+    Json,
+    Yaml,
+    /// A ConfigMap with one env file per pod (with --all).
+    Configmap,
+}
+
 pub async fn run(global: &GlobalArgs, args: ResolveArgs) -> anyhow::Result<()> {
-    if args.output == "configmap" && !args.all {
+    if args.output == EnvFormat::Configmap && !args.all {
         return Err(CliError::new(
             Exit::Usage,
             "-o configmap needs --all: it holds every pod's env file",
         )
         .into());
     }
-    if args.apply && args.output != "configmap" {
+    if args.apply && args.output != EnvFormat::Configmap {
         return Err(CliError::new(Exit::Usage, "--apply goes with --all -o configmap").into());
     }
     let session = Session::connect(global).await?;
@@ -74,8 +87,8 @@ pub async fn run(global: &GlobalArgs, args: ResolveArgs) -> anyhow::Result<()> {
     };
     if args.all {
         let all = pa.resolve_all().map_err(invalid)?;
-        return match args.output.as_str() {
-            "configmap" => {
+        return match args.output {
+            EnvFormat::Configmap => {
                 let configmap = env_configmap(&pa, &all, args.configmap_name.as_deref());
                 if args.apply {
                     apply_configmap(&session, &configmap).await
@@ -84,18 +97,18 @@ pub async fn run(global: &GlobalArgs, args: ResolveArgs) -> anyhow::Result<()> {
                     Ok(())
                 }
             }
-            "json" | "yaml" => {
+            EnvFormat::Json | EnvFormat::Yaml => {
                 let flat: BTreeMap<String, BTreeMap<String, String>> = all
                     .iter()
                     .map(|(pod, env)| (pod.clone(), flat(env)))
                     .collect();
-                print_structured(&args.output, &flat)
+                print_structured(args.output, &flat)
             }
-            _ => {
+            EnvFormat::Env | EnvFormat::Export => {
                 let mut out = std::io::stdout().lock();
                 for (pod, env) in &all {
                     writeln!(out, "# {pod}")?;
-                    write!(out, "{}", env_file(env, &args.output))?;
+                    write!(out, "{}", env_file(env, args.output))?;
                 }
                 Ok(())
             }
@@ -114,8 +127,9 @@ pub async fn run(global: &GlobalArgs, args: ResolveArgs) -> anyhow::Result<()> {
         }
     };
     let env = pa.resolve_env(role, index).map_err(invalid)?;
-    match args.output.as_str() {
-        "json" | "yaml" => print_structured(&args.output, &flat(&env)),
+    match args.output {
+        EnvFormat::Json | EnvFormat::Yaml => print_structured(args.output, &flat(&env)),
+        // Without --all there is no ConfigMap: refused above.
         format => {
             print!("{}", env_file(&env, format));
             Ok(())
@@ -129,8 +143,8 @@ fn flat(env: &[EnvVar]) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn print_structured<T: serde::Serialize>(format: &str, value: &T) -> anyhow::Result<()> {
-    if format == "json" {
+fn print_structured<T: serde::Serialize>(format: EnvFormat, value: &T) -> anyhow::Result<()> {
+    if format == EnvFormat::Json {
         println!("{}", serde_json::to_string_pretty(value)?);
     } else {
         print!("{}", serde_yaml::to_string(value)?);
@@ -140,8 +154,12 @@ fn print_structured<T: serde::Serialize>(format: &str, value: &T) -> anyhow::Res
 
 /// `KEY=VALUE` lines, or `export KEY=VALUE` for a shell. Values are digits and commas, so no
 /// quoting is needed.
-pub fn env_file(env: &[EnvVar], format: &str) -> String {
-    let prefix = if format == "export" { "export " } else { "" };
+pub fn env_file(env: &[EnvVar], format: EnvFormat) -> String {
+    let prefix = if format == EnvFormat::Export {
+        "export "
+    } else {
+        ""
+    };
     env.iter()
         .map(|e| format!("{prefix}{}={}\n", e.name, e.value))
         .collect()
@@ -159,7 +177,7 @@ pub fn env_configmap(
         .unwrap_or_else(|| format!("{}-ports", pa.name_any()));
     let data = all
         .iter()
-        .map(|(pod, env)| (format!("{pod}.env"), env_file(env, "env")))
+        .map(|(pod, env)| (format!("{pod}.env"), env_file(env, EnvFormat::Env)))
         .collect();
     let owner = kube::Resource::controller_owner_ref(pa, &());
     ConfigMap {

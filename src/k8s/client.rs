@@ -1,10 +1,17 @@
 //! Building a client the way kubectl does: `--kubeconfig`, `--context`, `KUBECONFIG`, in-cluster.
 
+use std::fmt::Display;
+use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use http::{Request, Response};
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use tower::{Layer, Service};
 
 use super::KubeError;
 
@@ -59,7 +66,195 @@ pub async fn connect(options: &ClientOptions) -> Result<(Client, String), KubeEr
         config.write_timeout = Some(timeout);
     }
     let namespace = config.default_namespace.clone();
-    let client = Client::try_from(config)
-        .map_err(|e| config_error(format!("cannot build a client for the cluster: {e}")))?;
+    let client = ClientBuilder::try_from(config)
+        .map_err(|e| config_error(format!("cannot build a client for the cluster: {e}")))?
+        .with_layer(&RequestLog)
+        .build();
     Ok((client, namespace))
+}
+
+/// One DEBUG line per API request (`-v 2`), as kubectl's `-v 6` prints: method, path with its
+/// query, HTTP status and the time until the response headers arrived, e.g.
+/// `GET /apis/portalloc.dev/v1alpha1/portpools/p 200 4.1ms`. It wraps kube's whole stack, so the
+/// path is still relative to the cluster URL, and a request kube retries itself (429, 503, 504)
+/// is one line with the last attempt's status and the time of all attempts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestLog;
+
+impl<S> Layer<S> for RequestLog {
+    type Service = RequestLogService<S>;
+
+    fn layer(&self, inner: S) -> RequestLogService<S> {
+        RequestLogService { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RequestLogService<S> {
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, RequestBody, ResponseBody> Service<Request<RequestBody>> for RequestLogService<S>
+where
+    S: Service<Request<RequestBody>, Response = Response<ResponseBody>>,
+    S::Future: Send + 'static,
+    S::Error: Display,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<RequestBody>) -> Self::Future {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return Box::pin(self.inner.call(request));
+        }
+        let method = request.method().clone();
+        let path = shown_path(request.uri());
+        let started = Instant::now();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let result = response.await;
+            let took = started.elapsed();
+            match &result {
+                Ok(response) => {
+                    tracing::debug!("{method} {path} {} {took:.1?}", response.status().as_u16());
+                }
+                Err(error) => tracing::debug!("{method} {path} failed after {took:.1?}: {error}"),
+            }
+            result
+        })
+    }
+}
+
+/// The path and query as sent, without the empty query kube leaves (`/x?`, `/x?&limit=5`).
+fn shown_path(uri: &http::Uri) -> String {
+    let query = uri.query().unwrap_or_default().trim_start_matches('&');
+    if query.is_empty() {
+        uri.path().to_string()
+    } else {
+        format!("{}?{query}", uri.path())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::{Ready, ready};
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use http::StatusCode;
+    use tracing::level_filters::LevelFilter;
+
+    use super::*;
+
+    /// A stand-in for kube's stack: answers every request with `answer`.
+    struct Answer(Result<StatusCode, &'static str>);
+
+    impl Service<Request<()>> for Answer {
+        type Response = Response<()>;
+        type Error = &'static str;
+        type Future = Ready<Result<Response<()>, &'static str>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), &'static str>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            ready(self.0.map(|status| {
+                let mut response = Response::new(());
+                *response.status_mut() = status;
+                response
+            }))
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the layer logs for one request through `inner`, with events up to `level` shown.
+    async fn logged(level: LevelFilter, inner: Answer, method: &str, uri: &str) -> String {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let request = Request::builder().method(method).uri(uri).body(()).unwrap();
+        let _ = RequestLog.layer(inner).call(request).await;
+        String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+    }
+
+    fn words(line: &str) -> Vec<&str> {
+        line.split_whitespace().collect()
+    }
+
+    #[tokio::test]
+    async fn one_line_per_request_with_method_path_status_and_time() {
+        let path = "/apis/portalloc.dev/v1alpha1/portpools/p?fieldSelector=a%3Db&limit=5";
+        // kube starts every query with `&`; the line shows the query as one would write it.
+        let sent = path.replace('?', "?&");
+        let out = logged(LevelFilter::DEBUG, Answer(Ok(StatusCode::OK)), "GET", &sent).await;
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        let first = words(lines[0]);
+        assert_eq!(
+            &first[..5],
+            ["DEBUG", "portalloc::k8s::client:", "GET", path, "200"]
+        );
+        let took = first[5];
+        assert!(
+            took.ends_with('s')
+                && took
+                    .trim_end_matches(char::is_alphabetic)
+                    .parse::<f64>()
+                    .is_ok(),
+            "{took:?}"
+        );
+
+        // The cluster URL's scheme and host are not part of the line; a failure says why.
+        let out = logged(
+            LevelFilter::DEBUG,
+            Answer(Err("connection refused")),
+            "PUT",
+            "https://10.0.0.1:6443/api/v1/namespaces/a?",
+        )
+        .await;
+        let failed = words(&out);
+        assert_eq!(
+            &failed[2..6],
+            ["PUT", "/api/v1/namespaces/a", "failed", "after"]
+        );
+        assert!(out.trim_end().ends_with(": connection refused"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn nothing_below_debug() {
+        let out = logged(
+            LevelFilter::INFO,
+            Answer(Ok(StatusCode::NOT_FOUND)),
+            "GET",
+            "/x",
+        )
+        .await;
+        assert_eq!(out, "");
+    }
 }

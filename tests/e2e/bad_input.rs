@@ -619,8 +619,37 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
                 "--static-band",
                 "lots",
             ],
-            7,
-            &["--static-band \"lots\""],
+            // A closed set: clap's usage error, which lists the accepted forms.
+            2,
+            &["invalid value 'lots' for '--static-band"],
+        ),
+        case(
+            "pool create: static band past the CRD's bound",
+            &[
+                "pool",
+                "create",
+                &other_pool,
+                "--range",
+                "35100-35150",
+                "--static-band",
+                "65536",
+            ],
+            2,
+            &["invalid value '65536' for '--static-band"],
+        ),
+        case(
+            "pool create: unknown protocol",
+            &[
+                "pool",
+                "create",
+                &other_pool,
+                "--range",
+                "35100-35150",
+                "--protocol",
+                "udp",
+            ],
+            2,
+            &["invalid value 'udp' for '--protocol"],
         ),
         case(
             "pool create: overlaps a pool",
@@ -694,6 +723,48 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
             &["get", "--request-timeout", "soon"],
             2,
             &["\"soon\""],
+        ),
+        case(
+            "request timeout with an unknown unit",
+            &["get", "--request-timeout", "5d"],
+            2,
+            &[
+                "invalid value '5d' for '--request-timeout",
+                "unknown unit \"d\"",
+                "1m30s",
+            ],
+        ),
+        case(
+            "negative request timeout",
+            &["get", "--request-timeout=-1s"],
+            2,
+            &["'--request-timeout", "negative"],
+        ),
+        case(
+            "install timeout without a unit",
+            &["install", "--timeout", "1m30"],
+            2,
+            &["'--timeout", "30 has no unit", "300ms"],
+        ),
+        case(
+            "resolve: unknown output format",
+            &[
+                "resolve", "owner", "--role", "web", "--index", "0", "-n", ns, "-o", "ini",
+            ],
+            2,
+            &["invalid value 'ini' for '--output"],
+        ),
+        case(
+            "version: unknown output format",
+            &["version", "-o", "yaml"],
+            2,
+            &["invalid value 'yaml' for '--output"],
+        ),
+        case(
+            "completion: unknown shell",
+            &["completion", "powershell"],
+            2,
+            &["invalid value 'powershell'"],
         ),
         case(
             "sync of nothing",

@@ -192,8 +192,43 @@ async fn pool_describe_shows_bands_usage_holders_and_hazards() {
         .create(&PostParams::default(), &service)
         .await
         .unwrap();
-    let run = cli::run(&["pool", "describe", &pool]);
+    // A LoadBalancer Service has node ports too; a ClusterIP Service has none.
+    for (name, kind, node_port) in [
+        ("lb", "LoadBalancer", Some(30660)),
+        ("internal", "ClusterIP", None),
+    ] {
+        let mut port = serde_json::json!({"port": 80});
+        if let Some(node_port) = node_port {
+            port["nodePort"] = node_port.into();
+        }
+        let service: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"type": kind, "selector": {"app": name}, "ports": [port]}
+        }))
+        .unwrap();
+        Api::<Service>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &service)
+            .await
+            .unwrap();
+    }
+    let run = cli::run(&["pool", "describe", &pool, "-v", "2"]);
     assert!(run.ok(), "{run}");
+    // The server leaves out the Services that cannot hold node ports, a page at a time.
+    let services = request_lines(&run.stderr, "GET /api/v1/services?");
+    assert_eq!(services.len(), 1, "{run}");
+    assert!(
+        services[0]
+            .contains("fieldSelector=spec.type%21%3DClusterIP%2Cspec.type%21%3DExternalName")
+            && services[0].contains("limit=500")
+            && services[0].contains(" 200 "),
+        "{run}"
+    );
+    assert!(
+        run.stdout
+            .contains(&format!("port 30660 is a NodePort of Service {ns}/lb")),
+        "{run}"
+    );
+    assert_eq!(run.stdout, cli::run(&["pool", "describe", &pool]).stdout);
     for needle in [
         "Size:         100 ports".to_string(),
         "static   30600-30615".to_string(),
@@ -208,6 +243,135 @@ async fn pool_describe_shows_bands_usage_holders_and_hazards() {
             run.stdout
         );
     }
+}
+
+/// The `-v 2` lines for requests whose method and path start with `prefix`, each checked to end
+/// in an HTTP status and a duration (`GET /path 200 4.1ms`).
+fn request_lines<'a>(stderr: &'a str, prefix: &str) -> Vec<&'a str> {
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains(prefix)).collect();
+    for line in &lines {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let [.., status, took] = words.as_slice() else {
+            panic!("{line:?}")
+        };
+        let number = ["ns", "µs", "ms", "s"]
+            .iter()
+            .find_map(|unit| took.strip_suffix(unit));
+        assert!(
+            status.len() == 3
+                && status.parse::<u16>().is_ok()
+                && number.is_some_and(|n| n.parse::<f64>().is_ok()),
+            "no status and duration in {line:?}"
+        );
+    }
+    lines
+}
+
+#[tokio::test]
+async fn v2_logs_each_request_and_v0_none() {
+    let (_, ns, _, _) = setup("request-log", "34600-34699").await;
+    let list = format!("GET /apis/portalloc.dev/v1alpha1/namespaces/{ns}/portallocations");
+    let run = cli::run(&["-v", "2", "get", "-n", &ns]);
+    assert!(run.ok(), "{run}");
+    let lines = request_lines(&run.stderr, &list);
+    assert_eq!(lines.len(), 1, "{run}");
+    assert!(lines[0].contains(" 200 "), "{run}");
+    // A 404 is a line like any other, and the path carries its query.
+    let run = cli::run(&["get", "nothing", "-n", &ns, "--v=2"]);
+    assert_eq!(run.code, 3, "{run}");
+    assert_eq!(
+        request_lines(&run.stderr, &format!("{list}/nothing 404 ")).len(),
+        1,
+        "{run}"
+    );
+    for quiet in ["0", "1"] {
+        let run = cli::run(&["get", "-n", &ns, "-v", quiet]);
+        assert!(run.ok(), "{run}");
+        assert!(!run.stderr.contains("GET /"), "-v {quiet}: {run}");
+    }
+    assert_eq!(
+        cli::run(&["get", "-n", &ns]).stderr,
+        "",
+        "no log lines by default"
+    );
+}
+
+#[tokio::test]
+async fn closed_sets_list_what_they_accept_and_durations_read_as_kubectl() {
+    let (_, ns, pool, _) = setup("closed-sets", "34700-34799").await;
+    let refused = [
+        (
+            vec![
+                "pool",
+                "create",
+                "x",
+                "--range",
+                "1-2",
+                "--protocol",
+                "HTTP",
+            ],
+            "[possible values: TCP, UDP, SCTP]",
+        ),
+        (
+            vec![
+                "pool",
+                "create",
+                "x",
+                "--range",
+                "1-2",
+                "--static-band",
+                "some",
+            ],
+            "[possible values: Auto, None, COUNT]",
+        ),
+        (
+            vec!["resolve", "pd", "--all", "-o", "ini"],
+            "[possible values: env, export, json, yaml, configmap]",
+        ),
+        (
+            vec!["version", "-o", "yaml"],
+            "[possible values: text, json]",
+        ),
+        (
+            vec!["completion", "powershell"],
+            "[possible values: bash, zsh, fish, kubectl-plugin]",
+        ),
+        (
+            vec!["get", "--request-timeout", "1x"],
+            "write e.g. 30s, 1m30s, 1.5s, 300ms",
+        ),
+    ];
+    for (args, values) in refused {
+        let run = cli::run(&args);
+        assert_eq!(run.code, 2, "{args:?}: {run}");
+        assert!(run.stderr.contains(values), "{args:?}: {run}");
+    }
+    for timeout in ["1m30s", "1.5s", "300ms", "1h2m", "0", "30"] {
+        let run = cli::run(&["get", "pd", "-n", &ns, "--request-timeout", timeout]);
+        assert!(run.ok(), "--request-timeout {timeout}: {run}");
+    }
+    // What is accepted is what the pool records.
+    let udp = format!("{pool}-udp");
+    let run = cli::run(&[
+        "pool",
+        "create",
+        &udp,
+        "--range",
+        "34800-34899",
+        "--protocol",
+        "UDP",
+        "--static-band",
+        "8",
+    ]);
+    assert!(run.ok(), "{run}");
+    let json: serde_json::Value =
+        serde_json::from_str(&cli::run(&["pool", "get", &udp, "-o", "json"]).stdout).unwrap();
+    assert_eq!(
+        (&json["spec"]["protocol"], &json["spec"]["staticBand"]),
+        (&"UDP".into(), &8.into())
+    );
+    let run = cli::run(&["pool", "delete", &udp]);
+    assert!(run.ok(), "{run}");
 }
 
 #[tokio::test]
@@ -492,6 +656,20 @@ async fn completion_scripts_and_kubectl_plugin_completion() {
     assert_eq!(pools, format!("{pool}\n:4\n"));
     let flags = complete(&["get", "--all-n"]);
     assert_eq!(flags, "--all-namespaces\n:4\n");
+    // Closed sets complete to exactly what the subcommand accepts.
+    assert_eq!(
+        complete(&["get", "-o", ""]),
+        "json\nname\ntable\nwide\nyaml\n:4\n"
+    );
+    assert_eq!(complete(&["resolve", "pd", "-o", "e"]), "env\nexport\n:4\n");
+    assert_eq!(
+        complete(&["pool", "create", "x", "--protocol", ""]),
+        "SCTP\nTCP\nUDP\n:4\n"
+    );
+    assert_eq!(
+        complete(&["completion", ""]),
+        "bash\nfish\nkubectl-plugin\nzsh\n:4\n"
+    );
     let files = complete(&["create", "-f", ""]);
     assert_eq!(files, ":0\n", "file names are the shell's job");
 
