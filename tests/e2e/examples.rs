@@ -243,12 +243,13 @@ async fn gitops_walkthrough() {
     apply_kinds(&client, &ns, &pool_text, &["PortPool"]).await;
     apply_kinds(&client, &ns, &allocations, &["PortAllocation"]).await;
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
-    assert!(
-        api.get("vllm-leader-worker")
-            .await
-            .unwrap()
-            .status
-            .is_none()
+    // Not synced: only the status the API server fills in (generation 0 observed, Pending).
+    let unsynced = api.get("vllm-leader-worker").await.unwrap().status.unwrap();
+    assert_eq!(unsynced.observed_generation, Some(0));
+    assert!(unsynced.assignments.is_empty());
+    assert_eq!(
+        unsynced.phase.map(|p| p.to_string()).as_deref(),
+        Some("Pending")
     );
 
     let run = cli::run(&["sync", "--all", "-n", &ns]);
