@@ -17,6 +17,7 @@ mod manifest;
 mod output;
 mod pool;
 mod pool_flags;
+mod probes;
 mod release;
 mod repair;
 mod report;

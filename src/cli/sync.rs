@@ -1,13 +1,16 @@
 //! `kubectl portalloc sync`: allocate or release so every status matches its spec. This is the
 //! GitOps path: Argo CD or Flux applies the CRs, and sync gives them their ports.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use clap::Args;
 use kube::ResourceExt;
 
 use super::output::{OutputFormat, print_names, print_objects};
 use super::report::print_report;
 use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
-use crate::k8s::{get_allocation, list_allocations};
+use crate::k8s::{self, Readiness, WatchOptions, get_allocation, list_allocations};
 
 /// Allocate or release ports so each PortAllocation's status matches its spec.
 #[derive(Args, Debug)]
@@ -16,30 +19,50 @@ use crate::k8s::{get_allocation, list_allocations};
   kubectl portalloc sync sglang-pd -n llm
 
   # Every PortAllocation in every namespace, e.g. after `kubectl apply` or an Argo CD sync
-  kubectl portalloc sync --all -A")]
+  kubectl portalloc sync --all -A
+
+  # Keep syncing as PortAllocations are created, changed and deleted (in a pod: see deploy/)
+  kubectl portalloc sync --watch -A --probe-address 0.0.0.0:8080")]
+#[command(group = clap::ArgGroup::new("mode").args(["all", "watch"]))]
 pub struct SyncArgs {
     /// The PortAllocation to sync.
-    #[arg(conflicts_with = "all")]
+    #[arg(conflicts_with = "mode")]
     pub name: Option<String>,
     /// Sync every PortAllocation in the namespace (or in all of them with -A).
     #[arg(long)]
     pub all: bool,
-    /// With --all: in every namespace.
-    #[arg(short = 'A', long, requires = "all")]
+    /// With --all or --watch: in every namespace.
+    #[arg(short = 'A', long, requires = "mode")]
     pub all_namespaces: bool,
-    #[arg(short = 'o', long, value_enum)]
+    /// Keep running: sync on every create and spec change, free the ports of deleted
+    /// PortAllocations, and (with -A) repair leaked entries. Stops cleanly on SIGTERM.
+    #[arg(long)]
+    pub watch: bool,
+    /// With --watch: how often every PortAllocation is synced again (and leaks repaired).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = super::duration::parse_duration, requires = "watch")]
+    pub resync: Duration,
+    /// With --watch: how many PortAllocations are synced at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..), requires = "watch")]
+    pub concurrency: u16,
+    /// With --watch: serve /healthz and /readyz on this address (e.g. 0.0.0.0:8080).
+    #[arg(long, value_name = "HOST:PORT", requires = "watch")]
+    pub probe_address: Option<SocketAddr>,
+    #[arg(short = 'o', long, value_enum, conflicts_with = "watch")]
     pub output: Option<OutputFormat>,
 }
 
 pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
-    if args.name.is_none() && !args.all {
+    if args.name.is_none() && !args.all && !args.watch {
         return Err(CliError::new(
             Exit::Usage,
-            "name a PortAllocation, or pass --all (with -A for every namespace)",
+            "name a PortAllocation, or pass --all or --watch (with -A for every namespace)",
         )
         .into());
     }
     let session = Session::connect(global).await?;
+    if args.watch {
+        return watch(session, args).await;
+    }
     let targets = match &args.name {
         Some(name) => vec![get_allocation(&session.client, &session.namespace, name).await?],
         None => {
@@ -92,4 +115,58 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
             .into())
         }
     }
+}
+
+/// `sync --watch`: run the watcher until SIGTERM or Ctrl-C.
+async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
+    let namespace = (!args.all_namespaces).then(|| session.namespace.clone());
+    k8s::check_access(&session.client, namespace.as_deref()).await?;
+    let readiness = Readiness::default();
+    if let Some(address) = args.probe_address {
+        let bound = super::probes::serve(address, readiness.clone())
+            .await
+            .map_err(|e| CliError::new(Exit::Usage, format!("--probe-address {address}: {e}")))?;
+        tracing::info!("serving /healthz and /readyz on {bound}");
+    }
+    let options = WatchOptions {
+        namespace,
+        resync: args.resync,
+        concurrency: args.concurrency,
+    };
+    eprintln!(
+        "watching PortAllocations in {} (resync every {:?}); stop with SIGTERM or Ctrl-C",
+        options
+            .namespace
+            .as_deref()
+            .map_or("every namespace".to_string(), |ns| format!(
+                "namespace {ns}"
+            )),
+        options.resync
+    );
+    k8s::watch(
+        session.client,
+        session.allocator,
+        options,
+        readiness,
+        shutdown_signal(),
+    )
+    .await;
+    Ok(())
+}
+
+/// SIGTERM (how kubelet stops a pod) or Ctrl-C.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = terminate => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down: finishing syncs in flight");
 }

@@ -13,6 +13,7 @@ mod pools;
 mod repair;
 mod resources;
 mod retry;
+mod watch;
 
 pub use allocations::{
     ApplyError, DeleteError, Deleted, apply_allocation, delete_allocation, get_allocation,
@@ -30,6 +31,7 @@ pub use pools::{
 pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
+pub use watch::{Readiness, WatchOptions, check_access, watch};
 
 /// The field manager name our writes are recorded under.
 pub const FIELD_MANAGER: &str = "kubectl-portalloc";

@@ -19,7 +19,10 @@ mod refusal;
 mod repair_plan;
 mod repair_text;
 
-pub use allocation_status::{CONDITION_ALLOCATED, Outcome, allocation_status, recorded_holdings};
+pub use allocation_status::{
+    CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
+    allocation_status, recorded_holdings,
+};
 pub use decision::{Decision, Operation, decide, precheck};
 pub use pool_record::{Anomaly, HolderEntry, PoolRecord};
 pub use pools::{PoolOverlap, overlapping_pool};

@@ -15,3 +15,4 @@ mod rbac;
 mod repair;
 mod restart;
 mod verbs;
+mod watch;

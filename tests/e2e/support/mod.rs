@@ -87,6 +87,12 @@ pub async fn client() -> Client {
 /// the whole control plane goes away with the test run instead.
 pub async fn namespace(client: &Client, test: &str) -> String {
     let name = unique_name(test);
+    create_namespace(client, &name).await;
+    name
+}
+
+/// A namespace of exactly this name (on a private cluster, where names cannot clash).
+pub async fn create_namespace(client: &Client, name: &str) {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"portalloc.dev/test": "true"}}
@@ -96,7 +102,6 @@ pub async fn namespace(client: &Client, test: &str) -> String {
         .create(&PostParams::default(), &ns)
         .await
         .expect("create test namespace");
-    name
 }
 
 /// `<prefix>-<random>`, a DNS label usable for namespaces and cluster-scoped pools alike.

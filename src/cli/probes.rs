@@ -1,0 +1,43 @@
+//! Liveness and readiness endpoints for `sync --watch` in a pod: `GET /healthz` answers 200
+//! while the process runs, `GET /readyz` 200 once the watcher has read every PortAllocation
+//! (503 before). Plain HTTP/1.1 on one port, which is all kubelet's probes need.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::k8s::Readiness;
+
+/// Bind `address` now (so a taken port is an error at start), then answer probes until the
+/// process ends.
+pub async fn serve(address: SocketAddr, readiness: Readiness) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(address).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let readiness = readiness.clone();
+            tokio::spawn(async move {
+                let mut request = [0u8; 1024];
+                let read = stream.read(&mut request).await.unwrap_or(0);
+                let line = String::from_utf8_lossy(&request[..read]);
+                let path = line.split_whitespace().nth(1).unwrap_or_default();
+                let (status, body) = match path {
+                    "/healthz" | "/livez" => ("200 OK", "ok\n"),
+                    "/readyz" if readiness.is_ready() => ("200 OK", "ok\n"),
+                    "/readyz" => ("503 Service Unavailable", "initial list not complete\n"),
+                    _ => ("404 Not Found", "not found\n"),
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    Ok(bound)
+}

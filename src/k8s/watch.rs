@@ -1,0 +1,309 @@
+//! `sync --watch`: the same client-side allocation as `sync`, driven by watches.
+//!
+//! Three things run side by side:
+//! - a kube-runtime controller over PortAllocations: on create, on a spec change and every
+//!   `resync`, it syncs the object exactly as `kubectl portalloc sync` does (lasting refusals are
+//!   recorded on the object and tried again at the next resync);
+//! - a watch of deletions: a deleted PortAllocation's pool entry is freed at once;
+//! - with every namespace in view, a repair pass at start, after each relist of the deletion watch
+//!   and every `resync`: it frees entries whose owner UID no longer exists (deletions missed
+//!   while no watcher ran), by the same one-pass argument as `kubectl portalloc repair`.
+//!
+//! No leader election is needed for safety: every write is a compare-and-swap on the pool's
+//! resourceVersion, so two watchers (or a watcher and any number of CLI clients) at once never
+//! hand out a port twice. They only cost each other conflicts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+
+use super::allocator::{AllocateError, Allocator};
+use super::error::{ApiErrorKind, KubeError, Target};
+use super::repair::Repairer;
+use crate::api::PortAllocation;
+use crate::ledger::{CONDITION_READY, owner_of};
+
+/// How the watcher runs.
+#[derive(Clone, Debug)]
+pub struct WatchOptions {
+    /// Only this namespace; `None` watches every namespace (and repairs leaks).
+    pub namespace: Option<String>,
+    /// How often every object is synced again, and leaks repaired.
+    pub resync: Duration,
+    /// How many PortAllocations are synced at once.
+    pub concurrency: u16,
+}
+
+/// Whether the watcher has read every PortAllocation once (and, cluster-wide, repaired).
+#[derive(Clone, Debug, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+struct Context {
+    allocator: Allocator,
+    resync: Duration,
+}
+
+/// Why one reconciliation failed in a way worth retrying soon (transport trouble, conflicts
+/// beyond the budget); lasting refusals are not errors here, they wait for the next resync.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+struct Retriable(AllocateError);
+
+/// What the watcher needs to be allowed: (verb, resource, subresource), all in portalloc.dev.
+const NEEDED: [(&str, &str, &str); 7] = [
+    ("list", "portallocations", ""),
+    ("watch", "portallocations", ""),
+    ("update", "portallocations", "status"),
+    ("get", "portpools", ""),
+    ("list", "portpools", ""),
+    ("update", "portpools", "status"),
+    // The tenancy policy lets a holder entry change only for those who may update
+    // PortAllocations in its namespace.
+    ("update", "portallocations", ""),
+];
+
+/// Ask the API server (SelfSubjectAccessReview) whether this identity may do everything the
+/// watcher does, so a missing binding is one clear error at start, not retries forever.
+pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), KubeError> {
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    for (verb, resource, subresource) in NEEDED {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(crate::api::GROUP.to_string()),
+                    resource: Some(resource.to_string()),
+                    subresource: (!subresource.is_empty()).then(|| subresource.to_string()),
+                    verb: Some(verb.to_string()),
+                    namespace: namespace.map(str::to_string),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let target = super::resources::Resource {
+            plural: "selfsubjectaccessreviews.authorization.k8s.io",
+            kind: "SelfSubjectAccessReview",
+        }
+        .all("create", None);
+        let answer = reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| KubeError::from_kube(e, target))?;
+        if !answer.status.is_some_and(|s| s.allowed) {
+            let plural = match subresource {
+                "" => format!("{resource}.{}", crate::api::GROUP),
+                sub => format!("{resource}.{}/{sub}", crate::api::GROUP),
+            };
+            return Err(KubeError::new(
+                ApiErrorKind::Forbidden,
+                Target {
+                    verb,
+                    resource: plural,
+                    kind: "PortAllocation",
+                    name: None,
+                    namespace: namespace.map(str::to_string),
+                },
+                "the watcher needs it (see deploy/watcher.yaml for its ClusterRole)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Run until `shutdown` completes; in-flight syncs finish first.
+pub async fn watch(
+    client: Client,
+    allocator: Allocator,
+    options: WatchOptions,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let api: Api<PortAllocation> = match &options.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let repairer = options
+        .namespace
+        .is_none()
+        .then(|| Repairer::new(client.clone(), allocator.clone()));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let deletions = tokio::spawn(free_deleted(
+        api.clone(),
+        allocator.clone(),
+        repairer,
+        options.resync,
+        stop_rx,
+    ));
+
+    let controller = Controller::new(api, watcher::Config::default())
+        .with_config(ControllerConfig::default().concurrency(options.concurrency));
+    let store = controller.store();
+    tokio::spawn(async move {
+        // Polled rather than awaited: the controller waits on the same store, and only one of
+        // two concurrent waiters was ever woken.
+        loop {
+            match store.wait_until_ready().now_or_never() {
+                Some(Ok(())) => break,
+                Some(Err(_)) => return,
+                None => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        readiness.set();
+        tracing::info!("watching PortAllocations: initial list complete");
+    });
+    let context = Arc::new(Context {
+        allocator,
+        resync: options.resync,
+    });
+    controller
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, context)
+        .for_each(|outcome| async move {
+            if let Err(e) = outcome {
+                tracing::debug!("watch: {e}");
+            }
+        })
+        .await;
+    let _ = stop_tx.send(true);
+    let _ = deletions.await;
+    tracing::info!("watcher stopped");
+}
+
+async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action, Retriable> {
+    let requeue = Action::requeue(ctx.resync);
+    if pa.metadata.deletion_timestamp.is_some() || is_current(&pa) {
+        return Ok(requeue);
+    }
+    let owner = owner_of(&pa);
+    match ctx.allocator.sync_or_record((*pa).clone(), None).await {
+        Ok(report) => {
+            tracing::info!(
+                allocation = %owner,
+                pool = %report.pool,
+                held = report.holdings.len(),
+                allocated = report.allocated,
+                released = report.released,
+                conflicts = report.conflicts,
+                "synced"
+            );
+            Ok(requeue)
+        }
+        Err(AllocateError::Refused(refusal)) => {
+            tracing::warn!(allocation = %owner, reason = %refusal.reason(), "{refusal}");
+            Ok(requeue)
+        }
+        Err(e) => Err(Retriable(e)),
+    }
+}
+
+fn error_policy(pa: Arc<PortAllocation>, error: &Retriable, _: Arc<Context>) -> Action {
+    tracing::warn!(allocation = %owner_of(&pa), "sync failed, retrying in 5s: {error}");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Ready for the generation it describes: nothing for a sync to do. (A pool recreated under it
+/// is repair's business, as for the CLI.)
+fn is_current(pa: &PortAllocation) -> bool {
+    pa.status.as_ref().is_some_and(|status| {
+        status.observed_generation == pa.metadata.generation
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == CONDITION_READY && c.status == "True")
+    })
+}
+
+/// Free the entries of deleted PortAllocations; with a repairer, also repair after every
+/// (re)list, since deletions during a gap in the watch are not reported, and every `resync`.
+async fn free_deleted(
+    api: Api<PortAllocation>,
+    allocator: Allocator,
+    repairer: Option<Repairer>,
+    resync: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut events = watcher(api).boxed();
+    let mut ticker = tokio::time::interval(resync);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = ticker.tick() => repair(repairer.as_ref()).await,
+            event = events.try_next() => match event {
+                Ok(Some(Event::Delete(pa))) => free(&allocator, &pa).await,
+                Ok(Some(Event::InitDone)) => repair(repairer.as_ref()).await,
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                Err(e) => tracing::warn!("watching deletions: {e}"),
+            },
+        }
+    }
+}
+
+fn watcher(
+    api: Api<PortAllocation>,
+) -> impl futures::Stream<Item = Result<Event<PortAllocation>, watcher::Error>> + Send {
+    watcher::watcher(api, watcher::Config::default()).default_backoff()
+}
+
+async fn free(allocator: &Allocator, pa: &PortAllocation) {
+    let owner = owner_of(pa);
+    let uid = pa.uid().unwrap_or_default();
+    match allocator.release_holder(&pa.spec.pool, &uid, &owner).await {
+        Ok(freed) => {
+            tracing::info!(allocation = %owner, pool = %pa.spec.pool, freed, "deleted: ports freed")
+        }
+        Err(e) => tracing::warn!(
+            allocation = %owner,
+            "deleted, but its ports could not be freed yet (the next repair pass frees them): {e}"
+        ),
+    }
+}
+
+async fn repair(repairer: Option<&Repairer>) {
+    let Some(repairer) = repairer else {
+        return;
+    };
+    let outcome = repairer
+        .repair(None, true, |repair| {
+            if repair.applied {
+                tracing::info!(
+                    pool = %repair.plan.pool,
+                    changes = repair.plan.changes.len(),
+                    "repaired: {}",
+                    repair
+                        .plan
+                        .changes
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+            }
+        })
+        .await;
+    if let Err(e) = outcome {
+        tracing::warn!("repair pass failed (tried again at the next resync): {e}");
+    }
+}

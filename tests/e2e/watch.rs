@@ -1,0 +1,415 @@
+//! `sync --watch` as a process against a control plane of its own (a cluster-wide watcher
+//! repairs every pool, which would disturb the other tests' deliberate leaks), running as the
+//! ServiceAccount `deploy/watcher.yaml` ships, with its ClusterRole and a real token: apply, scale
+//! and delete with nothing but the API (as GitOps does), probes, SIGTERM; kill -9 and restart
+//! with deletions in the gap; two watchers racing eight CLI clients without a duplicate; and
+//! without the binding, one clear Forbidden.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+use portalloc::api::{PortAllocation, PortPool};
+use portalloc::ledger::{PoolRecord, recorded_holdings};
+
+use crate::support::apply::apply_yaml;
+use crate::support::cli::BIN;
+use crate::support::private_cluster::PrivateCluster;
+use crate::support::{self};
+
+/// A kubeconfig for ServiceAccount `namespace/name` of the cluster behind `admin`: a token from
+/// the TokenRequest API, as the kubelet mounts into a pod.
+async fn service_account_kubeconfig(
+    client: &Client,
+    admin: &Path,
+    namespace: &str,
+    name: &str,
+    out: &Path,
+) {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    if accounts.get_opt(name).await.unwrap().is_none() {
+        let account: ServiceAccount =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .unwrap();
+    }
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let token = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let mut config: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
+    let cluster = config["clusters"][0]["name"].clone();
+    config["users"] =
+        serde_yaml::from_str(&format!("[{{name: sa, user: {{token: {token}}}}}]")).unwrap();
+    config["contexts"] = serde_yaml::from_str(&format!(
+        "[{{name: sa, context: {{cluster: {}, user: sa, namespace: {namespace}}}}}]",
+        cluster.as_str().unwrap()
+    ))
+    .unwrap();
+    config["current-context"] = "sa".into();
+    std::fs::write(out, serde_yaml::to_string(&config).unwrap()).unwrap();
+}
+
+/// A running watcher, killed when dropped.
+struct WatcherProcess {
+    child: Child,
+    probes: u16,
+}
+
+impl WatcherProcess {
+    fn start(kubeconfig: &Path) -> WatcherProcess {
+        let probes = free_port();
+        let child = Command::new(BIN)
+            .args(["sync", "--watch", "-A", "--resync", "20s", "-v", "1"])
+            .arg("--probe-address")
+            .arg(format!("127.0.0.1:{probes}"))
+            .env("KUBECONFIG", kubeconfig)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the watcher");
+        let watcher = WatcherProcess { child, probes };
+        watcher.wait_ready();
+        watcher
+    }
+
+    fn probe(&self, path: &str) -> Option<u16> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.probes)).ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        answer.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    fn wait_ready(&self) {
+        let started = Instant::now();
+        while self.probe("/readyz") != Some(200) {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the watcher did not become ready"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(self.probe("/healthz"), Some(200));
+    }
+
+    /// SIGTERM, then the exit code and what it logged.
+    fn terminate(mut self) -> (Option<i32>, String) {
+        let pid = self.child.id() as i32;
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc_kill(pid, 15) };
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut log = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut log)
+            .unwrap();
+        (status.code(), log)
+    }
+
+    fn kill_9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for WatcherProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn allocation(name: &str, pool: &str, replicas: u32) -> PortAllocation {
+    serde_yaml::from_str(&support::simple_allocation(
+        name,
+        pool,
+        "worker",
+        replicas,
+        &["rpc"],
+    ))
+    .unwrap()
+}
+
+/// Poll until `check` holds for the object (or it is gone, for `None`); the time it took.
+async fn until(
+    api: &Api<PortAllocation>,
+    name: &str,
+    check: impl Fn(Option<&PortAllocation>) -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let object = api.get_opt(name).await.unwrap();
+        if check(object.as_ref()) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{name} never reached the state: {object:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn ready_with(pa: Option<&PortAllocation>, ports: usize) -> bool {
+    pa.and_then(|pa| pa.status.as_ref()).is_some_and(|s| {
+        s.observed_generation == pa.unwrap().metadata.generation
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+            && recorded_holdings(s).len() == ports
+    })
+}
+
+async fn record(client: &Client, pool: &str) -> PoolRecord {
+    let pools: Api<PortPool> = Api::all(client.clone());
+    PoolRecord::load(pools.get(pool).await.unwrap()).unwrap()
+}
+
+/// How many ports are held, if every pool entry belongs to a live object and says what its
+/// status says, with no duplicates; else what is wrong.
+async fn exactness(client: &Client, pool: &str, ns: &str) -> Result<usize, String> {
+    let record = record(client, pool).await;
+    if !record.anomalies.is_empty() {
+        return Err(format!("{:?}", record.anomalies));
+    }
+    let live: BTreeMap<String, PortAllocation> =
+        Api::<PortAllocation>::namespaced(client.clone(), ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|pa| (pa.metadata.uid.clone().unwrap(), pa))
+            .collect();
+    for (uid, entry) in &record.holders {
+        let Some(pa) = live.get(uid) else {
+            return Err(format!("leaked entry {}", entry.owner));
+        };
+        let recorded = pa
+            .status
+            .as_ref()
+            .map(recorded_holdings)
+            .unwrap_or_default();
+        if recorded != entry.holdings {
+            return Err(format!(
+                "{}: status {recorded:?} but pool {:?}",
+                entry.owner, entry.holdings
+            ));
+        }
+    }
+    Ok(record.state.held_count() as usize)
+}
+
+/// Wait until the pool is exact with `held` ports held (the watcher may still be catching up).
+async fn assert_exact(client: &Client, pool: &str, ns: &str, held: usize) {
+    let started = Instant::now();
+    loop {
+        let now = exactness(client, pool, ns).await;
+        if now == Ok(held) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "pool {pool} never became exact with {held} ports: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
+    let Some(cluster) = PrivateCluster::start("watch", true) else {
+        return;
+    };
+    let client = cluster.client().await;
+    let ns = "apps";
+    assert!(
+        cluster
+            .run(&["pool", "create", "watched", "--range", "30100-30199"])
+            .ok()
+    );
+    support::create_namespace(&client, ns).await;
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), ns);
+    let dir = tempfile::tempdir().unwrap();
+
+    // Without a binding: one clear Forbidden at start, naming the verb and the resource.
+    support::create_namespace(&client, "portalloc-system").await;
+    let unbound = dir.path().join("unbound");
+    service_account_kubeconfig(
+        &client,
+        &cluster.kubeconfig,
+        "portalloc-system",
+        "nobody",
+        &unbound,
+    )
+    .await;
+    let refused = Command::new(BIN)
+        .args(["sync", "--watch", "-A"])
+        .env("KUBECONFIG", &unbound)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(5), "{stderr}");
+    assert!(
+        stderr.contains("forbidden: you may not list portallocations.portalloc.dev")
+            && stderr.contains("deploy/watcher.yaml"),
+        "{stderr}"
+    );
+
+    // The shipped manifests: Namespace, ServiceAccount, ClusterRole, binding, Deployment (the
+    // API server validates it; no kubelet runs it here, the watcher runs as a process instead).
+    let manifests =
+        std::fs::read_to_string(support::repo_root().join("deploy/watcher.yaml")).unwrap();
+    apply_yaml(&client, &manifests, None).await;
+    let kubeconfig = dir.path().join("watcher");
+    service_account_kubeconfig(
+        &client,
+        &cluster.kubeconfig,
+        "portalloc-system",
+        "portalloc-watcher",
+        &kubeconfig,
+    )
+    .await;
+
+    // Apply, scale, delete: the watcher follows within the measured times.
+    let watcher = WatcherProcess::start(&kubeconfig);
+    api.create(&PostParams::default(), &allocation("a", "watched", 2))
+        .await
+        .unwrap();
+    let applied = until(&api, "a", |pa| ready_with(pa, 2)).await;
+    let mut a = api.get("a").await.unwrap();
+    a.spec.roles[0].replicas = 5;
+    api.replace("a", &PostParams::default(), &a).await.unwrap();
+    let scaled = until(&api, "a", |pa| ready_with(pa, 5)).await;
+    let started = Instant::now();
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    while record(&client, "watched").await.state.held_count() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "ports of a deleted object kept"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let freed = started.elapsed();
+    eprintln!(
+        "watch: apply -> Ready {applied:?}, scale -> new ports {scaled:?}, delete -> freed {freed:?}"
+    );
+    let (code, log) = watcher.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("watcher stopped"), "{log}");
+
+    // kill -9 mid-stream, objects created and deleted while none runs, then a restart.
+    let watcher = WatcherProcess::start(&kubeconfig);
+    for i in 0..6 {
+        api.create(
+            &PostParams::default(),
+            &allocation(&format!("k{i}"), "watched", 2),
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    watcher.kill_9();
+    for i in 0..3 {
+        api.delete(&format!("k{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let watcher = WatcherProcess::start(&kubeconfig);
+    for i in 3..6 {
+        until(&api, &format!("k{i}"), |pa| ready_with(pa, 2)).await;
+    }
+    assert_exact(&client, "watched", ns, 6).await;
+
+    // A second watcher and eight CLI clients at once: never a duplicate.
+    let rival = WatcherProcess::start(&kubeconfig);
+    let clients: Vec<Child> = (0..8)
+        .map(|i| {
+            let mut child = Command::new(BIN)
+                .args(["create", "-f", "-", "-n", ns])
+                .env("KUBECONFIG", &cluster.kubeconfig)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let manifest =
+                support::simple_allocation(&format!("cli{i}"), "watched", "worker", 3, &["rpc"]);
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(manifest.as_bytes())
+                .unwrap();
+            child
+        })
+        .collect();
+    for i in 0..8 {
+        api.create(
+            &PostParams::default(),
+            &allocation(&format!("git{i}"), "watched", 2),
+        )
+        .await
+        .unwrap();
+    }
+    for mut child in clients {
+        assert!(child.wait().unwrap().success());
+    }
+    for i in 0..8 {
+        until(&api, &format!("git{i}"), |pa| ready_with(pa, 2)).await;
+    }
+    // 3 kept from before, 8 x 3 by the CLI, 8 x 2 by the watchers.
+    assert_exact(&client, "watched", ns, 6 + 24 + 16).await;
+    let (code, _) = rival.terminate();
+    assert_eq!(code, Some(0));
+    let (code, _) = watcher.terminate();
+    assert_eq!(code, Some(0));
+}
