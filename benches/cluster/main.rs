@@ -24,6 +24,7 @@
 //! `--bench` flag that `cargo bench` passes (so `cargo test --benches` never runs the full size).
 
 mod baseline;
+mod burst;
 mod cli;
 // The control plane of the end-to-end tests, started the same way (shared test code).
 #[path = "../../tests/common/control_plane.rs"]
@@ -67,6 +68,8 @@ struct Scale {
     duplicate_pods: u32,
     /// Holders written into one pool's status to find where a pool stops scaling.
     holder_counts: &'static [u32],
+    /// PortAllocations applied at once for the watcher to allocate.
+    burst: usize,
 }
 
 impl Scale {
@@ -89,6 +92,7 @@ impl Scale {
             } else {
                 &[1_000, 5_000, 10_000, 15_000, 20_000]
             },
+            burst: if quick { 20 } else { 1000 },
         }
     }
 }
@@ -165,6 +169,25 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
     rows.extend(duplicates(plane, &admin, scale).await?);
     eprintln!("2f: scale limits of one pool object");
     rows.extend(scale_limits(&admin, scale).await?);
+    eprintln!("2g: a burst of {} PortAllocations for the watcher", scale.burst);
+    let (all_ready, created) = burst::watcher_burst(&admin, scale.burst).await?;
+    rows.push(Row {
+        id: "2g",
+        what: format!(
+            "sync --watch: {} PortAllocations applied back to back (creates took {:.1} s) until all Ready",
+            scale.burst,
+            created.as_secs_f64()
+        ),
+        ours: format!(
+            "{:.1} s ({:.0}/s)",
+            all_ready.as_secs_f64(),
+            scale.burst as f64 / all_ready.as_secs_f64()
+        ),
+        anchor: dash(),
+        ratio: dash(),
+        target: dash(),
+        met: dash(),
+    });
     Ok((rows, version))
 }
 
