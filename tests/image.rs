@@ -369,7 +369,12 @@ fn a_dynamically_linked_binary_is_refused() {
 
 /// `chroot --userspec=65532:65532 ROOTFS /kubectl-portalloc ARGS` with an empty environment but
 /// for `env`, as root or through sudo.
-fn in_chroot(privilege: Privilege, rootfs: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+fn chroot_command(
+    privilege: Privilege,
+    rootfs: &Path,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Command {
     let chroot = ["/usr/sbin/chroot", "/usr/bin/chroot", "/sbin/chroot"]
         .into_iter()
         .find(|p| Path::new(p).exists())
@@ -392,7 +397,12 @@ fn in_chroot(privilege: Privilege, rootfs: &Path, env: &[(&str, &str)], args: &[
         .arg(rootfs)
         .arg("/kubectl-portalloc")
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(Stdio::null());
+    command
+}
+
+fn in_chroot(privilege: Privilege, rootfs: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    chroot_command(privilege, rootfs, env, args)
         .output()
         .expect("run chroot")
 }
@@ -442,7 +452,13 @@ impl Drop for Cluster {
 /// What the kubelet gives a pod of ServiceAccount `name` in `default`: a token from the
 /// TokenRequest API, the cluster's CA and the namespace, written where in-cluster configuration
 /// reads them (under `rootfs`). Returns the API server's port. `bind` grants cluster-admin.
-fn mount_service_account(kubeconfig: &Path, rootfs: &Path, name: &str, bind: bool) -> String {
+fn mount_service_account(
+    kubeconfig: &Path,
+    rootfs: &Path,
+    namespace: &str,
+    name: &str,
+    bind: bool,
+) -> String {
     use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
@@ -458,7 +474,7 @@ fn mount_service_account(kubeconfig: &Path, rootfs: &Path, name: &str, bind: boo
         let server = config.cluster_url.to_string();
         let ca = config.root_cert.clone().expect("a CA in the kubeconfig");
         let client = kube::Client::try_from(config).unwrap();
-        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
         let meta = ObjectMeta {
             name: Some(name.to_string()),
             ..Default::default()
@@ -467,10 +483,13 @@ fn mount_service_account(kubeconfig: &Path, rootfs: &Path, name: &str, bind: boo
             metadata: meta.clone(),
             ..Default::default()
         };
-        accounts
-            .create(&PostParams::default(), &account)
-            .await
-            .unwrap();
+        // deploy/watcher.yaml creates its own account; the others are made here.
+        if accounts.get_opt(name).await.unwrap().is_none() {
+            accounts
+                .create(&PostParams::default(), &account)
+                .await
+                .unwrap();
+        }
         if bind {
             let binding = ClusterRoleBinding {
                 metadata: meta,
@@ -482,7 +501,7 @@ fn mount_service_account(kubeconfig: &Path, rootfs: &Path, name: &str, bind: boo
                 subjects: Some(vec![Subject {
                     kind: "ServiceAccount".into(),
                     name: name.into(),
-                    namespace: Some("default".into()),
+                    namespace: Some(namespace.into()),
                     ..Default::default()
                 }]),
             };
@@ -518,7 +537,7 @@ fn mount_service_account(kubeconfig: &Path, rootfs: &Path, name: &str, bind: boo
     for (file, content) in [
         ("token", token),
         ("ca.crt", pem),
-        ("namespace", "default".into()),
+        ("namespace", namespace.into()),
     ] {
         fs::write(dir.join(file), content).unwrap();
     }
@@ -668,7 +687,7 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
     // (so the image needs no CA bundle of its own). Without RBAC the identity shows in a clean
     // Forbidden (exit 5); bound, the same call works.
     fs::remove_file(rootfs.join("kubeconfig")).unwrap();
-    let port = mount_service_account(&cluster.kubeconfig, &rootfs, "unbound", false);
+    let port = mount_service_account(&cluster.kubeconfig, &rootfs, "default", "unbound", false);
     let pod_env = [
         ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
         ("KUBERNETES_SERVICE_PORT", port.as_str()),
@@ -681,7 +700,7 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
             && stderr.contains("system:serviceaccount:default:unbound"),
         "{stderr}"
     );
-    mount_service_account(&cluster.kubeconfig, &rootfs, "bound", true);
+    mount_service_account(&cluster.kubeconfig, &rootfs, "default", "bound", true);
     let in_pod = in_chroot(privilege, &rootfs, &pod_env, &["get", "-A"]);
     assert!(in_pod.status.success(), "{}", show(&in_pod));
     assert!(
@@ -689,6 +708,11 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
         "{}",
         show(&in_pod)
     );
+
+    // The watcher from this root filesystem, in-cluster, as the ServiceAccount deploy/ ships
+    // (its ClusterRole and binding applied from deploy/watcher.yaml): a PortAllocation applied
+    // with kubectl becomes Ready, and a deleted one's ports are freed.
+    watcher_in_the_image(privilege, &rootfs, &cluster.kubeconfig);
 
     // A server that is not there is a clean "unavailable" (exit 6), not a crash in the resolver.
     drop(cluster);
@@ -699,4 +723,125 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
         &["pool", "get", "--request-timeout", "5s"],
     );
     assert_eq!(gone.status.code(), Some(6), "{}", show(&gone));
+}
+
+/// kubectl, built from its pinned Go module by `scripts/build-krew.sh` (cached).
+fn kubectl(kubeconfig: &Path) -> Command {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let stdout = run_ok(
+            "scripts/build-krew.sh",
+            Command::new(repo().join("scripts/build-krew.sh")).stderr(Stdio::inherit()),
+        );
+        PathBuf::from(stdout.lines().last().expect("a bin dir").trim())
+    });
+    let mut command = Command::new(dir.join("kubectl"));
+    command.arg("--kubeconfig").arg(kubeconfig);
+    command
+}
+
+/// Poll `what` (a kubectl jsonpath query) until it prints `expected`; the time it took.
+fn until_kubectl(kubeconfig: &Path, args: &[&str], expected: &str) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    loop {
+        let output = kubectl(kubeconfig).args(args).output().unwrap();
+        let printed = String::from_utf8_lossy(&output.stdout);
+        if printed.trim() == expected {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "kubectl {args:?} never printed {expected:?}: {}",
+            show(&output)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+}
+
+fn watcher_in_the_image(privilege: Privilege, rootfs: &Path, admin: &Path) {
+    run_ok(
+        "kubectl apply deploy/watcher.yaml",
+        kubectl(admin)
+            .args(["apply", "--server-side", "-f"])
+            .arg(repo().join("deploy/watcher.yaml")),
+    );
+    let port = mount_service_account(
+        admin,
+        rootfs,
+        "portalloc-system",
+        "portalloc-watcher",
+        false,
+    );
+    let pod_env = [
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+        ("KUBERNETES_SERVICE_PORT", port.as_str()),
+    ];
+    let mut watcher = chroot_command(
+        privilege,
+        rootfs,
+        &pod_env,
+        &["sync", "--watch", "-A", "-v", "1"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start the watcher in chroot");
+
+    let manifest = "apiVersion: portalloc.dev/v1alpha1\nkind: PortAllocation\nmetadata: {name: watched, namespace: default}\nspec:\n  pool: quickstart\n  roles:\n  - {name: worker, replicas: 2, ports: [{name: rpc, scope: PodScoped, env: RPC_PORT}]}\n";
+    let mut apply = kubectl(admin)
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    apply
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(manifest.as_bytes())
+        .unwrap();
+    assert!(apply.wait().unwrap().success());
+    let ready = until_kubectl(
+        admin,
+        &[
+            "get",
+            "portallocation",
+            "watched",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status} {.status.ports}",
+        ],
+        "True 2/2",
+    );
+    run_ok(
+        "kubectl delete",
+        kubectl(admin).args(["delete", "portallocation", "watched", "-n", "default"]),
+    );
+    // Only sglang-pd's 9 ports remain held.
+    let freed = until_kubectl(
+        admin,
+        &[
+            "get",
+            "portpool",
+            "quickstart",
+            "-o",
+            "jsonpath={.status.allocated}",
+        ],
+        "9",
+    );
+    eprintln!("image watcher: apply -> Ready in {ready:?}, delete -> freed in {freed:?}");
+
+    // SIGTERM ends it cleanly.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(watcher.id() as i32, libc::SIGTERM) };
+    let status = watcher.wait().unwrap();
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut watcher.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(status.success(), "watcher in chroot: {status}: {log}");
+    assert!(
+        log.contains("synced") && log.contains("deleted: ports freed"),
+        "{log}"
+    );
 }
