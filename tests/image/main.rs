@@ -19,6 +19,12 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+#[path = "../common/control_plane.rs"]
+mod control_plane;
+mod watcher;
+
+use control_plane::ControlPlane;
+
 const DEBUG_BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
@@ -407,48 +413,6 @@ fn in_chroot(privilege: Privilege, rootfs: &Path, env: &[(&str, &str)], args: &[
         .expect("run chroot")
 }
 
-/// A local control plane of this test's own, stopped (`local-cluster.sh down`) on drop.
-struct Cluster {
-    dir: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl Cluster {
-    fn script(dir: &Path, arg: &str) -> Output {
-        Command::new(repo().join("scripts/local-cluster.sh"))
-            .arg(arg)
-            .env("PORTALLOC_CLUSTER_DIR", dir)
-            .env(
-                "PORTALLOC_CLUSTER_OWNER_PID",
-                std::process::id().to_string(),
-            )
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/local-cluster.sh")
-    }
-
-    fn up() -> Cluster {
-        let dir = repo()
-            .join("target")
-            .join(format!("image-cluster-{}", std::process::id()));
-        let output = Cluster::script(&dir, "up");
-        assert!(
-            output.status.success(),
-            "local-cluster.sh up: {}",
-            show(&output)
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let kubeconfig = PathBuf::from(stdout.lines().last().expect("kubeconfig").trim());
-        Cluster { dir, kubeconfig }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Cluster::script(&self.dir, "down");
-    }
-}
-
 /// What the kubelet gives a pod of ServiceAccount `name` in `default`: a token from the
 /// TokenRequest API, the cluster's CA and the namespace, written where in-cluster configuration
 /// reads them (under `rootfs`). Returns the API server's port. `bind` grants cluster-admin.
@@ -649,7 +613,7 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
     // TLS and HTTP from the bare root filesystem, as UID 65532: the kubeconfig
     // (https://127.0.0.1:PORT, CA and client certificate embedded) and the quickstart example
     // are the only other files.
-    let cluster = Cluster::up();
+    let cluster = ControlPlane::up("image-cluster").unwrap_or_else(|e| panic!("{e:#}"));
     for (from, to) in [
         (cluster.kubeconfig.clone(), "kubeconfig"),
         (repo().join("examples/quickstart.yaml"), "quickstart.yaml"),
@@ -712,7 +676,7 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
     // The watcher from this root filesystem, in-cluster, as the ServiceAccount deploy/ ships
     // (its ClusterRole and binding applied from deploy/watcher.yaml): a PortAllocation applied
     // with kubectl becomes Ready, and a deleted one's ports are freed.
-    watcher_in_the_image(privilege, &rootfs, &cluster.kubeconfig);
+    watcher::in_the_image(privilege, &rootfs, &cluster.kubeconfig);
 
     // A server that is not there is a clean "unavailable" (exit 6), not a crash in the resolver.
     drop(cluster);
@@ -723,125 +687,4 @@ fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server
         &["pool", "get", "--request-timeout", "5s"],
     );
     assert_eq!(gone.status.code(), Some(6), "{}", show(&gone));
-}
-
-/// kubectl, built from its pinned Go module by `scripts/build-krew.sh` (cached).
-fn kubectl(kubeconfig: &Path) -> Command {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let stdout = run_ok(
-            "scripts/build-krew.sh",
-            Command::new(repo().join("scripts/build-krew.sh")).stderr(Stdio::inherit()),
-        );
-        PathBuf::from(stdout.lines().last().expect("a bin dir").trim())
-    });
-    let mut command = Command::new(dir.join("kubectl"));
-    command.arg("--kubeconfig").arg(kubeconfig);
-    command
-}
-
-/// Poll `what` (a kubectl jsonpath query) until it prints `expected`; the time it took.
-fn until_kubectl(kubeconfig: &Path, args: &[&str], expected: &str) -> std::time::Duration {
-    let started = std::time::Instant::now();
-    loop {
-        let output = kubectl(kubeconfig).args(args).output().unwrap();
-        let printed = String::from_utf8_lossy(&output.stdout);
-        if printed.trim() == expected {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(30),
-            "kubectl {args:?} never printed {expected:?}: {}",
-            show(&output)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
-}
-
-fn watcher_in_the_image(privilege: Privilege, rootfs: &Path, admin: &Path) {
-    run_ok(
-        "kubectl apply deploy/watcher.yaml",
-        kubectl(admin)
-            .args(["apply", "--server-side", "-f"])
-            .arg(repo().join("deploy/watcher.yaml")),
-    );
-    let port = mount_service_account(
-        admin,
-        rootfs,
-        "portalloc-system",
-        "portalloc-watcher",
-        false,
-    );
-    let pod_env = [
-        ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
-        ("KUBERNETES_SERVICE_PORT", port.as_str()),
-    ];
-    let mut watcher = chroot_command(
-        privilege,
-        rootfs,
-        &pod_env,
-        &["sync", "--watch", "-A", "-v", "1"],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("start the watcher in chroot");
-
-    let manifest = "apiVersion: portalloc.dev/v1alpha1\nkind: PortAllocation\nmetadata: {name: watched, namespace: default}\nspec:\n  pool: quickstart\n  roles:\n  - {name: worker, replicas: 2, ports: [{name: rpc, scope: PodScoped, env: RPC_PORT}]}\n";
-    let mut apply = kubectl(admin)
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    use std::io::Write as _;
-    apply
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(manifest.as_bytes())
-        .unwrap();
-    assert!(apply.wait().unwrap().success());
-    let ready = until_kubectl(
-        admin,
-        &[
-            "get",
-            "portallocation",
-            "watched",
-            "-n",
-            "default",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status} {.status.ports}",
-        ],
-        "True 2/2",
-    );
-    run_ok(
-        "kubectl delete",
-        kubectl(admin).args(["delete", "portallocation", "watched", "-n", "default"]),
-    );
-    // Only sglang-pd's 9 ports remain held.
-    let freed = until_kubectl(
-        admin,
-        &[
-            "get",
-            "portpool",
-            "quickstart",
-            "-o",
-            "jsonpath={.status.allocated}",
-        ],
-        "9",
-    );
-    eprintln!("image watcher: apply -> Ready in {ready:?}, delete -> freed in {freed:?}");
-
-    // SIGTERM ends it cleanly.
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(watcher.id() as i32, libc::SIGTERM) };
-    let status = watcher.wait().unwrap();
-    let mut log = String::new();
-    std::io::Read::read_to_string(&mut watcher.stderr.take().unwrap(), &mut log).unwrap();
-    assert!(status.success(), "watcher in chroot: {status}: {log}");
-    assert!(
-        log.contains("synced") && log.contains("deleted: ports freed"),
-        "{log}"
-    );
 }
