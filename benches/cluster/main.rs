@@ -169,7 +169,10 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
     rows.extend(duplicates(plane, &admin, scale).await?);
     eprintln!("2f: scale limits of one pool object");
     rows.extend(scale_limits(&admin, scale).await?);
-    eprintln!("2g: a burst of {} PortAllocations for the watcher", scale.burst);
+    eprintln!(
+        "2g: a burst of {} PortAllocations for the watcher",
+        scale.burst
+    );
     let (all_ready, created) = burst::watcher_burst(&admin, scale.burst).await?;
     rows.push(Row {
         id: "2g",
