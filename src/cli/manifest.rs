@@ -173,11 +173,11 @@ spec:
                 "no PortPool or PortAllocation found",
             ),
             (
-                GOOD.replace("kind: PortPool", "kind: PortPol"),
+                str::replace(GOOD, "kind: PortPool", "kind: PortPol"),
                 "document 1: kind \"PortPol\"",
             ),
             (
-                GOOD.replace("v1alpha1\nkind: PortPool", "v1\nkind: PortPool"),
+                str::replace(GOOD, "v1alpha1\nkind: PortPool", "v1\nkind: PortPool"),
                 "kind \"PortPool\" of apiVersion \"portalloc.dev/v1\"",
             ),
             (
@@ -185,16 +185,16 @@ spec:
                 "kind \"\" of apiVersion \"\"",
             ),
             (
-                GOOD.replace("replicas: 2", "replica: 2"),
+                str::replace(GOOD, "replicas: 2", "replica: 2"),
                 "document 2 (PortAllocation \"a\"): ",
             ),
             (
-                GOOD.replace("ranges:", "range:"),
+                str::replace(GOOD, "ranges:", "range:"),
                 "unknown field \"spec.range\"",
             ),
             ("a: [".to_string(), "not valid YAML"),
             (String::new(), "no PortPool or PortAllocation"),
-            (GOOD.replace("name: p}", "}"), "has no metadata.name"),
+            (str::replace(GOOD, "name: p}", "}"), "has no metadata.name"),
         ];
         for (text, expected) in cases {
             let err = parse_manifests("t", &text).unwrap_err();
@@ -209,7 +209,8 @@ spec:
 
     #[test]
     fn a_value_of_the_wrong_type_names_its_field() {
-        let err = parse_manifests("t", &GOOD.replace("replicas: 2", "replicas: two")).unwrap_err();
+        let err =
+            parse_manifests("t", &str::replace(GOOD, "replicas: 2", "replicas: two")).unwrap_err();
         assert!(
             err.message.ends_with(
                 "(PortAllocation \"a\"): spec.roles[0].replicas: invalid type: string \"two\", expected i32"
@@ -221,7 +222,7 @@ spec:
 
     #[test]
     fn misspelled_fields_are_refused_not_dropped() {
-        let text = GOOD.replace("env: HTTP_PORT", "env: HTTP_PORT, prot: 80");
+        let text = str::replace(GOOD, "env: HTTP_PORT", "env: HTTP_PORT, prot: 80");
         let err = parse_manifests("t", &text).unwrap_err();
         assert!(
             err.message
