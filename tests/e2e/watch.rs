@@ -309,6 +309,28 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
     let manifests =
         std::fs::read_to_string(support::repo_root().join("deploy/watcher.yaml")).unwrap();
     apply_yaml(&client, &manifests, None).await;
+    // The Argo CD PostSync hook runs as the same account: the API server accepts its Job.
+    let hook =
+        std::fs::read_to_string(support::repo_root().join("deploy/argocd-postsync-job.yaml"))
+            .unwrap();
+    let job: kube::api::DynamicObject = serde_yaml::from_str(&hook).unwrap();
+    let jobs: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "portalloc-system",
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("batch", "v1", "Job")),
+    );
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let accepted = jobs
+        .create(&dry_run, &job)
+        .await
+        .expect("the hook Job is valid");
+    assert_eq!(
+        accepted.data["spec"]["template"]["spec"]["serviceAccountName"],
+        "portalloc-watcher"
+    );
     let kubeconfig = dir.path().join("watcher");
     service_account_kubeconfig(
         &client,
