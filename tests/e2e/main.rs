@@ -11,6 +11,7 @@ mod crd_validation;
 mod examples;
 mod faults;
 mod health;
+mod import;
 mod rbac;
 mod repair;
 mod restart;
