@@ -42,7 +42,13 @@ pub fn run(args: ImportArgs) -> anyhow::Result<()> {
                 format!("{}: document {}: not valid YAML: {e}", args.file, index + 1),
             )
         })?;
-        if value.is_null() || !value.to_string().contains(RBG_ANNOTATION) {
+        // Any RBG port directive (port-allocator or component-discovery) makes a document
+        // worth importing; the import names what it cannot translate.
+        if value.is_null()
+            || !value
+                .to_string()
+                .contains("rolebasedgroup.workloads.x-k8s.io/")
+        {
             continue;
         }
         let imported = import_rbg(&value, &args.pool)

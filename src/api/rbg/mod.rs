@@ -325,7 +325,16 @@ fn resolve_references(
             ));
         };
         let from = match request.scope {
-            Scope::RoleScoped => format!("{}.{port}", target_role.name),
+            Scope::RoleScoped => {
+                if shape.v1alpha2 && matches!(p.target, Target::From(_)) {
+                    notes.push(format!(
+                        "{}: {} names RoleScoped port {}.{port}, which RBG's port-allocator does not resolve \
+                         (it looks up PodScoped ports only); here it reads the shared port",
+                        p.field, p.env, target_role.name
+                    ));
+                }
+                format!("{}.{port}", target_role.name)
+            }
             Scope::PodScoped if target_role.replicas == 1 && index == 0 => {
                 format!("{}.{port}", target_role.name)
             }

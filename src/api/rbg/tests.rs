@@ -349,3 +349,29 @@ fn v1alpha2_bad_inputs_name_the_field_path() {
         "spec.roles[0].standalonePattern.templateRef.name"
     );
 }
+
+#[test]
+fn v1alpha2_reference_to_a_role_scoped_port_is_translated_with_a_note() {
+    let mut object = fixture("v1alpha2-pd.yaml");
+    set_worker_annotation(
+        &mut object,
+        RBG_ANNOTATION,
+        json!({"allocations": [{"name": "grpc", "env": "WORKER_GRPC_PORT"}], "references": [{"env": "BOOT", "from": "prefill.leader.bootstrap"}]}),
+    );
+    let imported = import_rbg(&object, "p").unwrap();
+    let worker = role(&imported, "prefill-worker");
+    assert_eq!(reference(worker, "BOOT"), "prefill-leader.bootstrap");
+    assert!(
+        has_note(
+            &imported,
+            "BOOT names RoleScoped port prefill-leader.bootstrap"
+        ),
+        "{:?}",
+        imported.notes
+    );
+    assert!(
+        !has_note(&imported, "has 1 instances"),
+        "one instance needs no group note: {:?}",
+        imported.notes
+    );
+}
