@@ -264,6 +264,8 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
         sync.code == 0 || sync.code == 4,
         "sync --all -A after repair: {sync}"
     );
+    // Shown only if an assertion below fails: which objects sync refused, and why.
+    eprintln!("sync --all -A after repair: {sync}");
 
     // Now exact: each pool's holders are the union of the live holdings, no port twice anywhere.
     let mut held_ports = 0;
