@@ -3,6 +3,7 @@
 //! (503 before). Plain HTTP/1.1 on one port, which is all kubelet's probes need.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -21,9 +22,23 @@ pub async fn serve(address: SocketAddr, readiness: Readiness) -> std::io::Result
             };
             let readiness = readiness.clone();
             tokio::spawn(async move {
-                let mut request = [0u8; 1024];
-                let read = stream.read(&mut request).await.unwrap_or(0);
-                let line = String::from_utf8_lossy(&request[..read]);
+                // Read the whole request head: it may arrive in several segments, and closing
+                // with unread bytes would reset the connection under the client's feet.
+                let mut request = Vec::with_capacity(512);
+                let mut chunk = [0u8; 512];
+                let head = tokio::time::timeout(Duration::from_secs(5), async {
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => request.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                })
+                .await;
+                if head.is_err() {
+                    return;
+                }
+                let line = String::from_utf8_lossy(&request);
                 let path = line.split_whitespace().nth(1).unwrap_or_default();
                 let (status, body) = match path {
                     "/healthz" | "/livez" => ("200 OK", "ok\n"),

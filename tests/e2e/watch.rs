@@ -97,7 +97,8 @@ impl WatcherProcess {
 
     fn probe(&self, path: &str) -> Option<u16> {
         let mut stream = TcpStream::connect(("127.0.0.1", self.probes)).ok()?;
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+        stream.write_all(request.as_bytes()).ok()?;
         let mut answer = String::new();
         stream.read_to_string(&mut answer).ok()?;
         answer.split_whitespace().nth(1)?.parse().ok()
