@@ -164,10 +164,13 @@ pub fn allocation(
                         scope: Scope::PodScoped,
                         env: format!("P{p}_PORT"),
                         port: None,
+                        ..Default::default()
                     })
                     .collect(),
                 references: vec![],
+                ..Default::default()
             }],
+            ..Default::default()
         },
     );
     pa.metadata.namespace = Some(namespace.into());

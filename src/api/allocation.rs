@@ -5,12 +5,14 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::{ConfigMapTarget, Workload};
+
 /// Upper bound on replicas of one role: keeps one PortAllocation's holdings (and the pool write
 /// that carries them) small enough for a single compare-and-swap.
 pub const MAX_REPLICAS: i32 = 1024;
 
 /// The ports a group of roles needs. Allocated client-side by `kubectl portalloc create|sync`.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "portalloc.dev",
     version = "v1alpha1",
@@ -39,15 +41,27 @@ pub struct PortAllocationSpec {
     )]
     pub pool: String,
 
+    /// How many groups of this shape there are (a LeaderWorkerSet's `replicas`, a
+    /// RoleBasedGroup's replicas). Every role has `replicas` pods in each group, and a pod's
+    /// references resolve inside its own group. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub groups: Option<i32>,
+
     /// The roles of the workload, each with its replicas and ports. Role names are unique.
     #[schemars(length(min = 1, max = 32))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub roles: Vec<Role>,
+
+    /// The ConfigMap holding one env file per pod (`<pod-name>.env`), kept up to date by
+    /// `create`, `sync` and `sync --watch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapTarget>,
 }
 
 /// One role of a workload: `replicas` pods that share RoleScoped ports and each get their own
 /// PodScoped ports.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(env_names_unique()).message("env names must be unique within a role, across its ports and references"))]
 pub struct Role {
@@ -55,9 +69,14 @@ pub struct Role {
     #[schemars(length(min = 1, max = 63), regex(pattern = super::DNS_LABEL))]
     pub name: String,
 
-    /// How many pods this role has; pods are addressed by index 0..replicas-1.
+    /// How many pods this role has (in each group); pods are addressed by index
+    /// 0..replicas-1.
     #[schemars(range(min = 0, max = 1024))]
     pub replicas: i32,
+
+    /// The workload running this role's pods, which names them and gives them addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<Workload>,
 
     /// Ports this role needs. Port names are unique within the role.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -78,7 +97,7 @@ fn env_names_unique() -> &'static str {
 }
 
 /// One named port of a role.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.port) || self.scope == 'RoleScoped'").message("a requested port must be RoleScoped: one fixed port cannot be unique per pod").field_path(".port"))]
 pub struct PortRequest {
@@ -95,10 +114,27 @@ pub struct PortRequest {
     #[schemars(length(min = 1, max = 128), regex(pattern = super::ENV_NAME))]
     pub env: String,
 
-    /// A requested (fixed) port. Omit it to have one chosen automatically.
+    /// A requested (fixed) port. Omit it to have one chosen automatically. For a block, its
+    /// first port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<i32>,
+
+    /// A contiguous block of this many ports (e.g. Ray's worker ports, NIXL's side channel per
+    /// rank); `env` carries the first. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub count: Option<i32>,
+
+    /// For a block: the environment variable that carries its last port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), regex(pattern = super::ENV_NAME))]
+    pub last_env: Option<String>,
+
+    /// For a block: the environment variable that carries it as `first-last`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), regex(pattern = super::ENV_NAME))]
+    pub range_env: Option<String>,
 }
 
 /// Whether a port is shared by the role's pods or unique to each pod.
@@ -120,22 +156,37 @@ impl std::fmt::Display for Scope {
     }
 }
 
-/// An environment variable whose value is another role's port.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// An environment variable whose value comes from another role's ports or pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.format) || !self.from.contains('.')").message("format applies to pod references (role, role[i], role[*]); a port reference (role.port) is the port itself").field_path(".format"))]
 pub struct PortReference {
     /// The environment variable to set, e.g. `ROUTER_PORT`.
     #[schemars(length(min = 1, max = 128), regex(pattern = super::ENV_NAME))]
     pub env: String,
 
-    /// `role.port` (a RoleScoped port, or a PodScoped port of a one-replica role),
-    /// `role.port[i]` (pod i's port) or `role.port[*]` (all pods' ports, comma-separated).
-    #[schemars(length(min = 3, max = 140))]
-    #[x_kube(validation = Rule::new(REFERENCE_SYNTAX_RULE).message("must be role.port, role.port[i] or role.port[*], e.g. prefill.bootstrap[*]"))]
+    /// Ports: `role.port` (a RoleScoped port, or a PodScoped port of a one-replica role),
+    /// `role.port[i]` (pod i's port) or `role.port[*]` (all pods' ports, joined).
+    /// Pods: `role`, `role[i]` or `role[*]`, each written with `format`.
+    /// With groups, pods and ports are those of the referencing pod's own group.
+    #[schemars(length(min = 1, max = 140))]
+    #[x_kube(validation = Rule::new(REFERENCE_SYNTAX_RULE).message("must be role.port, role.port[i], role.port[*], role, role[i] or role[*], e.g. prefill.bootstrap[*]"))]
     pub from: String,
+
+    /// How each pod of a pod reference is written: `{address}`, `{pod}`, `{index}`,
+    /// `{<port>}` (that pod's port; a block's first), `{<port>.last}`, `{<port>.range}`.
+    /// Default `{address}`. E.g. `--prefill http://{address}:{http} {bootstrap}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub format: Option<String>,
+
+    /// What goes between the values of a `[*]` reference. Default `,`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub join: Option<String>,
 }
 
-const REFERENCE_SYNTAX_RULE: &str = r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?[.][a-z]([-a-z0-9]*[a-z0-9])?(\\[([0-9]+|\\*)\\])?$')";
+const REFERENCE_SYNTAX_RULE: &str = r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?([.][a-z]([-a-z0-9]*[a-z0-9])?)?(\\[([0-9]+|\\*)\\])?$')";
 
 /// Observed state, written by the allocator after the pool write that commits the ports.
 ///
@@ -198,13 +249,17 @@ impl std::fmt::Display for Phase {
 }
 
 /// The ports allocated to one (role, port) pair.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PortAssignment {
     pub role: String,
     pub port: String,
     pub scope: Scope,
     pub env: String,
-    /// One value for RoleScoped, one per pod index for PodScoped.
+    /// One value per group for RoleScoped, one per pod for PodScoped (pod `g * replicas + i`
+    /// is pod i of group g). For a block, its first port.
     pub values: Vec<i32>,
+    /// Ports per block, when more than one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<i32>,
 }

@@ -8,6 +8,7 @@ pub fn port(name: &str, scope: Scope, env: &str) -> PortRequest {
         scope,
         env: env.into(),
         port: None,
+        ..Default::default()
     }
 }
 
@@ -17,6 +18,7 @@ pub fn role(name: &str, replicas: i32, ports: Vec<PortRequest>) -> Role {
         replicas,
         ports,
         references: vec![],
+        ..Default::default()
     }
 }
 
@@ -24,6 +26,7 @@ pub fn reference(env: &str, from: &str) -> PortReference {
     PortReference {
         env: env.into(),
         from: from.into(),
+        ..Default::default()
     }
 }
 

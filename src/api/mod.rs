@@ -13,6 +13,7 @@ mod rbg;
 mod resolve;
 mod static_band;
 mod validate;
+mod workload;
 
 pub use allocation::*;
 pub use pool::*;
@@ -21,6 +22,7 @@ pub use rbg::{ImportError, Imported, RBG_ANNOTATION, import_rbg};
 pub use resolve::{EnvVar, ResolveError, index_from_pod_name};
 pub use static_band::StaticBandSetting;
 pub use validate::SpecError;
+pub use workload::{ConfigMapTarget, LwsMember, Workload, WorkloadKind};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

@@ -267,6 +267,7 @@ mod tests {
             scope,
             env: String::new(),
             values: values.to_vec(),
+            ..Default::default()
         }
     }
 
@@ -285,6 +286,7 @@ mod tests {
             PortAllocationSpec {
                 pool: "p".into(),
                 roles,
+                ..Default::default()
             },
         );
         pa.metadata.namespace = Some("llm".into());

@@ -313,6 +313,7 @@ mod tests {
         PortAllocationSpec {
             pool: "default".into(),
             roles: pd_roles(2, 1),
+            ..Default::default()
         }
     }
 
@@ -321,6 +322,7 @@ mod tests {
         spec.roles[2].references.push(PortReference {
             env: "REF".into(),
             from: from.into(),
+            ..Default::default()
         });
         spec
     }

@@ -58,6 +58,7 @@ pub fn allocation_status(
                     scope: port.scope,
                     env: port.env.clone(),
                     values,
+                    ..Default::default()
                 });
             }
         }
@@ -180,16 +181,20 @@ mod tests {
                             scope: Scope::PodScoped,
                             env: "HTTP".into(),
                             port: None,
+                            ..Default::default()
                         },
                         PortRequest {
                             name: "admin".into(),
                             scope: Scope::RoleScoped,
                             env: "ADMIN".into(),
                             port: None,
+                            ..Default::default()
                         },
                     ],
                     references: vec![],
+                    ..Default::default()
                 }],
+                ..Default::default()
             },
         );
         pa.metadata.generation = Some(3);

@@ -66,9 +66,12 @@ fn pa(
                     scope: Scope::PodScoped,
                     env: "HTTP".into(),
                     port: None,
+                    ..Default::default()
                 }],
                 references: vec![],
+                ..Default::default()
             }],
+            ..Default::default()
         },
     );
     pa.metadata.namespace = Some("ns".into());

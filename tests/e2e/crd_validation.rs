@@ -262,16 +262,16 @@ async fn invalid_manifests_are_rejected_by_the_api_server() {
             &["spec.roles[0].ports[1]", "Duplicate value"],
         ),
         (
-            "reference without a port",
+            "reference with an empty port name",
             allocation(
                 "ref-short",
                 one_role(role(
-                    json!({"references": [{"env": "LEADER", "from": "leader"}]}),
+                    json!({"references": [{"env": "LEADER", "from": "leader."}]}),
                 )),
             ),
             &[
                 "spec.roles[0].references[0].from",
-                "must be role.port, role.port[i] or role.port[*]",
+                "must be role.port, role.port[i], role.port[*], role, role[i] or role[*]",
             ],
         ),
         (
@@ -284,8 +284,44 @@ async fn invalid_manifests_are_rejected_by_the_api_server() {
             ),
             &[
                 "spec.roles[0].references[0].from",
-                "must be role.port, role.port[i] or role.port[*]",
+                "must be role.port, role.port[i], role.port[*], role, role[i] or role[*]",
             ],
+        ),
+        (
+            "format on a port reference",
+            allocation(
+                "ref-format",
+                one_role(role(
+                    json!({"references": [{"env": "L", "from": "leader.http", "format": "{address}"}]}),
+                )),
+            ),
+            &[
+                "spec.roles[0].references[0].format",
+                "format applies to pod references",
+            ],
+        ),
+        (
+            "LeaderWorkerSet role without member",
+            allocation(
+                "lws-member",
+                one_role(role(
+                    json!({"workload": {"kind": "LeaderWorkerSet", "name": "sglang"}}),
+                )),
+            ),
+            &[
+                "spec.roles[0].workload.member",
+                "member (Leader or Workers) is required",
+            ],
+        ),
+        (
+            "port block too large",
+            allocation(
+                "block",
+                one_role(role(
+                    json!({"ports": [{"name": "w", "env": "W", "count": 5000}]}),
+                )),
+            ),
+            &["spec.roles[0].ports[0].count", "1024"],
         ),
         (
             "role name with capitals",

@@ -382,6 +382,7 @@ async fn a_failed_sync_stops_claiming_ports_the_pool_no_longer_gives() {
             scope: portalloc::api::Scope::RoleScoped,
             env: "ADMIN_PORT".into(),
             port: Some(i32::from(port)),
+            ..Default::default()
         });
     api.replace("a", &PostParams::default(), &changed)
         .await

@@ -111,6 +111,7 @@ pub fn import_rbg(object: &Value, pool: &str) -> Result<Imported, ImportError> {
         PortAllocationSpec {
             pool: pool.to_string(),
             roles,
+            ..Default::default()
         },
     );
     allocation.metadata.namespace = object["metadata"]["namespace"].as_str().map(str::to_string);
@@ -167,6 +168,7 @@ fn translate(object: &Value) -> Result<(Vec<Role>, Vec<String>), Failure> {
                 replicas: pods as i32,
                 ports: Vec::new(),
                 references: Vec::new(),
+                ..Default::default()
             };
             for (key, annotation) in &component.annotations {
                 let field = &annotation.field;
@@ -185,6 +187,7 @@ fn translate(object: &Value) -> Result<(Vec<Role>, Vec<String>), Failure> {
                             scope: allocation.scope,
                             env: allocation.env,
                             port: None,
+                            ..Default::default()
                         });
                     }
                     for reference in config.references {
@@ -355,9 +358,11 @@ fn resolve_references(
                 None => grouped.push((p.rbg_role, vec![p.env.clone()])),
             }
         }
-        roles[p.role]
-            .references
-            .push(PortReference { env: p.env, from });
+        roles[p.role].references.push(PortReference {
+            env: p.env,
+            from,
+            ..Default::default()
+        });
     }
     for (r, envs) in grouped {
         let role = &shape.roles[r];
