@@ -5,6 +5,7 @@
 //! checked-in YAML drifts.
 
 mod allocation;
+mod env_file;
 #[cfg(test)]
 mod fixtures;
 mod pool;
@@ -16,6 +17,7 @@ mod validate;
 mod workload;
 
 pub use allocation::*;
+pub use env_file::{ALLOCATION_LABEL, env_configmap, env_lines};
 pub use pool::*;
 pub use port_range_text::PortRangeText;
 pub use rbg::{ImportError, Imported, RBG_ANNOTATION, import_rbg};

@@ -6,10 +6,9 @@ use std::io::Write;
 use clap::Args;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kube::api::ObjectMeta;
 
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::api::{EnvVar, PortAllocation, index_from_pod_name};
+use crate::api::{EnvVar, env_configmap, env_lines, index_from_pod_name};
 use crate::k8s;
 use crate::k8s::get_allocation;
 
@@ -89,7 +88,8 @@ pub async fn run(global: &GlobalArgs, args: ResolveArgs) -> anyhow::Result<()> {
         let all = pa.resolve_all().map_err(invalid)?;
         return match args.output {
             EnvFormat::Configmap => {
-                let configmap = env_configmap(&pa, &all, args.configmap_name.as_deref());
+                let configmap =
+                    env_configmap(&pa, args.configmap_name.as_deref()).map_err(invalid)?;
                 if args.apply {
                     apply_configmap(&session, &configmap).await
                 } else {
@@ -152,48 +152,16 @@ fn print_structured<T: serde::Serialize>(format: EnvFormat, value: &T) -> anyhow
     Ok(())
 }
 
-/// `KEY=VALUE` lines, or `export KEY=VALUE` for a shell. Values are digits and commas, so no
-/// quoting is needed.
-pub fn env_file(env: &[EnvVar], format: EnvFormat) -> String {
-    let prefix = if format == EnvFormat::Export {
-        "export "
-    } else {
-        ""
-    };
-    env.iter()
-        .map(|e| format!("{prefix}{}={}\n", e.name, e.value))
-        .collect()
-}
-
-/// A ConfigMap with one `<role>-<index>.env` key per pod, owned by the PortAllocation so it goes
-/// away with it (where a garbage collector runs).
-pub fn env_configmap(
-    pa: &PortAllocation,
-    all: &BTreeMap<String, Vec<EnvVar>>,
-    name: Option<&str>,
-) -> ConfigMap {
-    let name = name
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("{}-ports", pa.name_any()));
-    let data = all
-        .iter()
-        .map(|(pod, env)| (format!("{pod}.env"), env_file(env, EnvFormat::Env)))
-        .collect();
-    let owner = kube::Resource::controller_owner_ref(pa, &());
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: pa.namespace(),
-            labels: Some(BTreeMap::from([(
-                "portalloc.dev/allocation".to_string(),
-                pa.name_any(),
-            )])),
-            owner_references: owner.map(|o| vec![o]),
-            ..Default::default()
+/// `KEY=VALUE` lines, or `export KEY=VALUE` for a shell.
+fn env_file(env: &[EnvVar], format: EnvFormat) -> String {
+    env_lines(
+        env,
+        if format == EnvFormat::Export {
+            "export "
+        } else {
+            ""
         },
-        data: Some(data),
-        ..Default::default()
-    }
+    )
 }
 
 async fn apply_configmap(session: &Session, configmap: &ConfigMap) -> anyhow::Result<()> {
