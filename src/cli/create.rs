@@ -5,8 +5,8 @@ use kube::ResourceExt;
 
 use super::manifest::{Manifest, read_manifests};
 use super::output::{OutputFormat, print_names, print_objects};
-use super::report::print_report;
-use super::{CliError, Exit, GlobalArgs, Session};
+use super::report::{print_report, take_configmap_error};
+use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
 use crate::api::PortAllocation;
 use crate::k8s::{self, Applied};
 use crate::ledger::owner_of;
@@ -72,8 +72,12 @@ pub async fn run(global: &GlobalArgs, args: CreateArgs) -> anyhow::Result<()> {
         println!("portpool.portalloc.dev/{name} {verb}");
     }
     let mut results = Vec::new();
+    // ConfigMaps that could not follow their allocation: the ports are held, the others go on,
+    // and the command fails at the end.
+    let mut configmap_errors = Vec::new();
     for pa in allocations {
-        let report = k8s::apply_allocation(&session.allocator, &session.client, pa).await?;
+        let mut report = k8s::apply_allocation(&session.allocator, &session.client, pa).await?;
+        configmap_errors.extend(take_configmap_error(&mut report).map(anyhow::Error::from));
         if args.output.is_none() {
             print_report(&report, session.verbosity);
         }
@@ -81,13 +85,27 @@ pub async fn run(global: &GlobalArgs, args: CreateArgs) -> anyhow::Result<()> {
     }
     match args.output {
         Some(format @ (OutputFormat::Json | OutputFormat::Yaml)) => {
-            print_objects(&results, format, results.len() == 1)
+            print_objects(&results, format, results.len() == 1)?
         }
         Some(OutputFormat::Name) => print_names(
             "portallocation.portalloc.dev",
             results.iter().map(|pa| pa.name_any()),
-        ),
-        _ => Ok(()),
+        )?,
+        _ => {}
+    }
+    match configmap_errors.len() {
+        0 => Ok(()),
+        1 => Err(configmap_errors.remove(0)),
+        n => {
+            for e in &configmap_errors {
+                eprintln!("error: {}", render_error(e));
+            }
+            Err(CliError::new(
+                exit_for(&configmap_errors[0]),
+                format!("{n} ConfigMaps could not be written (see above); the ports are held"),
+            )
+            .into())
+        }
     }
 }
 

@@ -2,8 +2,10 @@
 
 use std::process::ExitCode;
 
+use crate::api::ResolveError;
 use crate::k8s::{
-    AllocateError, ApiErrorKind, ApplyError, DeleteError, KubeError, PoolError, RepairError,
+    AllocateError, ApiErrorKind, ApplyError, ConfigMapError, DeleteError, KubeError, PoolError,
+    RepairError,
 };
 use crate::ledger::Refusal;
 
@@ -95,6 +97,19 @@ pub fn exit_for(err: &anyhow::Error) -> Exit {
                 RepairError::Kube(e) => kube_exit(e),
                 RepairError::PoolSpec { .. } => Exit::Invalid,
                 RepairError::Exhausted { .. } => Exit::Unavailable,
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<ConfigMapError>() {
+            // As `resolve` exits: an env not allocated yet is refused, a bad one invalid; a
+            // Forbidden is 5 like every other.
+            return match e {
+                ConfigMapError::Unresolved {
+                    source: ResolveError::NotAllocated { .. },
+                    ..
+                }
+                | ConfigMapError::Foreign { .. } => Exit::Refused,
+                ConfigMapError::Unresolved { .. } => Exit::Invalid,
+                ConfigMapError::Kube { source, .. } => kube_exit(source),
             };
         }
         if let Some(e) = cause.downcast_ref::<KubeError>() {

@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::report::print_report;
+use super::report::{print_report, take_configmap_error};
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::k8s::get_allocation;
 use crate::ledger::{owner_of, recorded_holdings};
@@ -45,7 +45,12 @@ pub async fn run(global: &GlobalArgs, args: ReleaseArgs) -> anyhow::Result<()> {
             .into());
         }
     }
-    let report = session.allocator.release(pa, args.role).await?;
+    let mut report = session.allocator.release(pa, args.role).await?;
+    let configmap_error = take_configmap_error(&mut report);
     print_report(&report, session.verbosity);
-    Ok(())
+    // The ports are released either way; a ConfigMap that could not follow fails the command.
+    match configmap_error {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
 }

@@ -8,7 +8,7 @@ use clap::Args;
 use kube::ResourceExt;
 
 use super::output::{OutputFormat, print_names, print_objects};
-use super::report::print_report;
+use super::report::{print_report, take_configmap_error};
 use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
 use crate::k8s::{self, Readiness, WatchOptions, get_allocation, list_allocations};
 
@@ -75,11 +75,20 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
     let mut synced = Vec::new();
     for pa in targets {
         match session.allocator.sync_or_record(pa, None).await {
-            Ok(report) => {
+            Ok(mut report) => {
+                let configmap_error = take_configmap_error(&mut report);
                 if args.output.is_none() {
                     print_report(&report, session.verbosity);
                 }
                 synced.push(report.allocation);
+                // Its ports are synced either way; the ConfigMap failure still fails the run.
+                if let Some(e) = configmap_error {
+                    let e = anyhow::Error::from(e);
+                    if total > 1 {
+                        eprintln!("error: {}", render_error(&e));
+                    }
+                    failures.push(e);
+                }
             }
             Err(e) => {
                 let e = anyhow::Error::from(e);

@@ -7,12 +7,17 @@
 //! committed pool entry, so a client killed between the two writes leaves a state the next sync
 //! completes without moving any port: the decision against the pool is then "unchanged" and
 //! only the status is written.
+//!
+//! After both, the ConfigMap the PortAllocation names (`spec.configMap`) is brought in line with
+//! the status just written (see [`super::configmaps`]). It follows the allocation and never
+//! undoes it: its outcome, good or bad, is part of the [`SyncReport`].
 
 use std::fmt;
 
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
+use super::configmaps::{ConfigMapError, EnvConfigMap, keep_env_configmap};
 use super::error::{KubeError, Target, is_unknown_resource};
 use super::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOL_STATUS, POOLS};
 use super::retry::{Attempts, Exhausted, RetryPolicy, Stop};
@@ -60,7 +65,7 @@ impl AllocateError {
 }
 
 /// What one sync or release did.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct SyncReport {
     pub namespace: String,
     pub name: String,
@@ -73,6 +78,9 @@ pub struct SyncReport {
     pub pool_written: bool,
     pub status_written: bool,
     pub allocation: PortAllocation,
+    /// What keeping its ConfigMap did; `None` when the spec names none. A failure here leaves
+    /// the ports allocated and the status written.
+    pub configmap: Option<Result<EnvConfigMap, ConfigMapError>>,
 }
 
 /// What the pool step committed.
@@ -133,6 +141,16 @@ impl Allocator {
         role: Option<String>,
     ) -> Result<SyncReport, AllocateError> {
         self.converge(pa, None, Operation::Release { role }).await
+    }
+
+    /// Bring the ConfigMap `pa` names in line with its spec and status, alone: for an object
+    /// whose ports need nothing (the watcher's resync), so a ConfigMap deleted or edited by hand
+    /// comes back. `None` when it names none.
+    pub async fn keep_configmap(
+        &self,
+        pa: &PortAllocation,
+    ) -> Option<Result<EnvConfigMap, ConfigMapError>> {
+        keep_env_configmap(&self.client, pa, false).await
     }
 
     /// Remove a holder from a pool entirely, after its PortAllocation is gone.
@@ -254,9 +272,12 @@ impl Allocator {
                 pool_written,
                 status_written,
                 allocation: pa,
+                configmap: None,
             };
+            let is_release = matches!(operation, Operation::Release { .. });
             if pa.status.as_ref() == Some(&status) {
-                return Ok(report(pa, &attempts, false));
+                let report = report(pa, &attempts, false);
+                return Ok(self.with_configmap(report, is_release).await);
             }
             let mut updated = pa.clone();
             updated.status = Some(status);
@@ -265,7 +286,10 @@ impl Allocator {
                 .replace_status(&name, &PostParams::default(), &updated)
                 .await
             {
-                Ok(written) => return Ok(report(written, &attempts, true)),
+                Ok(written) => {
+                    let report = report(written, &attempts, true);
+                    return Ok(self.with_configmap(report, is_release).await);
+                }
                 Err(e) => {
                     let target = ALLOCATION_STATUS.on("update", &name, Some(&namespace));
                     self.backoff(&mut attempts, e, target, &label, &pool_name, &owner)
@@ -281,6 +305,13 @@ impl Allocator {
                 }
             }
         }
+    }
+
+    /// Keep the ConfigMap of the PortAllocation as the report leaves it (spec and the status
+    /// just written).
+    async fn with_configmap(&self, mut report: SyncReport, released: bool) -> SyncReport {
+        report.configmap = keep_env_configmap(&self.client, &report.allocation, released).await;
+        report
     }
 
     /// The compare-and-swap loop on the pool object.

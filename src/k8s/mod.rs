@@ -21,7 +21,7 @@ pub use allocations::{
 };
 pub use allocator::{AllocateError, Allocator, SyncReport};
 pub use client::{ClientOptions, connect};
-pub use configmaps::apply_configmap;
+pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};
 pub use crds::install_crds;
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
 pub use pools::{

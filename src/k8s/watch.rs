@@ -3,7 +3,9 @@
 //! Three things run side by side:
 //! - a kube-runtime controller over PortAllocations: on create, on a spec change and every
 //!   `resync`, it syncs the object exactly as `kubectl portalloc sync` does (lasting refusals are
-//!   recorded on the object and tried again at the next resync);
+//!   recorded on the object and tried again at the next resync); an object whose ports need
+//!   nothing still has its ConfigMap (`spec.configMap`) checked, so one deleted or edited by hand
+//!   is written again at the next resync at the latest;
 //! - a watch of deletions: a deleted PortAllocation's pool entry is freed at once;
 //! - with every namespace in view, a repair pass at start, after each relist of the deletion watch
 //!   and every `resync`: it frees entries whose owner UID no longer exists (deletions missed
@@ -28,6 +30,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
 use super::allocator::{AllocateError, Allocator};
+use super::configmaps::{Change, ConfigMapError, EnvConfigMap};
 use super::error::{ApiErrorKind, KubeError, Target};
 use super::repair::Repairer;
 use crate::api::PortAllocation;
@@ -66,31 +69,42 @@ struct Context {
 /// Why one reconciliation failed in a way worth retrying soon (transport trouble, conflicts
 /// beyond the budget); lasting refusals are not errors here, they wait for the next resync.
 #[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-struct Retriable(AllocateError);
+enum Retriable {
+    #[error(transparent)]
+    Allocate(AllocateError),
+    #[error(transparent)]
+    ConfigMap(Box<ConfigMapError>),
+}
 
-/// What the watcher needs to be allowed: (verb, resource, subresource), all in portalloc.dev.
-const NEEDED: [(&str, &str, &str); 7] = [
-    ("list", "portallocations", ""),
-    ("watch", "portallocations", ""),
-    ("update", "portallocations", "status"),
-    ("get", "portpools", ""),
-    ("list", "portpools", ""),
-    ("update", "portpools", "status"),
+const PORTALLOC: &str = crate::api::GROUP;
+
+/// What the watcher needs to be allowed: (verb, API group, resource, subresource).
+const NEEDED: [(&str, &str, &str, &str); 10] = [
+    ("list", PORTALLOC, "portallocations", ""),
+    ("watch", PORTALLOC, "portallocations", ""),
+    ("update", PORTALLOC, "portallocations", "status"),
+    ("get", PORTALLOC, "portpools", ""),
+    ("list", PORTALLOC, "portpools", ""),
+    ("update", PORTALLOC, "portpools", "status"),
     // The tenancy policy lets a holder entry change only for those who may update
     // PortAllocations in its namespace.
-    ("update", "portallocations", ""),
+    ("update", PORTALLOC, "portallocations", ""),
+    // The ConfigMaps named by spec.configMap: read to compare, then server-side applied (an
+    // apply that creates the object needs create as well as patch).
+    ("get", "", "configmaps", ""),
+    ("create", "", "configmaps", ""),
+    ("patch", "", "configmaps", ""),
 ];
 
 /// Ask the API server (SelfSubjectAccessReview) whether this identity may do everything the
 /// watcher does, so a missing binding is one clear error at start, not retries forever.
 pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), KubeError> {
     let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    for (verb, resource, subresource) in NEEDED {
+    for (verb, group, resource, subresource) in NEEDED {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
-                    group: Some(crate::api::GROUP.to_string()),
+                    group: Some(group.to_string()),
                     resource: Some(resource.to_string()),
                     subresource: (!subresource.is_empty()).then(|| subresource.to_string()),
                     verb: Some(verb.to_string()),
@@ -111,16 +125,25 @@ pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<()
             .await
             .map_err(|e| KubeError::from_kube(e, target))?;
         if !answer.status.is_some_and(|s| s.allowed) {
+            let qualified = match group {
+                "" => resource.to_string(),
+                group => format!("{resource}.{group}"),
+            };
             let plural = match subresource {
-                "" => format!("{resource}.{}", crate::api::GROUP),
-                sub => format!("{resource}.{}/{sub}", crate::api::GROUP),
+                "" => qualified,
+                sub => format!("{qualified}/{sub}"),
+            };
+            let kind = match resource {
+                "configmaps" => "ConfigMap",
+                "portpools" => "PortPool",
+                _ => "PortAllocation",
             };
             return Err(KubeError::new(
                 ApiErrorKind::Forbidden,
                 Target {
                     verb,
                     resource: plural,
-                    kind: "PortAllocation",
+                    kind,
                     name: None,
                     namespace: namespace.map(str::to_string),
                 },
@@ -192,12 +215,18 @@ pub async fn watch(
 
 async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action, Retriable> {
     let requeue = Action::requeue(ctx.resync);
-    if pa.metadata.deletion_timestamp.is_some() || is_current(&pa) {
+    if pa.metadata.deletion_timestamp.is_some() {
         return Ok(requeue);
     }
     let owner = owner_of(&pa);
+    if is_current(&pa) {
+        // The ports need nothing, the ConfigMap may (deleted or edited by hand, or an earlier
+        // write failed): one read, and a write only if it differs.
+        let outcome = ctx.allocator.keep_configmap(&pa).await;
+        return configmap_outcome(&owner, outcome, requeue);
+    }
     match ctx.allocator.sync_or_record((*pa).clone(), None).await {
-        Ok(report) => {
+        Ok(mut report) => {
             tracing::info!(
                 allocation = %owner,
                 pool = %report.pool,
@@ -207,13 +236,37 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
                 conflicts = report.conflicts,
                 "synced"
             );
-            Ok(requeue)
+            configmap_outcome(&owner, report.configmap.take(), requeue)
         }
         Err(AllocateError::Refused(refusal)) => {
             tracing::warn!(allocation = %owner, reason = %refusal.reason(), "{refusal}");
             Ok(requeue)
         }
-        Err(e) => Err(Retriable(e)),
+        Err(e) => Err(Retriable::Allocate(e)),
+    }
+}
+
+/// Log what keeping the ConfigMap did. Transport trouble is retried soon; a lasting failure
+/// (an env that does not resolve, Forbidden, a name another object controls) waits for the
+/// next resync, as refusals do.
+fn configmap_outcome(
+    owner: &str,
+    outcome: Option<Result<EnvConfigMap, ConfigMapError>>,
+    requeue: Action,
+) -> Result<Action, Retriable> {
+    match outcome {
+        None => Ok(requeue),
+        Some(Ok(configmap)) => {
+            if configmap.change != Change::Unchanged {
+                tracing::info!(allocation = %owner, "{configmap}");
+            }
+            Ok(requeue)
+        }
+        Some(Err(e)) if e.is_transient() => Err(Retriable::ConfigMap(Box::new(e))),
+        Some(Err(e)) => {
+            tracing::warn!(allocation = %owner, "{e}");
+            Ok(requeue)
+        }
     }
 }
 

@@ -6,6 +6,7 @@ mod support;
 mod allocation;
 mod bad_input;
 mod concurrency;
+mod configmap;
 mod crash;
 mod crd_validation;
 mod examples;

@@ -406,3 +406,123 @@ async fn the_tenancy_policy_confines_each_tenant_to_its_own_holders() {
     assert_consistent(&admin, "gpu").await;
     eprintln!("rbac: tenancy policy: {denial}");
 }
+
+/// A ClusterRole with the user role's rights on PortAllocations and only `verbs` on ConfigMaps.
+async fn user_role_with_configmaps(admin: &Client, name: &str, verbs: &[&str]) {
+    let mut rules = vec![
+        serde_json::json!({"apiGroups": ["portalloc.dev"], "resources": ["portallocations"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}),
+        serde_json::json!({"apiGroups": ["portalloc.dev"], "resources": ["portallocations/status"],
+         "verbs": ["get", "update"]}),
+    ];
+    if !verbs.is_empty() {
+        rules.push(
+            serde_json::json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": verbs}),
+        );
+    }
+    crate::support::apply::apply_value(
+        admin,
+        serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": rules,
+        }),
+        None,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_user_role_keeps_configmaps_and_without_it_the_ports_stay_and_the_verb_is_named() {
+    let Some(cluster) = PrivateCluster::start("rbac-cm", true) else {
+        return;
+    };
+    let admin = cluster.client().await;
+    apply_yaml(&admin, &rbac_file("portalloc-user.yaml"), None).await;
+    bind(
+        &admin,
+        "portalloc-pool-user",
+        "portalloc-pool-user",
+        USER_NAME,
+        None,
+    )
+    .await;
+    assert!(
+        cluster
+            .run(&["pool", "create", "shared", "--range", "23400-23499"])
+            .ok()
+    );
+    let ctx = USER_CONTEXT;
+    let manifest = crate::configmap::pd("pd", "shared", "pd-env", 2, 2);
+
+    // The user role: create, sync, release and sync again keep the ConfigMap.
+    create_namespace(&admin, "team-a").await;
+    bind(
+        &admin,
+        "portalloc-user",
+        "portalloc-user",
+        USER_NAME,
+        Some("team-a"),
+    )
+    .await;
+    for (args, change, files) in [
+        (vec!["create", "-n", "team-a"], "created", 5),
+        (vec!["sync", "pd", "-n", "team-a"], "unchanged", 5),
+        (
+            vec!["release", "pd", "--role", "prefill", "-n", "team-a"],
+            "updated",
+            0,
+        ),
+        (vec!["sync", "--all", "-n", "team-a"], "updated", 5),
+    ] {
+        let run = if args[0] == "create" {
+            as_user_stdin(&cluster, ctx, &args, &manifest)
+        } else {
+            as_user(&cluster, ctx, &args)
+        };
+        assert!(run.ok(), "{args:?}: {run}");
+        assert_eq!(
+            crate::configmap::configmap_line(&run, "pd-env"),
+            Some((change.to_string(), files)),
+            "{args:?}: {run}"
+        );
+    }
+
+    // Each missing right: exit 5 naming the verb, the PortAllocation created and its ports
+    // held all the same.
+    for (ns, verbs, refused) in [
+        ("team-get", vec!["get"], "patch"),
+        ("team-patch", vec!["get", "patch"], "create"),
+        ("team-none", vec![], "get"),
+    ] {
+        let role = format!("portalloc-user-{ns}");
+        user_role_with_configmaps(&admin, &role, &verbs).await;
+        create_namespace(&admin, ns).await;
+        bind(&admin, &role, &role, USER_NAME, Some(ns)).await;
+        let run = as_user_stdin(&cluster, ctx, &["create", "-n", ns], &manifest);
+        assert_forbidden(&run, refused, "configmaps");
+        eprintln!("rbac: {ns}: {}", run.stderr.trim());
+        assert!(
+            run.stderr.contains(&format!(
+                "PortAllocation {ns}/pd: its ports are held, but ConfigMap \"pd-env\" was not written"
+            )),
+            "{run}"
+        );
+        assert!(run.stdout.contains("portallocation/pd in"), "{run}");
+        let pa = Api::<portalloc::api::PortAllocation>::namespaced(admin.clone(), ns)
+            .get("pd")
+            .await
+            .unwrap();
+        assert_eq!(pa.allocated_values("decode", "http").len(), 2, "{ns}");
+        // sync fails the same way and still leaves everything allocated.
+        assert_forbidden(
+            &as_user(&cluster, ctx, &["sync", "pd", "-n", ns]),
+            refused,
+            "configmaps",
+        );
+    }
+    assert_consistent(&admin, "shared").await;
+    let repair = cluster.run(&["repair", "--pool", "shared"]);
+    assert!(repair.ok(), "nothing leaked: {repair}");
+}

@@ -12,12 +12,14 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
-use portalloc::api::{PortAllocation, PortPool};
+use portalloc::api::{ConfigMapTarget, PortAllocation, PortPool};
 use portalloc::ledger::{PoolRecord, recorded_holdings};
 
-use crate::support::apply::apply_yaml;
+use crate::configmap::{assert_own_ports, files};
+use crate::support::apply::{apply_value, apply_yaml};
 use crate::support::cli::BIN;
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self};
@@ -179,6 +181,60 @@ fn allocation(name: &str, pool: &str, replicas: u32) -> PortAllocation {
     .unwrap()
 }
 
+/// Poll until `check` holds for the ConfigMap (`None`: it does not exist); the time it took.
+async fn until_configmap(
+    api: &Api<ConfigMap>,
+    name: &str,
+    within: Duration,
+    check: impl Fn(Option<&ConfigMap>) -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let object = api.get_opt(name).await.unwrap();
+        if check(object.as_ref()) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "ConfigMap {name} never reached the state: {object:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The watcher's ClusterRole from deploy/watcher.yaml without its ConfigMap rule, as `name`.
+async fn watcher_role_without_configmaps(client: &Client, name: &str) {
+    let manifests =
+        std::fs::read_to_string(support::repo_root().join("deploy/watcher.yaml")).unwrap();
+    let mut role = serde_yaml::Deserializer::from_str(&manifests)
+        .map(|d| <serde_json::Value as serde::Deserialize>::deserialize(d).unwrap())
+        .find(|d| d["kind"] == "ClusterRole")
+        .expect("a ClusterRole in deploy/watcher.yaml");
+    let rules = role["rules"].as_array_mut().unwrap();
+    let before = rules.len();
+    rules.retain(|r| {
+        !r["resources"]
+            .as_array()
+            .unwrap()
+            .contains(&"configmaps".into())
+    });
+    assert_eq!(rules.len(), before - 1, "one ConfigMap rule");
+    role["metadata"] = serde_json::json!({"name": name});
+    apply_value(client, role, None).await;
+    apply_value(
+        client,
+        serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "portalloc-system"}],
+        }),
+        None,
+    )
+    .await;
+}
+
 /// Poll until `check` holds for the object (or it is gone, for `None`); the time it took.
 async fn until(
     api: &Api<PortAllocation>,
@@ -305,6 +361,30 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
         "{stderr}"
     );
 
+    // Every right but the ConfigMaps': the start-up check names the first one missing.
+    watcher_role_without_configmaps(&client, "partial").await;
+    let partial = dir.path().join("partial");
+    service_account_kubeconfig(
+        &client,
+        &cluster.kubeconfig,
+        "portalloc-system",
+        "partial",
+        &partial,
+    )
+    .await;
+    let refused = Command::new(BIN)
+        .args(["sync", "--watch", "-A"])
+        .env("KUBECONFIG", &partial)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(5), "{stderr}");
+    assert!(
+        stderr.contains("forbidden: you may not get configmaps")
+            && stderr.contains("deploy/watcher.yaml"),
+        "{stderr}"
+    );
+
     // The shipped manifests: Namespace, ServiceAccount, ClusterRole, binding, Deployment (the
     // API server validates it; no kubelet runs it here, the watcher runs as a process instead).
     let manifests =
@@ -365,6 +445,61 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
     eprintln!(
         "watch: apply -> Ready {applied:?}, scale -> new ports {scaled:?}, delete -> freed {freed:?}"
     );
+
+    // The env follows: the ConfigMap appears with the allocation, changes with a scale, and
+    // one deleted by hand is back at the next resync (20 s here) though the object is current.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let mut env = allocation("env", "watched", 2);
+    env.spec.config_map = Some(ConfigMapTarget {
+        name: "env-files".into(),
+    });
+    api.create(&PostParams::default(), &env).await.unwrap();
+    let written = until_configmap(&configmaps, "env-files", Duration::from_secs(30), |cm| {
+        cm.is_some_and(|cm| files(cm).len() == 2)
+    })
+    .await;
+    until(&api, "env", |pa| ready_with(pa, 2)).await;
+    let env = api.get("env").await.unwrap();
+    let cm = configmaps.get("env-files").await.unwrap();
+    assert_own_ports(&cm, &env);
+    assert_eq!(
+        cm.metadata.owner_references.as_ref().unwrap()[0].uid,
+        env.metadata.uid.clone().unwrap()
+    );
+    let mut scaled_env = env.clone();
+    scaled_env.spec.roles[0].replicas = 3;
+    api.replace("env", &PostParams::default(), &scaled_env)
+        .await
+        .unwrap();
+    let rescaled = until_configmap(&configmaps, "env-files", Duration::from_secs(30), |cm| {
+        cm.is_some_and(|cm| files(cm).len() == 3)
+    })
+    .await;
+    until(&api, "env", |pa| ready_with(pa, 3)).await;
+    let env = api.get("env").await.unwrap();
+    assert_own_ports(&configmaps.get("env-files").await.unwrap(), &env);
+    configmaps
+        .delete("env-files", &DeleteParams::default())
+        .await
+        .unwrap();
+    let back = until_configmap(&configmaps, "env-files", Duration::from_secs(45), |cm| {
+        cm.is_some_and(|cm| files(cm).len() == 3)
+    })
+    .await;
+    assert_own_ports(&configmaps.get("env-files").await.unwrap(), &env);
+    eprintln!(
+        "watch: ConfigMap written {written:?} after apply, {rescaled:?} after a scale, back \
+         {back:?} after a deletion by hand"
+    );
+    api.delete("env", &DeleteParams::default()).await.unwrap();
+    let started = Instant::now();
+    while record(&client, "watched").await.state.held_count() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "ports of a deleted object kept"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (code, log) = watcher.terminate();
     assert_eq!(code, Some(0), "{log}");
     assert!(log.contains("watcher stopped"), "{log}");
