@@ -8,8 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use thiserror::Error;
 
-use super::{PortAllocationSpec, PortPoolSpec, Role, Scope, StaticBandSetting};
-use crate::core::{self, PortDemand, PortSet, Reference, Selector};
+use super::{
+    LwsMember, PortAllocationSpec, PortPoolSpec, PortRequest, Role, Scope, StaticBandSetting,
+    WorkloadKind,
+};
+use crate::core::{self, PortDemand, PortSet};
 
 /// A spec that cannot be used as written, with the field that is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -20,7 +23,7 @@ pub struct SpecError {
     pub message: String,
 }
 
-fn spec_error(field: impl Into<String>, message: impl Into<String>) -> SpecError {
+pub(crate) fn spec_error(field: impl Into<String>, message: impl Into<String>) -> SpecError {
     SpecError {
         field: field.into(),
         message: message.into(),
@@ -80,16 +83,34 @@ impl PortAllocationSpec {
         let mut demands = Vec::new();
         for role in &self.roles {
             for port in &role.ports {
+                // With groups, a RoleScoped port has one slot per group: the planner numbers
+                // slots 0..replicas for PodScoped demands, so it is asked for one per group.
+                let (scope, replicas) = match port.scope {
+                    Scope::RoleScoped if self.group_count() > 1 => {
+                        (core::Scope::PodScoped, self.slot_count(role, port))
+                    }
+                    scope => (scope.into(), self.group_count() * role.per_group()),
+                };
                 demands.push(PortDemand {
                     role: role.name.clone(),
                     port: port.name.clone(),
-                    scope: port.scope.into(),
-                    replicas: role.replicas as u32,
+                    scope,
+                    replicas,
                     requested: port.port.map(|p| p as u16),
                 });
             }
         }
         Ok(demands)
+    }
+
+    /// How many slots (held ports, or blocks) `port` of `role` takes: one per pod for PodScoped
+    /// (G x replicas, flat pod index), one per group for RoleScoped (none without pods).
+    pub fn slot_count(&self, role: &Role, port: &PortRequest) -> u32 {
+        match port.scope {
+            Scope::RoleScoped if role.replicas > 0 => self.group_count(),
+            Scope::RoleScoped => 0,
+            Scope::PodScoped => self.group_count() * role.per_group(),
+        }
     }
 
     /// Checks that do not need the cluster: names, bounds, uniqueness, requested ports,
@@ -103,6 +124,14 @@ impl PortAllocationSpec {
         }
         if self.roles.is_empty() {
             return Err(spec_error("spec.roles", "at least one role is needed"));
+        }
+        if let Some(groups) = self.groups
+            && !(1..=super::MAX_REPLICAS).contains(&groups)
+        {
+            return Err(spec_error(
+                "spec.groups",
+                format!("{groups} is outside 1..{}", super::MAX_REPLICAS),
+            ));
         }
         let mut role_names = BTreeSet::new();
         let mut requested: BTreeMap<i32, String> = BTreeMap::new();
@@ -121,8 +150,9 @@ impl PortAllocationSpec {
                     format!("{} is outside 0..{}", role.replicas, super::MAX_REPLICAS),
                 ));
             }
+            self.check_workload(&at, role)?;
             let mut port_names = BTreeSet::new();
-            let mut envs = BTreeSet::new();
+            let mut envs = BTreeMap::new();
             for (p, port) in role.ports.iter().enumerate() {
                 let at = format!("{at}.ports[{p}]");
                 check_name(&format!("{at}.name"), &port.name)?;
@@ -135,12 +165,15 @@ impl PortAllocationSpec {
                         ),
                     ));
                 }
-                check_env(&format!("{at}.env"), &port.env)?;
-                if !envs.insert(port.env.as_str()) {
-                    return Err(spec_error(
-                        format!("{at}.env"),
-                        format!("env {:?} is used twice in role {:?}", port.env, role.name),
-                    ));
+                let named = [
+                    ("env", Some(&port.env)),
+                    ("lastEnv", port.last_env.as_ref()),
+                    ("rangeEnv", port.range_env.as_ref()),
+                ];
+                for (key, env) in named {
+                    if let Some(env) = env {
+                        claim_env(&mut envs, format!("{at}.{key}"), env, &role.name)?;
+                    }
                 }
                 if let Some(value) = port.port {
                     if !(1..=65535).contains(&value) {
@@ -153,6 +186,15 @@ impl PortAllocationSpec {
                         return Err(spec_error(
                             format!("{at}.port"),
                             "a requested port must be RoleScoped: one fixed port cannot be unique per pod",
+                        ));
+                    }
+                    if self.group_count() > 1 {
+                        return Err(spec_error(
+                            format!("{at}.port"),
+                            format!(
+                                "a requested port cannot serve {} groups: each group holds its own port",
+                                self.group_count()
+                            ),
                         ));
                     }
                     let here = format!("{}.{}", role.name, port.name);
@@ -168,88 +210,60 @@ impl PortAllocationSpec {
             }
             for (i, reference) in role.references.iter().enumerate() {
                 let at = format!("{at}.references[{i}]");
-                check_env(&format!("{at}.env"), &reference.env)?;
-                if !envs.insert(reference.env.as_str()) {
-                    return Err(spec_error(
-                        format!("{at}.env"),
-                        format!(
-                            "env {:?} is used twice in role {:?}",
-                            reference.env, role.name
-                        ),
-                    ));
-                }
-                self.check_reference(&format!("{at}.from"), &reference.from)?;
+                claim_env(&mut envs, format!("{at}.env"), &reference.env, &role.name)?;
+                self.check_reference(&at, reference)?;
             }
         }
         Ok(())
     }
 
-    /// The role a reference points at, with the port, once it is known to resolve.
-    fn check_reference(&self, field: &str, text: &str) -> Result<(), SpecError> {
-        let reference = Reference::parse(text).map_err(|e| spec_error(field, e.to_string()))?;
-        let Some(role) = self.role(&reference.role) else {
-            return Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} names role {:?}, which does not exist (roles: {})",
-                    reference.role,
-                    self.roles
-                        .iter()
-                        .map(|r| r.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
+    /// What a role's workload allows: pod names a per-pod file can be found by, one leader per
+    /// LWS group.
+    fn check_workload(&self, at: &str, role: &Role) -> Result<(), SpecError> {
+        let Some(workload) = &role.workload else {
+            return Ok(());
         };
-        let Some(port) = role.ports.iter().find(|p| p.name == reference.port) else {
+        check_name(&format!("{at}.workload.name"), &workload.name)?;
+        let lws = workload.kind == WorkloadKind::LeaderWorkerSet;
+        if lws != workload.member.is_some() {
             return Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} names port {:?}, which role {:?} does not have (ports: {})",
-                    reference.port,
-                    role.name,
-                    role.ports
-                        .iter()
-                        .map(|p| p.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
+                format!("{at}.workload.member"),
+                "member (Leader or Workers) is required for a LeaderWorkerSet and allowed only there",
             ));
-        };
-        match (port.scope, reference.selector) {
-            (Scope::PodScoped, Selector::Single) if role.replicas != 1 => Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} is ambiguous: {}.{} is PodScoped and role {:?} has {} replicas; \
-                     write {}.{}[i] for one pod or {}.{}[*] for all",
-                    role.name,
-                    port.name,
-                    role.name,
-                    role.replicas,
-                    role.name,
-                    port.name,
-                    role.name,
-                    port.name
-                ),
-            )),
-            (Scope::PodScoped, Selector::Index(i)) if i >= role.replicas as u32 => Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} is out of range: role {:?} has {} replicas (indices 0..{})",
-                    role.name,
-                    role.replicas,
-                    role.replicas.saturating_sub(1)
-                ),
-            )),
-            (Scope::RoleScoped, Selector::Index(i)) if i != 0 => Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} indexes a RoleScoped port, which has one value: write {}.{}",
-                    role.name, port.name
-                ),
-            )),
-            _ => Ok(()),
         }
+        if workload.member == Some(LwsMember::Leader) && role.replicas != 1 {
+            return Err(spec_error(
+                format!("{at}.replicas"),
+                format!(
+                    "role {} is a LeaderWorkerSet's leader: one pod per group, so replicas must be 1, not {}",
+                    role.name, role.replicas
+                ),
+            ));
+        }
+        if workload.kind == WorkloadKind::Deployment {
+            if self.group_count() > 1 {
+                return Err(spec_error(
+                    format!("{at}.workload.kind"),
+                    format!(
+                        "role {} is a Deployment, whose randomly named pods cannot be told apart by group; spec.groups is {}",
+                        role.name,
+                        self.group_count()
+                    ),
+                ));
+            }
+            if role.replicas > 1
+                && let Some(p) = role.ports.iter().position(|p| p.scope == Scope::PodScoped)
+            {
+                return Err(spec_error(
+                    format!("{at}.ports[{p}].scope"),
+                    format!(
+                        "role {} is a Deployment with {} replicas: its pods have random names and share one env file, so a PodScoped port cannot reach each pod; use RoleScoped or a StatefulSet",
+                        role.name, role.replicas
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub fn role(&self, name: &str) -> Option<&Role> {
@@ -261,10 +275,7 @@ impl PortAllocationSpec {
         self.roles
             .iter()
             .flat_map(|role| role.ports.iter().map(move |port| (role, port)))
-            .map(|(role, port)| match port.scope {
-                Scope::RoleScoped => usize::from(role.replicas > 0),
-                Scope::PodScoped => role.replicas.max(0) as usize,
-            })
+            .map(|(role, port)| self.slot_count(role, port) as usize)
             .sum()
     }
 }
@@ -289,6 +300,25 @@ fn check_name(field: &str, name: &str) -> Result<(), SpecError> {
     }
 }
 
+/// Records that `env` is set in `role`, refusing a second use across ports (env, lastEnv,
+/// rangeEnv) and references.
+fn claim_env<'a>(
+    envs: &mut BTreeMap<&'a str, String>,
+    field: String,
+    env: &'a str,
+    role: &str,
+) -> Result<(), SpecError> {
+    check_env(&field, env)?;
+    if let Some(first) = envs.get(env) {
+        return Err(spec_error(
+            field,
+            format!("env {env:?} is already set by {first} in role {role:?}"),
+        ));
+    }
+    envs.insert(env, field);
+    Ok(())
+}
+
 fn check_env(field: &str, env: &str) -> Result<(), SpecError> {
     let valid = env.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
         && env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
@@ -305,8 +335,8 @@ fn check_env(field: &str, env: &str) -> Result<(), SpecError> {
 #[cfg(test)]
 mod tests {
     use super::super::PortReference;
-    use super::super::PortRequest;
-    use super::super::fixtures::{pd_roles, port};
+    use super::super::fixtures::{self, pd_roles, port};
+    use super::super::{PortRequest, Workload};
     use super::*;
 
     fn spec() -> PortAllocationSpec {
@@ -357,13 +387,227 @@ mod tests {
                 "out of range: role \"prefill\" has 2 replicas",
             ),
             ("router.http[1]", "indexes a RoleScoped port"),
-            ("router", "malformed"),
+            ("Router", "malformed"),
+            (
+                "router",
+                "role router has no workload, so its pods have no address",
+            ),
+            ("prefill", "is ambiguous: role \"prefill\" has 2 replicas"),
+            (
+                "prefill[2]",
+                "out of range: role \"prefill\" has 2 replicas",
+            ),
+            ("nobody[*]", "names role \"nobody\", which does not exist"),
         ];
         for (from, expected) in cases {
             let err = with_reference(from).validate().unwrap_err();
             assert_eq!(err.field, "spec.roles[2].references[0].from", "{from}");
             assert!(err.message.contains(expected), "{from}: {err}");
         }
+    }
+
+    fn with_workloads() -> PortAllocationSpec {
+        let mut s = spec();
+        s.roles[1].workload = Some(Workload {
+            kind: WorkloadKind::StatefulSet,
+            name: "prefill".into(),
+            service: Some("prefill".into()),
+            member: None,
+        });
+        s
+    }
+
+    fn formatted(from: &str, format: &str) -> PortAllocationSpec {
+        let mut s = with_workloads();
+        s.roles[0].references.push(PortReference {
+            env: "REF".into(),
+            from: from.into(),
+            format: Some(format.into()),
+            join: None,
+        });
+        s
+    }
+
+    #[test]
+    fn every_placeholder_is_accepted_where_it_means_something() {
+        let s = formatted(
+            "prefill[*]",
+            "{address} {pod} {index} {bootstrap} {bootstrap.last} {bootstrap.range}",
+        );
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(formatted("prefill[1]", "{pod}").validate(), Ok(()));
+    }
+
+    #[test]
+    fn bad_formats_name_the_format_field() {
+        let cases = [
+            (
+                "prefill[*]",
+                "{grpc}",
+                "unknown placeholder {grpc}: role \"prefill\" has no such port (ports: bootstrap;",
+            ),
+            ("prefill[*]", "{addr}", "unknown placeholder {addr}"),
+            (
+                "prefill[*]",
+                "{bootstrap.first}",
+                "unknown placeholder {bootstrap.first}",
+            ),
+            ("prefill[*]", "http://{address", "without its"),
+            (
+                "decode[*]",
+                "{address}",
+                "role decode has no workload, so its pods have no address",
+            ),
+            (
+                "router.http",
+                "{address}",
+                "format applies to pod references",
+            ),
+        ];
+        for (from, format, expected) in cases {
+            let err = formatted(from, format).validate().unwrap_err();
+            assert_eq!(err.field, "spec.roles[0].references[0].format", "{format}");
+            assert!(err.message.contains(expected), "{format}: {err}");
+            assert!(!err.to_string().contains('\n'));
+        }
+        // A StatefulSet without its Service has names but no addresses.
+        let mut s = formatted("prefill[0]", "{address}");
+        s.roles[1].workload.as_mut().unwrap().service = None;
+        let err = s.validate().unwrap_err();
+        assert!(err.message.contains("names no service"), "{err}");
+        // The default format is {address}: its error names `from`.
+        let mut s = with_workloads();
+        s.roles[0].references.push(PortReference {
+            env: "REF".into(),
+            from: "decode".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "spec.roles[0].references[0].from: role decode has no workload, so its pods have no address"
+        );
+    }
+
+    fn lws_spec(groups: i32, leader_replicas: i32) -> PortAllocationSpec {
+        let lws = |member| Workload {
+            kind: WorkloadKind::LeaderWorkerSet,
+            name: "sglang".into(),
+            service: None,
+            member: Some(member),
+        };
+        let mut leader = fixtures::role(
+            "leader",
+            leader_replicas,
+            vec![port("dist", Scope::RoleScoped, "DIST")],
+        );
+        leader.workload = Some(lws(LwsMember::Leader));
+        let mut worker = fixtures::role("worker", 3, vec![]);
+        worker.workload = Some(lws(LwsMember::Workers));
+        worker.references.push(PortReference {
+            env: "LEADER".into(),
+            from: "leader".into(),
+            format: Some("{address}:{dist}".into()),
+            join: None,
+        });
+        PortAllocationSpec {
+            pool: "p".into(),
+            groups: Some(groups),
+            roles: vec![leader, worker],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn workloads_are_checked() {
+        assert_eq!(lws_spec(2, 1).validate(), Ok(()));
+        let err = lws_spec(2, 2).validate().unwrap_err();
+        assert_eq!(err.field, "spec.roles[0].replicas");
+        assert!(err.message.contains("leader: one pod per group"), "{err}");
+
+        let mut no_member = lws_spec(1, 1);
+        no_member.roles[1].workload.as_mut().unwrap().member = None;
+        assert_eq!(
+            no_member.validate().unwrap_err().field,
+            "spec.roles[1].workload.member"
+        );
+
+        let deployment = Some(Workload {
+            kind: WorkloadKind::Deployment,
+            name: "router".into(),
+            service: Some("router".into()),
+            member: None,
+        });
+        let mut s = spec();
+        s.roles[1].workload = deployment.clone();
+        let err = s.validate().unwrap_err();
+        assert_eq!(err.field, "spec.roles[1].ports[0].scope");
+        assert!(
+            err.message
+                .contains("a PodScoped port cannot reach each pod"),
+            "{err}"
+        );
+        s.roles[1].replicas = 1;
+        assert_eq!(s.validate(), Ok(()));
+        s.groups = Some(2);
+        let err = s.validate().unwrap_err();
+        assert_eq!(err.field, "spec.roles[1].workload.kind");
+        assert!(err.message.contains("spec.groups is 2"), "{err}");
+
+        let mut s = spec();
+        s.groups = Some(0);
+        assert_eq!(s.validate().unwrap_err().field, "spec.groups");
+        let mut s = spec();
+        s.groups = Some(2);
+        s.roles[0].ports[0].port = Some(30000);
+        let err = s.validate().unwrap_err();
+        assert_eq!(err.field, "spec.roles[0].ports[0].port");
+        assert!(err.message.contains("cannot serve 2 groups"), "{err}");
+    }
+
+    #[test]
+    fn env_names_collide_across_env_last_range_and_references() {
+        let mut s = spec();
+        s.roles[1].ports[0].last_env = Some("BOOTSTRAP_PORT".into());
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "spec.roles[1].ports[0].lastEnv: env \"BOOTSTRAP_PORT\" is already set by spec.roles[1].ports[0].env in role \"prefill\""
+        );
+        let mut s = spec();
+        s.roles[1].ports[0].range_env = Some("RANGE".into());
+        s.roles[1].references.push(PortReference {
+            env: "RANGE".into(),
+            from: "router.http".into(),
+            ..Default::default()
+        });
+        let err = s.validate().unwrap_err();
+        assert_eq!(err.field, "spec.roles[1].references[0].env");
+        assert!(
+            err.message.contains("spec.roles[1].ports[0].rangeEnv"),
+            "{err}"
+        );
+        let mut s = spec();
+        s.roles[1].ports[0].range_env = Some("bad-name".into());
+        assert_eq!(
+            s.validate().unwrap_err().field,
+            "spec.roles[1].ports[0].rangeEnv"
+        );
+    }
+
+    #[test]
+    fn groups_multiply_the_slots() {
+        let s = lws_spec(3, 1);
+        let demands = s.demands().unwrap();
+        // The leader's RoleScoped port: one slot per group.
+        assert_eq!(demands[0].slot_count(), 3);
+        assert_eq!(s.desired_port_count(), 3);
+        let mut pods = spec();
+        pods.groups = Some(2);
+        let demands = pods.demands().unwrap();
+        assert_eq!(
+            demands.iter().map(|d| d.slot_count()).collect::<Vec<_>>(),
+            vec![2, 4, 2]
+        );
+        assert_eq!(pods.desired_port_count(), 8);
     }
 
     #[test]
