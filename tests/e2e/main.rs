@@ -12,6 +12,7 @@ mod examples;
 mod faults;
 mod health;
 mod import;
+mod pods;
 mod rbac;
 mod repair;
 mod restart;
