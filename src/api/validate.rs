@@ -312,7 +312,7 @@ fn claim_env<'a>(
     if let Some(first) = envs.get(env) {
         return Err(spec_error(
             field,
-            format!("env {env:?} is already set by {first} in role {role:?}"),
+            format!("env {env:?} is used twice in role {role:?}: {first} sets it too"),
         ));
     }
     envs.insert(env, field);
@@ -570,7 +570,7 @@ mod tests {
         s.roles[1].ports[0].last_env = Some("BOOTSTRAP_PORT".into());
         assert_eq!(
             s.validate().unwrap_err().to_string(),
-            "spec.roles[1].ports[0].lastEnv: env \"BOOTSTRAP_PORT\" is already set by spec.roles[1].ports[0].env in role \"prefill\""
+            "spec.roles[1].ports[0].lastEnv: env \"BOOTSTRAP_PORT\" is used twice in role \"prefill\": spec.roles[1].ports[0].env sets it too"
         );
         let mut s = spec();
         s.roles[1].ports[0].range_env = Some("RANGE".into());

@@ -285,7 +285,7 @@ async fn bad_pod_references_are_refused_before_anything_is_written() {
                 "env: BOOTSTRAP_PORT}",
                 "env: BOOTSTRAP_PORT, lastEnv: PORT}",
             ),
-            "spec.roles[1].ports[1].lastEnv: env \"PORT\" is already set by spec.roles[1].ports[0].env",
+            "spec.roles[1].ports[1].lastEnv: env \"PORT\" is used twice in role \"prefill\": spec.roles[1].ports[0].env sets it too",
         ),
     ];
     for (manifest, expected) in cases {
