@@ -166,6 +166,34 @@ pub fn find_pod(spec: &PortAllocationSpec, name: &str) -> Vec<(usize, u32)> {
         .collect()
 }
 
+/// Above this many env files in all, [`colliding_pod`] does not look (it would build every
+/// name); `resolve_all` still refuses a collision when it meets one.
+const COLLISION_CHECK_LIMIT: u32 = 1 << 18;
+
+/// The first env file name two roles would both write (later role index, name, earlier role
+/// index): the ConfigMap holds one file per name, so one role's pods would read the other's.
+pub(crate) fn colliding_pod(spec: &PortAllocationSpec) -> Option<(usize, String, usize)> {
+    let groups = spec.group_count();
+    let total: u32 = spec
+        .roles
+        .iter()
+        .map(|r| groups.saturating_mul(r.per_group()))
+        .fold(0, u32::saturating_add);
+    if total > COLLISION_CHECK_LIMIT {
+        return None;
+    }
+    let mut seen = std::collections::HashMap::new();
+    for (r, role) in spec.roles.iter().enumerate() {
+        for pod in role.env_file_pods(groups) {
+            if let Some(&first) = seen.get(&pod.name) {
+                return Some((r, pod.name, first));
+            }
+            seen.insert(pod.name, r);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::Workload;
@@ -293,5 +321,10 @@ mod tests {
         assert_eq!(find_pod(&spec, "decode-1"), vec![(0, 1), (1, 1)]);
         assert_eq!(find_pod(&spec, "decode-3"), vec![(0, 3)]);
         assert!(find_pod(&spec, "nobody-0").is_empty());
+        // decode-0 is both role decode's pod 0 and the LWS leader of group 0.
+        assert_eq!(colliding_pod(&spec), Some((1, "decode-0".into(), 0)));
+        let mut apart = spec.clone();
+        apart.roles[1].workload.as_mut().unwrap().name = "lws".into();
+        assert_eq!(colliding_pod(&apart), None);
     }
 }

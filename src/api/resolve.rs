@@ -260,28 +260,27 @@ impl PortAllocation {
         Ok(env)
     }
 
-    /// The value of one reference as pod 0 of group 0 sees it, with the default format and
-    /// join (what `describe` shows).
-    pub fn resolve_reference(&self, field: &str, text: &str) -> Result<String, ResolveError> {
-        let reference = super::PortReference {
-            env: "X".into(),
-            from: text.into(),
-            ..Default::default()
-        };
-        let at = field.strip_suffix(".from").unwrap_or(field);
+    /// The value of reference `k` of role `r` (`spec.roles[r].references[k]`) as pod 0 of
+    /// group 0 sees it (what `describe` shows).
+    pub fn resolve_reference_at(&self, r: usize, k: usize) -> Result<String, ResolveError> {
+        let at = format!("spec.roles[{r}].references[{k}]");
+        let reference = self
+            .spec
+            .roles
+            .get(r)
+            .and_then(|role| role.references.get(k))
+            .ok_or_else(|| ResolveError::BadReference {
+                field: at.clone(),
+                message: "no such reference".into(),
+            })?;
         let checked =
             self.spec
-                .check_reference(at, &reference)
+                .check_reference(&at, reference)
                 .map_err(|e| ResolveError::BadReference {
                     field: e.field,
                     message: e.message,
                 })?;
-        let viewer = Pod {
-            name: String::new(),
-            group: 0,
-            index: 0,
-            flat: 0,
-        };
+        let viewer = self.spec.roles[r].pod(0);
         self.reference_value(&checked, &viewer)
     }
 
@@ -415,9 +414,18 @@ impl PortAllocation {
     pub fn resolve_all(&self) -> Result<BTreeMap<String, Vec<EnvVar>>, ResolveError> {
         let groups = self.spec.group_count();
         let mut all = BTreeMap::new();
-        for role in &self.spec.roles {
+        for (r, role) in self.spec.roles.iter().enumerate() {
             for pod in role.env_file_pods(groups) {
                 let env = self.resolve_env(&role.name, pod.flat)?;
+                if all.contains_key(&pod.name) {
+                    return Err(ResolveError::BadReference {
+                        field: format!("spec.roles[{r}]"),
+                        message: format!(
+                            "pod {} is also a pod of another role: their env files would be one",
+                            pod.name
+                        ),
+                    });
+                }
                 all.insert(pod.name, env);
             }
         }

@@ -336,13 +336,23 @@ fn errors_name_what_is_wrong() {
             .contains("run `kubectl portalloc sync pd -n llm`"),
         "{err}"
     );
-    let err = pa
-        .resolve_reference("f.from", "prefill.bootstrap")
-        .unwrap_err();
+    let mut ambiguous = pd();
+    ambiguous.spec.roles[2].references[1].from = "prefill.bootstrap".into();
+    let err = ambiguous.resolve_reference_at(2, 1).unwrap_err();
     assert!(
-        err.to_string()
-            .starts_with("f.from: reference \"prefill.bootstrap\" is ambiguous"),
+        err.to_string().starts_with(
+            "spec.roles[2].references[1].from: reference \"prefill.bootstrap\" is ambiguous"
+        ),
         "{err}"
+    );
+    assert_eq!(
+        pd().resolve_reference_at(2, 1).as_deref(),
+        Ok("20010,20011")
+    );
+    // What describe shows uses the reference's own format and join.
+    assert_eq!(
+        sglang_pd().resolve_reference_at(0, 3).as_deref(),
+        Ok("decode-0#0,decode-1#1")
     );
     let mut missing_group = lws();
     missing_group.status.as_mut().unwrap().assignments[0]
