@@ -39,8 +39,8 @@ pub struct ResolveArgs {
     /// The pod's index in its role: g*replicas+i for pod i of group g.
     #[arg(long, conflicts_with_all = ["pod", "all"])]
     pub index: Option<u32>,
-    /// The pod's name as its workload names it (or, for a role without workload, anything
-    /// ending in -<index>); a Deployment role's pods go by the role's name.
+    /// The pod's name as its workload names it (with --role naming a role without workload:
+    /// any name ending in -<index>); a Deployment role's pods go by the role's name.
     #[arg(long, conflicts_with = "all")]
     pub pod: Option<String>,
     /// Every pod of every role (with -o configmap, json or yaml).
