@@ -8,16 +8,19 @@ mod allocation;
 mod env_file;
 #[cfg(test)]
 mod fixtures;
+mod pods;
 mod pool;
 mod port_range_text;
 mod rbg;
+mod reference_check;
 mod resolve;
 mod static_band;
 mod validate;
 mod workload;
 
 pub use allocation::*;
-pub use env_file::{ALLOCATION_LABEL, env_configmap, env_lines};
+pub use env_file::{ALLOCATION_LABEL, env_configmap, env_lines, quote_env_value};
+pub use pods::{Pod, find_pod};
 pub use pool::*;
 pub use port_range_text::PortRangeText;
 pub use rbg::{ImportError, Imported, RBG_ANNOTATION, import_rbg};

@@ -1,12 +1,14 @@
 //! The environment one pod should get: its own ports under their env names, plus every
-//! reference of its role resolved against the allocated ports. Pure: spec + status in, env out.
+//! reference of its role resolved against the allocated ports, inside the pod's own group.
+//! Pure: spec + status in, env out.
 
 use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use super::{PortAllocation, Role, Scope};
-use crate::core::{Reference, Selector};
+use super::reference_check::{CheckedReference, ReferenceKind};
+use super::{Pod, PortAllocation, Role, Scope, find_pod};
+use crate::core::{FormatPart, PortForm, Selector};
 
 /// Why a pod's environment cannot be given.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -18,16 +20,34 @@ pub enum ResolveError {
         roles: String,
     },
 
-    #[error("pod index {index} is out of range: role {role:?} of {owner} has {replicas} replicas (indices 0..{last})", last = .replicas.saturating_sub(1))]
+    #[error("pod index {index} is out of range: role {role:?} of {owner} has {pods} pods (indices 0..{last})", last = .pods.saturating_sub(1))]
     IndexOutOfRange {
         owner: String,
         role: String,
         index: u32,
-        replicas: u32,
+        pods: u32,
     },
 
     #[error("pod name {pod:?} does not end in -<index> (e.g. {role}-0)")]
     BadPodName { pod: String, role: String },
+
+    #[error(
+        "PortAllocation {owner} has no pod {pod:?}{within} (its pods are named like {examples})"
+    )]
+    NoSuchPod {
+        owner: String,
+        pod: String,
+        /// ` in role "r"` when the role was given.
+        within: String,
+        examples: String,
+    },
+
+    #[error("pod name {pod:?} fits roles {roles} of {owner}: say which with --role")]
+    AmbiguousPod {
+        owner: String,
+        pod: String,
+        roles: String,
+    },
 
     #[error("{field}: {message}")]
     BadReference { field: String, message: String },
@@ -65,6 +85,27 @@ pub fn index_from_pod_name(pod: &str, role: &str) -> Result<u32, ResolveError> {
         })
 }
 
+/// A port's allocated value for one slot: the first port and, for a block, how many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    first: u16,
+    count: u16,
+}
+
+impl Held {
+    fn last(self) -> u16 {
+        self.first.saturating_add(self.count.saturating_sub(1))
+    }
+
+    fn write(self, form: PortForm) -> String {
+        match form {
+            PortForm::First => self.first.to_string(),
+            PortForm::Last => self.last().to_string(),
+            PortForm::Range => format!("{}-{}", self.first, self.last()),
+        }
+    }
+}
+
 impl PortAllocation {
     fn owner(&self) -> String {
         format!(
@@ -74,15 +115,14 @@ impl PortAllocation {
         )
     }
 
-    /// The allocated values of `role.port`, in pod-index order (empty if none yet).
+    fn namespace_or_default(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or("default")
+    }
+
+    /// The allocated values of `role.port`, in slot order (empty if none yet): per pod (flat
+    /// index) for PodScoped, per group for RoleScoped; a block's first port.
     pub fn allocated_values(&self, role: &str, port: &str) -> Vec<u16> {
-        self.status
-            .as_ref()
-            .and_then(|s| {
-                s.assignments
-                    .iter()
-                    .find(|a| a.role == role && a.port == port)
-            })
+        self.assignment(role, port)
             .map(|a| {
                 a.values
                     .iter()
@@ -92,20 +132,31 @@ impl PortAllocation {
             .unwrap_or_default()
     }
 
+    fn assignment(&self, role: &str, port: &str) -> Option<&super::PortAssignment> {
+        self.status.as_ref().and_then(|s| {
+            s.assignments
+                .iter()
+                .find(|a| a.role == role && a.port == port)
+        })
+    }
+
     fn role_or_error(&self, role: &str) -> Result<&Role, ResolveError> {
         self.spec
             .role(role)
             .ok_or_else(|| ResolveError::NoSuchRole {
                 owner: self.owner(),
                 role: role.to_string(),
-                roles: self
-                    .spec
-                    .roles
-                    .iter()
-                    .map(|r| r.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                roles: self.role_names(),
             })
+    }
+
+    fn role_names(&self) -> String {
+        self.spec
+            .roles
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn not_allocated(&self, what: String) -> ResolveError {
@@ -117,51 +168,74 @@ impl PortAllocation {
         }
     }
 
-    /// The value a port has for pod `index` of its role: RoleScoped ports have one value for all.
-    fn value_for(
+    /// What `pod` of `role` holds of port `port_name`: its own value (PodScoped) or its
+    /// group's (RoleScoped).
+    fn held(
         &self,
         role: &Role,
         port_name: &str,
         scope: Scope,
-        index: u32,
-    ) -> Result<u16, ResolveError> {
-        let values = self.allocated_values(&role.name, port_name);
-        let at = match scope {
-            Scope::RoleScoped => 0,
-            Scope::PodScoped => index as usize,
+        pod: &Pod,
+    ) -> Result<Held, ResolveError> {
+        let (slot, what) = match scope {
+            Scope::RoleScoped if self.spec.group_count() > 1 => (
+                pod.group,
+                format!("port {}.{} of group {}", role.name, port_name, pod.group),
+            ),
+            Scope::RoleScoped => (0, format!("port {}.{}", role.name, port_name)),
+            Scope::PodScoped => (
+                pod.flat,
+                format!("port {}.{}[{}]", role.name, port_name, pod.flat),
+            ),
         };
-        values.get(at).copied().ok_or_else(|| match scope {
-            Scope::RoleScoped => self.not_allocated(format!("port {}.{}", role.name, port_name)),
-            Scope::PodScoped => {
-                self.not_allocated(format!("port {}.{}[{index}]", role.name, port_name))
-            }
-        })
+        let assignment = self.assignment(&role.name, port_name);
+        let first = assignment
+            .and_then(|a| a.values.get(slot as usize))
+            .and_then(|v| u16::try_from(*v).ok())
+            .ok_or_else(|| self.not_allocated(what))?;
+        let count = assignment
+            .and_then(|a| a.count)
+            .and_then(|c| u16::try_from(c).ok())
+            .unwrap_or(1)
+            .max(1);
+        Ok(Held { first, count })
     }
 
-    /// The environment of pod `index` of `role`, in spec order: own ports, then references.
+    /// The environment of pod `index` (flat: `g * replicas + i`) of `role`, in spec order: own
+    /// ports (with a block's last and range), then references.
     pub fn resolve_env(&self, role_name: &str, index: u32) -> Result<Vec<EnvVar>, ResolveError> {
         let role = self.role_or_error(role_name)?;
-        let replicas = role.replicas.max(0) as u32;
-        if index >= replicas {
+        let pods = self.spec.group_count() * role.per_group();
+        if index >= pods {
             return Err(ResolveError::IndexOutOfRange {
                 owner: self.owner(),
                 role: role_name.to_string(),
                 index,
-                replicas,
+                pods,
             });
         }
+        let pod = role.pod(index);
         let mut env = Vec::new();
         for port in &role.ports {
-            let value = self.value_for(role, &port.name, port.scope, index)?;
+            let held = self.held(role, &port.name, port.scope, &pod)?;
             let source = match port.scope {
                 Scope::RoleScoped => format!("own port {}.{}", role.name, port.name),
                 Scope::PodScoped => format!("own port {}.{}[{index}]", role.name, port.name),
             };
-            env.push(EnvVar {
-                name: port.env.clone(),
-                value: value.to_string(),
-                source,
-            });
+            let named = [
+                (Some(&port.env), PortForm::First),
+                (port.last_env.as_ref(), PortForm::Last),
+                (port.range_env.as_ref(), PortForm::Range),
+            ];
+            for (name, form) in named {
+                if let Some(name) = name {
+                    env.push(EnvVar {
+                        name: name.clone(),
+                        value: held.write(form),
+                        source: source.clone(),
+                    });
+                }
+            }
         }
         let r = self
             .spec
@@ -169,85 +243,190 @@ impl PortAllocation {
             .iter()
             .position(|r| r.name == role_name)
             .unwrap_or_default();
-        for (i, reference) in role.references.iter().enumerate() {
-            let field = format!("spec.roles[{r}].references[{i}].from");
-            let value = self.resolve_reference(&field, &reference.from)?;
+        for (k, reference) in role.references.iter().enumerate() {
+            let at = format!("spec.roles[{r}].references[{k}]");
+            let checked = self.spec.check_reference(&at, reference).map_err(|e| {
+                ResolveError::BadReference {
+                    field: e.field,
+                    message: e.message,
+                }
+            })?;
             env.push(EnvVar {
                 name: reference.env.clone(),
-                value,
+                value: self.reference_value(&checked, &pod)?,
                 source: format!("reference {}", reference.from),
             });
         }
         Ok(env)
     }
 
-    /// The value of one reference: a port, or comma-separated ports for `[*]`.
-    pub fn resolve_reference(&self, field: &str, text: &str) -> Result<String, ResolveError> {
-        let bad = |message: String| ResolveError::BadReference {
-            field: field.to_string(),
-            message,
-        };
-        let reference = Reference::parse(text).map_err(|e| bad(e.to_string()))?;
-        let role = self.spec.role(&reference.role).ok_or_else(|| {
-            bad(format!(
-                "reference {text:?} names role {:?}, which does not exist",
-                reference.role
-            ))
-        })?;
-        let port = role
-            .ports
-            .iter()
-            .find(|p| p.name == reference.port)
-            .ok_or_else(|| {
-                bad(format!(
-                    "reference {text:?} names port {:?}, which role {:?} does not have",
-                    reference.port, role.name
-                ))
+    /// The value of reference `k` of role `r` (`spec.roles[r].references[k]`) as pod 0 of
+    /// group 0 sees it (what `describe` shows).
+    pub fn resolve_reference_at(&self, r: usize, k: usize) -> Result<String, ResolveError> {
+        let at = format!("spec.roles[{r}].references[{k}]");
+        let reference = self
+            .spec
+            .roles
+            .get(r)
+            .and_then(|role| role.references.get(k))
+            .ok_or_else(|| ResolveError::BadReference {
+                field: at.clone(),
+                message: "no such reference".into(),
             })?;
-        let replicas = role.replicas.max(0) as u32;
-        match (port.scope, reference.selector) {
-            (Scope::RoleScoped, Selector::Single | Selector::All)
-            | (Scope::RoleScoped, Selector::Index(0)) => Ok(self
-                .value_for(role, &port.name, Scope::RoleScoped, 0)?
-                .to_string()),
-            (Scope::RoleScoped, Selector::Index(_)) => Err(bad(format!(
-                "reference {text:?} indexes a RoleScoped port, which has one value"
-            ))),
-            (Scope::PodScoped, Selector::Single) if replicas != 1 => Err(bad(format!(
-                "reference {text:?} is ambiguous: {}.{} is PodScoped and role {:?} has {replicas} replicas; write [i] or [*]",
-                role.name, port.name, role.name
-            ))),
-            (Scope::PodScoped, Selector::Single) => Ok(self
-                .value_for(role, &port.name, Scope::PodScoped, 0)?
-                .to_string()),
-            (Scope::PodScoped, Selector::Index(i)) if i >= replicas => Err(bad(format!(
-                "reference {text:?} is out of range: role {:?} has {replicas} replicas",
-                role.name
-            ))),
-            (Scope::PodScoped, Selector::Index(i)) => Ok(self
-                .value_for(role, &port.name, Scope::PodScoped, i)?
-                .to_string()),
-            (Scope::PodScoped, Selector::All) => {
-                let values = (0..replicas)
-                    .map(|i| {
-                        self.value_for(role, &port.name, Scope::PodScoped, i)
-                            .map(|v| v.to_string())
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(values.join(","))
-            }
+        let checked =
+            self.spec
+                .check_reference(&at, reference)
+                .map_err(|e| ResolveError::BadReference {
+                    field: e.field,
+                    message: e.message,
+                })?;
+        let viewer = self.spec.roles[r].pod(0);
+        self.reference_value(&checked, &viewer)
+    }
+
+    /// A checked reference's value for `viewer`: the pods it selects are those of the viewer's
+    /// group.
+    fn reference_value(
+        &self,
+        checked: &CheckedReference<'_>,
+        viewer: &Pod,
+    ) -> Result<String, ResolveError> {
+        let target = checked.target;
+        let base = viewer.group * target.per_group();
+        let selected: Vec<Pod> = match checked.reference.selector {
+            Selector::Single => vec![target.pod(base)],
+            Selector::Index(i) => vec![target.pod(base + i)],
+            Selector::All => (0..target.per_group())
+                .map(|i| target.pod(base + i))
+                .collect(),
+        };
+        match &checked.kind {
+            // One value for the group, whatever the selector (checked: [0] at most).
+            ReferenceKind::Port {
+                port,
+                scope: Scope::RoleScoped,
+            } => Ok(self
+                .held(target, port, Scope::RoleScoped, &target.pod(base))?
+                .write(PortForm::First)),
+            ReferenceKind::Port { port, scope } => selected
+                .iter()
+                .map(|pod| Ok(self.held(target, port, *scope, pod)?.write(PortForm::First)))
+                .collect::<Result<Vec<_>, ResolveError>>()
+                .map(|values| values.join(&checked.join)),
+            ReferenceKind::Pods(parts) => selected
+                .iter()
+                .map(|pod| self.format_pod(target, pod, parts))
+                .collect::<Result<Vec<_>, ResolveError>>()
+                .map(|values| values.join(&checked.join)),
         }
     }
 
-    /// Every pod's environment, keyed `<role>-<index>`, for the ConfigMap pattern.
+    /// One pod written with a format's (checked) parts.
+    fn format_pod(
+        &self,
+        role: &Role,
+        pod: &Pod,
+        parts: &[FormatPart],
+    ) -> Result<String, ResolveError> {
+        let mut out = String::new();
+        for part in parts {
+            match part {
+                FormatPart::Literal(text) => out.push_str(text),
+                FormatPart::Address => out.push_str(
+                    &role
+                        .address(pod, self.namespace_or_default())
+                        .unwrap_or_default(),
+                ),
+                FormatPart::Pod => out.push_str(&pod.name),
+                FormatPart::Index => out.push_str(&pod.index.to_string()),
+                FormatPart::Port { name, form } => {
+                    let scope = role
+                        .ports
+                        .iter()
+                        .find(|p| &p.name == name)
+                        .map(|p| p.scope)
+                        .unwrap_or_default();
+                    out.push_str(&self.held(role, name, scope, pod)?.write(*form));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Which role and flat index a pod name stands for. With `role`, only that role is
+    /// searched, and a role without workload takes the trailing `-<index>` of any name (a
+    /// StatefulSet not named after the role).
+    pub fn locate_pod(&self, role: Option<&str>, pod: &str) -> Result<(String, u32), ResolveError> {
+        let groups = self.spec.group_count();
+        if let Some(role_name) = role {
+            let role = self.role_or_error(role_name)?;
+            if role.workload.is_none() {
+                return Ok((role.name.clone(), index_from_pod_name(pod, role_name)?));
+            }
+            return role
+                .flat_of(pod, groups)
+                .map(|flat| (role.name.clone(), flat))
+                .ok_or_else(|| self.no_such_pod(pod, Some(role)));
+        }
+        let found = find_pod(&self.spec, pod);
+        match found.as_slice() {
+            [(r, flat)] => Ok((self.spec.roles[*r].name.clone(), *flat)),
+            [] => Err(self.no_such_pod(pod, None)),
+            many => Err(ResolveError::AmbiguousPod {
+                owner: self.owner(),
+                pod: pod.to_string(),
+                roles: many
+                    .iter()
+                    .map(|(r, _)| self.spec.roles[*r].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    fn no_such_pod(&self, pod: &str, role: Option<&Role>) -> ResolveError {
+        let groups = self.spec.group_count();
+        let roles: Vec<&Role> = match role {
+            Some(role) => vec![role],
+            None => self.spec.roles.iter().collect(),
+        };
+        let examples: Vec<String> = roles
+            .iter()
+            .filter_map(|r| r.env_file_pods(groups).into_iter().next())
+            .map(|p| p.name)
+            .collect();
+        ResolveError::NoSuchPod {
+            owner: self.owner(),
+            pod: pod.to_string(),
+            within: role
+                .map(|r| format!(" in role {:?}", r.name))
+                .unwrap_or_default(),
+            examples: if examples.is_empty() {
+                "nothing: no role has pods".to_string()
+            } else {
+                examples.join(", ")
+            },
+        }
+    }
+
+    /// Every env file's environment, keyed by the file's name without `.env`: the pod's name,
+    /// or a Deployment role's name (its pods share the file).
     pub fn resolve_all(&self) -> Result<BTreeMap<String, Vec<EnvVar>>, ResolveError> {
+        let groups = self.spec.group_count();
         let mut all = BTreeMap::new();
-        for role in &self.spec.roles {
-            for index in 0..role.replicas.max(0) as u32 {
-                all.insert(
-                    format!("{}-{index}", role.name),
-                    self.resolve_env(&role.name, index)?,
-                );
+        for (r, role) in self.spec.roles.iter().enumerate() {
+            for pod in role.env_file_pods(groups) {
+                let env = self.resolve_env(&role.name, pod.flat)?;
+                if all.contains_key(&pod.name) {
+                    return Err(ResolveError::BadReference {
+                        field: format!("spec.roles[{r}]"),
+                        message: format!(
+                            "pod {} is also a pod of another role: their env files would be one",
+                            pod.name
+                        ),
+                    });
+                }
+                all.insert(pod.name, env);
             }
         }
         Ok(all)
@@ -255,122 +434,5 @@ impl PortAllocation {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::fixtures::{pd_roles, port, reference};
-    use super::super::{PortAllocationSpec, PortAllocationStatus, PortAssignment};
-    use super::*;
-
-    fn assignment(role: &str, port: &str, scope: Scope, values: &[i32]) -> PortAssignment {
-        PortAssignment {
-            role: role.into(),
-            port: port.into(),
-            scope,
-            env: String::new(),
-            values: values.to_vec(),
-            ..Default::default()
-        }
-    }
-
-    fn pd() -> PortAllocation {
-        let mut roles = pd_roles(2, 2);
-        roles[2]
-            .ports
-            .push(port("metrics", Scope::RoleScoped, "METRICS_PORT"));
-        roles[2].references = vec![
-            reference("ROUTER", "router.http"),
-            reference("BOOTSTRAPS", "prefill.bootstrap[*]"),
-            reference("FIRST", "prefill.bootstrap[0]"),
-        ];
-        let mut pa = PortAllocation::new(
-            "pd",
-            PortAllocationSpec {
-                pool: "p".into(),
-                roles,
-                ..Default::default()
-            },
-        );
-        pa.metadata.namespace = Some("llm".into());
-        pa.status = Some(PortAllocationStatus {
-            assignments: vec![
-                assignment("router", "http", Scope::RoleScoped, &[20001]),
-                assignment("prefill", "bootstrap", Scope::PodScoped, &[20010, 20011]),
-                assignment("decode", "http", Scope::PodScoped, &[20020, 20021]),
-                assignment("decode", "metrics", Scope::RoleScoped, &[20009]),
-            ],
-            ..Default::default()
-        });
-        pa
-    }
-
-    fn pairs(env: &[EnvVar]) -> Vec<(&str, &str)> {
-        env.iter()
-            .map(|e| (e.name.as_str(), e.value.as_str()))
-            .collect()
-    }
-
-    #[test]
-    fn a_pod_gets_its_own_ports_and_resolved_references() {
-        let env = pd().resolve_env("decode", 1).unwrap();
-        assert_eq!(
-            pairs(&env),
-            vec![
-                ("DECODE_PORT", "20021"),
-                ("METRICS_PORT", "20009"),
-                ("ROUTER", "20001"),
-                ("BOOTSTRAPS", "20010,20011"),
-                ("FIRST", "20010")
-            ]
-        );
-        assert_eq!(env[0].source, "own port decode.http[1]");
-    }
-
-    #[test]
-    fn pod_names_give_the_index() {
-        assert_eq!(index_from_pod_name("sglang-pd-decode-12", "decode"), Ok(12));
-        assert!(matches!(
-            index_from_pod_name("decode", "decode"),
-            Err(ResolveError::BadPodName { .. })
-        ));
-        assert!(matches!(
-            index_from_pod_name("decode-x", "decode"),
-            Err(ResolveError::BadPodName { .. })
-        ));
-    }
-
-    #[test]
-    fn errors_name_what_is_wrong() {
-        let pa = pd();
-        assert!(matches!(
-            pa.resolve_env("nobody", 0),
-            Err(ResolveError::NoSuchRole { .. })
-        ));
-        let err = pa.resolve_env("decode", 2).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "pod index 2 is out of range: role \"decode\" of llm/pd has 2 replicas (indices 0..1)"
-        );
-        let mut unallocated = pd();
-        unallocated.status = None;
-        let err = unallocated.resolve_env("router", 0).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("run `kubectl portalloc sync pd -n llm`"),
-            "{err}"
-        );
-        let err = pa.resolve_reference("f", "prefill.bootstrap").unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("f: reference \"prefill.bootstrap\" is ambiguous"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn resolve_all_covers_every_pod() {
-        let all = pd().resolve_all().unwrap();
-        assert_eq!(
-            all.keys().collect::<Vec<_>>(),
-            vec!["decode-0", "decode-1", "prefill-0", "prefill-1", "router-0"]
-        );
-    }
-}
+#[path = "resolve_tests.rs"]
+mod tests;

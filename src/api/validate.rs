@@ -8,8 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use thiserror::Error;
 
-use super::{PortAllocationSpec, PortPoolSpec, Role, Scope, StaticBandSetting};
-use crate::core::{self, PortDemand, PortSet, Reference, Selector};
+use super::{
+    LwsMember, PortAllocationSpec, PortPoolSpec, PortRequest, Role, Scope, StaticBandSetting,
+    WorkloadKind,
+};
+use crate::core::{self, PortDemand, PortSet};
 
 /// A spec that cannot be used as written, with the field that is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -20,7 +23,7 @@ pub struct SpecError {
     pub message: String,
 }
 
-fn spec_error(field: impl Into<String>, message: impl Into<String>) -> SpecError {
+pub(crate) fn spec_error(field: impl Into<String>, message: impl Into<String>) -> SpecError {
     SpecError {
         field: field.into(),
         message: message.into(),
@@ -80,16 +83,34 @@ impl PortAllocationSpec {
         let mut demands = Vec::new();
         for role in &self.roles {
             for port in &role.ports {
+                // With groups, a RoleScoped port has one slot per group: the planner numbers
+                // slots 0..replicas for PodScoped demands, so it is asked for one per group.
+                let (scope, replicas) = match port.scope {
+                    Scope::RoleScoped if self.group_count() > 1 => {
+                        (core::Scope::PodScoped, self.slot_count(role, port))
+                    }
+                    scope => (scope.into(), self.group_count() * role.per_group()),
+                };
                 demands.push(PortDemand {
                     role: role.name.clone(),
                     port: port.name.clone(),
-                    scope: port.scope.into(),
-                    replicas: role.replicas as u32,
+                    scope,
+                    replicas,
                     requested: port.port.map(|p| p as u16),
                 });
             }
         }
         Ok(demands)
+    }
+
+    /// How many slots (held ports, or blocks) `port` of `role` takes: one per pod for PodScoped
+    /// (G x replicas, flat pod index), one per group for RoleScoped (none without pods).
+    pub fn slot_count(&self, role: &Role, port: &PortRequest) -> u32 {
+        match port.scope {
+            Scope::RoleScoped if role.replicas > 0 => self.group_count(),
+            Scope::RoleScoped => 0,
+            Scope::PodScoped => self.group_count() * role.per_group(),
+        }
     }
 
     /// Checks that do not need the cluster: names, bounds, uniqueness, requested ports,
@@ -103,6 +124,14 @@ impl PortAllocationSpec {
         }
         if self.roles.is_empty() {
             return Err(spec_error("spec.roles", "at least one role is needed"));
+        }
+        if let Some(groups) = self.groups
+            && !(1..=super::MAX_REPLICAS).contains(&groups)
+        {
+            return Err(spec_error(
+                "spec.groups",
+                format!("{groups} is outside 1..{}", super::MAX_REPLICAS),
+            ));
         }
         let mut role_names = BTreeSet::new();
         let mut requested: BTreeMap<i32, String> = BTreeMap::new();
@@ -121,8 +150,9 @@ impl PortAllocationSpec {
                     format!("{} is outside 0..{}", role.replicas, super::MAX_REPLICAS),
                 ));
             }
+            self.check_workload(&at, role)?;
             let mut port_names = BTreeSet::new();
-            let mut envs = BTreeSet::new();
+            let mut envs = BTreeMap::new();
             for (p, port) in role.ports.iter().enumerate() {
                 let at = format!("{at}.ports[{p}]");
                 check_name(&format!("{at}.name"), &port.name)?;
@@ -135,12 +165,15 @@ impl PortAllocationSpec {
                         ),
                     ));
                 }
-                check_env(&format!("{at}.env"), &port.env)?;
-                if !envs.insert(port.env.as_str()) {
-                    return Err(spec_error(
-                        format!("{at}.env"),
-                        format!("env {:?} is used twice in role {:?}", port.env, role.name),
-                    ));
+                let named = [
+                    ("env", Some(&port.env)),
+                    ("lastEnv", port.last_env.as_ref()),
+                    ("rangeEnv", port.range_env.as_ref()),
+                ];
+                for (key, env) in named {
+                    if let Some(env) = env {
+                        claim_env(&mut envs, format!("{at}.{key}"), env, &role.name)?;
+                    }
                 }
                 if let Some(value) = port.port {
                     if !(1..=65535).contains(&value) {
@@ -153,6 +186,15 @@ impl PortAllocationSpec {
                         return Err(spec_error(
                             format!("{at}.port"),
                             "a requested port must be RoleScoped: one fixed port cannot be unique per pod",
+                        ));
+                    }
+                    if self.group_count() > 1 {
+                        return Err(spec_error(
+                            format!("{at}.port"),
+                            format!(
+                                "a requested port cannot serve {} groups: each group holds its own port",
+                                self.group_count()
+                            ),
                         ));
                     }
                     let here = format!("{}.{}", role.name, port.name);
@@ -168,88 +210,75 @@ impl PortAllocationSpec {
             }
             for (i, reference) in role.references.iter().enumerate() {
                 let at = format!("{at}.references[{i}]");
-                check_env(&format!("{at}.env"), &reference.env)?;
-                if !envs.insert(reference.env.as_str()) {
-                    return Err(spec_error(
-                        format!("{at}.env"),
-                        format!(
-                            "env {:?} is used twice in role {:?}",
-                            reference.env, role.name
-                        ),
-                    ));
-                }
-                self.check_reference(&format!("{at}.from"), &reference.from)?;
+                claim_env(&mut envs, format!("{at}.env"), &reference.env, &role.name)?;
+                self.check_reference(&at, reference)?;
             }
+        }
+        if let Some((r, pod, first)) = super::pods::colliding_pod(self) {
+            let role = &self.roles[r];
+            let field = if role.workload.is_some() {
+                format!("spec.roles[{r}].workload.name")
+            } else {
+                format!("spec.roles[{r}].name")
+            };
+            return Err(spec_error(
+                field,
+                format!(
+                    "pod {pod} of role {} is also a pod of role {}: their env files ({pod}.env) would be one",
+                    role.name, self.roles[first].name
+                ),
+            ));
         }
         Ok(())
     }
 
-    /// The role a reference points at, with the port, once it is known to resolve.
-    fn check_reference(&self, field: &str, text: &str) -> Result<(), SpecError> {
-        let reference = Reference::parse(text).map_err(|e| spec_error(field, e.to_string()))?;
-        let Some(role) = self.role(&reference.role) else {
-            return Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} names role {:?}, which does not exist (roles: {})",
-                    reference.role,
-                    self.roles
-                        .iter()
-                        .map(|r| r.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
+    /// What a role's workload allows: pod names a per-pod file can be found by, one leader per
+    /// LWS group.
+    fn check_workload(&self, at: &str, role: &Role) -> Result<(), SpecError> {
+        let Some(workload) = &role.workload else {
+            return Ok(());
         };
-        let Some(port) = role.ports.iter().find(|p| p.name == reference.port) else {
+        check_name(&format!("{at}.workload.name"), &workload.name)?;
+        let lws = workload.kind == WorkloadKind::LeaderWorkerSet;
+        if lws != workload.member.is_some() {
             return Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} names port {:?}, which role {:?} does not have (ports: {})",
-                    reference.port,
-                    role.name,
-                    role.ports
-                        .iter()
-                        .map(|p| p.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
+                format!("{at}.workload.member"),
+                "member (Leader or Workers) is required for a LeaderWorkerSet and allowed only there",
             ));
-        };
-        match (port.scope, reference.selector) {
-            (Scope::PodScoped, Selector::Single) if role.replicas != 1 => Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} is ambiguous: {}.{} is PodScoped and role {:?} has {} replicas; \
-                     write {}.{}[i] for one pod or {}.{}[*] for all",
-                    role.name,
-                    port.name,
-                    role.name,
-                    role.replicas,
-                    role.name,
-                    port.name,
-                    role.name,
-                    port.name
-                ),
-            )),
-            (Scope::PodScoped, Selector::Index(i)) if i >= role.replicas as u32 => Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} is out of range: role {:?} has {} replicas (indices 0..{})",
-                    role.name,
-                    role.replicas,
-                    role.replicas.saturating_sub(1)
-                ),
-            )),
-            (Scope::RoleScoped, Selector::Index(i)) if i != 0 => Err(spec_error(
-                field,
-                format!(
-                    "reference {text:?} indexes a RoleScoped port, which has one value: write {}.{}",
-                    role.name, port.name
-                ),
-            )),
-            _ => Ok(()),
         }
+        if workload.member == Some(LwsMember::Leader) && role.replicas != 1 {
+            return Err(spec_error(
+                format!("{at}.replicas"),
+                format!(
+                    "role {} is a LeaderWorkerSet's leader: one pod per group, so replicas must be 1, not {}",
+                    role.name, role.replicas
+                ),
+            ));
+        }
+        if workload.kind == WorkloadKind::Deployment {
+            if self.group_count() > 1 {
+                return Err(spec_error(
+                    format!("{at}.workload.kind"),
+                    format!(
+                        "role {} is a Deployment, whose randomly named pods cannot be told apart by group; spec.groups is {}",
+                        role.name,
+                        self.group_count()
+                    ),
+                ));
+            }
+            if role.replicas > 1
+                && let Some(p) = role.ports.iter().position(|p| p.scope == Scope::PodScoped)
+            {
+                return Err(spec_error(
+                    format!("{at}.ports[{p}].scope"),
+                    format!(
+                        "role {} is a Deployment with {} replicas: its pods have random names and share one env file, so a PodScoped port cannot reach each pod; use RoleScoped or a StatefulSet",
+                        role.name, role.replicas
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub fn role(&self, name: &str) -> Option<&Role> {
@@ -261,10 +290,7 @@ impl PortAllocationSpec {
         self.roles
             .iter()
             .flat_map(|role| role.ports.iter().map(move |port| (role, port)))
-            .map(|(role, port)| match port.scope {
-                Scope::RoleScoped => usize::from(role.replicas > 0),
-                Scope::PodScoped => role.replicas.max(0) as usize,
-            })
+            .map(|(role, port)| self.slot_count(role, port) as usize)
             .sum()
     }
 }
@@ -289,6 +315,25 @@ fn check_name(field: &str, name: &str) -> Result<(), SpecError> {
     }
 }
 
+/// Records that `env` is set in `role`, refusing a second use across ports (env, lastEnv,
+/// rangeEnv) and references.
+fn claim_env<'a>(
+    envs: &mut BTreeMap<&'a str, String>,
+    field: String,
+    env: &'a str,
+    role: &str,
+) -> Result<(), SpecError> {
+    check_env(&field, env)?;
+    if let Some(first) = envs.get(env) {
+        return Err(spec_error(
+            field,
+            format!("env {env:?} is used twice in role {role:?}: {first} sets it too"),
+        ));
+    }
+    envs.insert(env, field);
+    Ok(())
+}
+
 fn check_env(field: &str, env: &str) -> Result<(), SpecError> {
     let valid = env.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
         && env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
@@ -303,128 +348,5 @@ fn check_env(field: &str, env: &str) -> Result<(), SpecError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::PortReference;
-    use super::super::PortRequest;
-    use super::super::fixtures::{pd_roles, port};
-    use super::*;
-
-    fn spec() -> PortAllocationSpec {
-        PortAllocationSpec {
-            pool: "default".into(),
-            roles: pd_roles(2, 1),
-            ..Default::default()
-        }
-    }
-
-    fn with_reference(from: &str) -> PortAllocationSpec {
-        let mut spec = spec();
-        spec.roles[2].references.push(PortReference {
-            env: "REF".into(),
-            from: from.into(),
-            ..Default::default()
-        });
-        spec
-    }
-
-    #[test]
-    fn good_references_resolve() {
-        for from in [
-            "router.http",
-            "prefill.bootstrap[1]",
-            "prefill.bootstrap[*]",
-            "decode.http",
-            "router.http[0]",
-        ] {
-            assert_eq!(with_reference(from).validate(), Ok(()), "{from}");
-        }
-    }
-
-    #[test]
-    fn bad_references_name_the_field_and_the_problem() {
-        let cases = [
-            (
-                "nobody.http",
-                "names role \"nobody\", which does not exist (roles: router, prefill, decode)",
-            ),
-            (
-                "router.grpc",
-                "names port \"grpc\", which role \"router\" does not have (ports: http)",
-            ),
-            ("prefill.bootstrap", "is ambiguous"),
-            (
-                "prefill.bootstrap[2]",
-                "out of range: role \"prefill\" has 2 replicas",
-            ),
-            ("router.http[1]", "indexes a RoleScoped port"),
-            ("router", "malformed"),
-        ];
-        for (from, expected) in cases {
-            let err = with_reference(from).validate().unwrap_err();
-            assert_eq!(err.field, "spec.roles[2].references[0].from", "{from}");
-            assert!(err.message.contains(expected), "{from}: {err}");
-        }
-    }
-
-    #[test]
-    fn duplicates_and_bounds_are_caught() {
-        let mut s = spec();
-        s.roles[1].name = "router".into();
-        assert_eq!(s.validate().unwrap_err().field, "spec.roles[1].name");
-
-        let mut s = spec();
-        s.roles[0]
-            .ports
-            .push(port("http", Scope::RoleScoped, "OTHER"));
-        assert_eq!(
-            s.validate().unwrap_err().field,
-            "spec.roles[0].ports[1].name"
-        );
-
-        let mut s = spec();
-        s.roles[0].replicas = 5000;
-        assert_eq!(s.validate().unwrap_err().field, "spec.roles[0].replicas");
-
-        let mut s = spec();
-        s.roles[0].ports[0].port = Some(30009);
-        s.roles[1].ports.push(PortRequest {
-            port: Some(30009),
-            ..port("fixed", Scope::RoleScoped, "FIXED")
-        });
-        let err = s.validate().unwrap_err();
-        assert!(
-            err.message
-                .contains("requested by both router.http and prefill.fixed"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn demands_follow_the_spec() {
-        let demands = spec().demands().unwrap();
-        assert_eq!(demands.len(), 3);
-        assert_eq!(demands[1].replicas, 2);
-        assert_eq!(demands[1].scope, core::Scope::PodScoped);
-        assert_eq!(spec().desired_port_count(), 1 + 2 + 1);
-    }
-
-    #[test]
-    fn pool_ports_subtract_exclusions() {
-        let pool = PortPoolSpec {
-            ranges: vec!["30000-30009".into(), "30020".into()],
-            exclude: vec!["30005".into(), "30008-30009".into()],
-            protocol: Default::default(),
-            static_band: StaticBandSetting::Auto,
-        };
-        assert_eq!(
-            pool.port_set().unwrap().to_string(),
-            "30000-30004,30006-30007,30020"
-        );
-        let mut outside = pool.clone();
-        outside.exclude.push("40000".into());
-        assert_eq!(outside.port_set().unwrap_err().field, "spec.exclude[2]");
-        let mut overlapping = pool;
-        overlapping.ranges.push("30009-30010".into());
-        assert_eq!(overlapping.port_set().unwrap_err().field, "spec.ranges");
-    }
-}
+#[path = "validate_tests.rs"]
+mod tests;

@@ -106,8 +106,7 @@ pub fn describe_text(pa: &PortAllocation, paint: &Paint) -> String {
         if !role.references.is_empty() {
             let _ = writeln!(out, "    References:");
             for (i, reference) in role.references.iter().enumerate() {
-                let field = format!("spec.roles[{r}].references[{i}].from");
-                let value = match pa.resolve_reference(&field, &reference.from) {
+                let value = match pa.resolve_reference_at(r, i) {
                     Ok(value) => value,
                     Err(e) => paint.warn(&format!("<{e}>")),
                 };

@@ -8,18 +8,23 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::api::{EnvVar, env_configmap, env_lines, index_from_pod_name};
+use crate::api::{EnvVar, env_configmap, env_lines};
 use crate::k8s;
 use crate::k8s::get_allocation;
 
 const EXAMPLES: &str = "Examples:
-  # What pod 1 of the decode role gets, as KEY=VALUE lines
+  # What pod 1 of the decode role gets, as KEY=VALUE lines (with groups, index g*replicas+i)
   kubectl portalloc resolve sglang-pd --role decode --index 1
 
-  # The same, from the pod's name, for a shell
-  eval \"$(kubectl portalloc resolve sglang-pd --role decode --pod sglang-pd-decode-1 -o export)\"
+  # The same, from the pod's name (a StatefulSet pod, an LWS leader sglang-1 or worker
+  # sglang-1-2, or a Deployment role's name), for a shell
+  eval \"$(kubectl portalloc resolve sglang-pd --pod decode-1 -o export)\"
 
-  # One ConfigMap with every pod's env file (<role>-<index>.env), written to the cluster
+  # Every env file, keyed by pod name, as JSON
+  kubectl portalloc resolve sglang-pd --all -o json
+
+  # One ConfigMap with every pod's env file (<pod-name>.env; <role>.env for a Deployment's
+  # pods), written to the cluster
   kubectl portalloc resolve sglang-pd --all -o configmap --apply";
 
 /// Print the environment one pod should get: its ports and its role's references.
@@ -28,13 +33,14 @@ const EXAMPLES: &str = "Examples:
 pub struct ResolveArgs {
     /// The PortAllocation.
     pub name: String,
-    /// The pod's role.
-    #[arg(long, required_unless_present = "all")]
+    /// The pod's role (needed with --index; with --pod only when the name fits two roles).
+    #[arg(long, required_unless_present_any = ["all", "pod"])]
     pub role: Option<String>,
-    /// The pod's index in its role.
+    /// The pod's index in its role: g*replicas+i for pod i of group g.
     #[arg(long, conflicts_with_all = ["pod", "all"])]
     pub index: Option<u32>,
-    /// The pod's name; its trailing -<index> gives the index.
+    /// The pod's name as its workload names it (with --role naming a role without workload:
+    /// any name ending in -<index>); a Deployment role's pods go by the role's name.
     #[arg(long, conflicts_with = "all")]
     pub pod: Option<String>,
     /// Every pod of every role (with -o configmap, json or yaml).
@@ -114,10 +120,9 @@ pub async fn run(global: &GlobalArgs, args: ResolveArgs) -> anyhow::Result<()> {
             }
         };
     }
-    let role = args.role.as_deref().unwrap_or_default();
-    let index = match (args.index, &args.pod) {
-        (Some(index), _) => index,
-        (None, Some(pod)) => index_from_pod_name(pod, role).map_err(invalid)?,
+    let (role, index) = match (args.index, &args.pod) {
+        (Some(index), _) => (args.role.clone().unwrap_or_default(), index),
+        (None, Some(pod)) => pa.locate_pod(args.role.as_deref(), pod).map_err(invalid)?,
         (None, None) => {
             return Err(CliError::new(
                 Exit::Usage,
@@ -126,7 +131,7 @@ pub async fn run(global: &GlobalArgs, args: ResolveArgs) -> anyhow::Result<()> {
             .into());
         }
     };
-    let env = pa.resolve_env(role, index).map_err(invalid)?;
+    let env = pa.resolve_env(&role, index).map_err(invalid)?;
     match args.output {
         EnvFormat::Json | EnvFormat::Yaml => print_structured(args.output, &flat(&env)),
         // Without --all there is no ConfigMap: refused above.

@@ -21,4 +21,6 @@ pub use holding::{Holdings, HoldingsError, SlotKey, is_valid_name};
 pub use planner::{Plan, PortDemand, Scope, desired_slots, execute, plan};
 pub use pool_state::{BandUsage, PoolState};
 pub use range::{MAX_PORT, MIN_PORT, PortRange, PortSet, RangeError};
-pub use reference::{Reference, ReferenceSyntaxError, Selector};
+pub use reference::{
+    FormatError, FormatPart, PortForm, Reference, ReferenceSyntaxError, Selector, parse_format,
+};

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::refusal::{Reason, Refusal};
-use crate::api::{Phase, PortAllocation, PortAllocationStatus, PortAssignment, Scope};
+use crate::api::{Phase, PortAllocation, PortAllocationStatus, PortAssignment};
 use crate::core::{Holdings, SlotKey};
 
 pub const CONDITION_ALLOCATED: &str = "Allocated";
@@ -40,10 +40,8 @@ pub fn allocation_status(
     let mut desired = 0usize;
     for role in &pa.spec.roles {
         for port in &role.ports {
-            let slots = match port.scope {
-                Scope::RoleScoped => u32::from(role.replicas > 0),
-                Scope::PodScoped => role.replicas.max(0) as u32,
-            };
+            // PodScoped: one per pod (G x replicas, flat index); RoleScoped: one per group.
+            let slots = pa.spec.slot_count(role, port);
             desired += slots as usize;
             let values: Vec<i32> = (0..slots)
                 .map_while(|index| {
@@ -165,7 +163,7 @@ pub fn recorded_holdings(status: &PortAllocationStatus) -> Holdings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{PortAllocationSpec, PortRequest, Role};
+    use crate::api::{PortAllocationSpec, PortRequest, Role, Scope};
 
     fn pa() -> PortAllocation {
         let mut pa = PortAllocation::new(
@@ -218,6 +216,25 @@ mod tests {
         assert_eq!(status.observed_generation, Some(3));
         assert_eq!(status.assignments[0].values, vec![100, 101]);
         assert_eq!(recorded_holdings(&status), held);
+    }
+
+    #[test]
+    fn groups_multiply_pod_slots_and_give_role_slots_one_per_group() {
+        let mut grouped = pa();
+        grouped.spec.groups = Some(2);
+        let held: Holdings = (0..4)
+            .map(|i| (SlotKey::new("web", "http", i), 100 + i as u16))
+            .chain((0..2).map(|g| (SlotKey::new("web", "admin", g), 200 + g as u16)))
+            .collect();
+        let status = allocation_status(&grouped, &held, None, Outcome::Converged);
+        assert_eq!(status.ports.as_deref(), Some("6/6"));
+        assert_eq!(status.assignments[0].values, vec![100, 101, 102, 103]);
+        assert_eq!(status.assignments[1].values, vec![200, 201]);
+        let demands = grouped.spec.demands().unwrap();
+        let slots = crate::core::desired_slots(&demands);
+        assert_eq!(slots.len(), 6);
+        assert!(slots.contains_key(&SlotKey::new("web", "admin", 1)));
+        assert!(slots.contains_key(&SlotKey::new("web", "http", 3)));
     }
 
     #[test]

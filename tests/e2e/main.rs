@@ -13,6 +13,7 @@ mod examples;
 mod faults;
 mod health;
 mod import;
+mod pods;
 mod rbac;
 mod repair;
 mod restart;
