@@ -262,4 +262,8 @@ pub struct PortAssignment {
     /// Ports per block, when more than one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<i32>,
+    /// With groups: how many values each group has (pods per group for PodScoped, 1 for
+    /// RoleScoped), so value `f` belongs to group `f / groupSize`. Omitted without groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<i32>,
 }

@@ -12,7 +12,7 @@ use super::{
     LwsMember, PortAllocationSpec, PortPoolSpec, PortRequest, Role, Scope, StaticBandSetting,
     WorkloadKind,
 };
-use crate::core::{self, PortDemand, PortSet};
+use crate::core::{self, PortDemand, PortSet, SlotKey};
 
 /// A spec that cannot be used as written, with the field that is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -81,23 +81,19 @@ impl PortAllocationSpec {
     pub fn demands(&self) -> Result<Vec<PortDemand>, SpecError> {
         self.validate()?;
         let mut demands = Vec::new();
-        for role in &self.roles {
-            for port in &role.ports {
-                // With groups, a RoleScoped port has one slot per group: the planner numbers
-                // slots 0..replicas for PodScoped demands, so it is asked for one per group.
-                let (scope, replicas) = match port.scope {
-                    Scope::RoleScoped if self.group_count() > 1 => {
-                        (core::Scope::PodScoped, self.slot_count(role, port))
-                    }
-                    scope => (scope.into(), self.group_count() * role.per_group()),
-                };
-                demands.push(PortDemand {
-                    role: role.name.clone(),
-                    port: port.name.clone(),
-                    scope,
-                    replicas,
-                    requested: port.port.map(|p| p as u16),
-                });
+        // One demand per group: slots are keyed by (group, index in group), so a pod keeps
+        // its port when the replicas per group change.
+        for group in 0..self.group_count() {
+            for role in &self.roles {
+                for port in &role.ports {
+                    demands.push(PortDemand {
+                        role: SlotKey::in_group(&role.name, "", group, 0).role,
+                        port: port.name.clone(),
+                        scope: port.scope.into(),
+                        replicas: role.per_group(),
+                        requested: port.port.map(|p| p as u16),
+                    });
+                }
             }
         }
         Ok(demands)

@@ -272,15 +272,30 @@ fn env_names_collide_across_env_last_range_and_references() {
 fn groups_multiply_the_slots() {
     let s = lws_spec(3, 1);
     let demands = s.demands().unwrap();
-    // The leader's RoleScoped port: one slot per group.
-    assert_eq!(demands[0].slot_count(), 3);
+    // The leader's RoleScoped port: one demand (one slot) per group, keyed by group.
+    let leaders: Vec<_> = demands
+        .iter()
+        .filter(|d| d.port == demands[0].port)
+        .collect();
+    assert_eq!(leaders.len(), 3);
+    assert!(leaders.iter().all(|d| d.slot_count() == 1));
     assert_eq!(s.desired_port_count(), 3);
     let mut pods = spec();
     pods.groups = Some(2);
     let demands = pods.demands().unwrap();
     assert_eq!(
-        demands.iter().map(|d| d.slot_count()).collect::<Vec<_>>(),
-        vec![2, 4, 2]
+        demands
+            .iter()
+            .map(|d| (d.role.as_str(), d.slot_count()))
+            .collect::<Vec<_>>(),
+        vec![
+            ("router", 1),
+            ("prefill", 2),
+            ("decode", 1),
+            ("1-router", 1),
+            ("1-prefill", 2),
+            ("1-decode", 1)
+        ]
     );
     assert_eq!(pods.desired_port_count(), 8);
 }

@@ -30,7 +30,7 @@ pub async fn run(global: &GlobalArgs, args: ReleaseArgs) -> anyhow::Result<()> {
         let held = pa.status.as_ref().is_some_and(|s| {
             recorded_holdings(s)
                 .iter()
-                .any(|(slot, _)| &slot.role == role)
+                .any(|(slot, _)| slot.spec_role() == role)
         });
         if !in_spec && !held {
             let roles: Vec<&str> = pa.spec.roles.iter().map(|r| r.name.as_str()).collect();

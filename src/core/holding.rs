@@ -13,8 +13,8 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-/// The longest DNS label Kubernetes accepts.
-const MAX_NAME_LEN: usize = 63;
+/// The longest name the encoding accepts: a DNS label (63) behind a group prefix (`1023-`).
+const MAX_NAME_LEN: usize = 63 + 5;
 
 /// Whether `name` can appear in the encoding: 1 to 63 characters of
 /// `[a-z0-9-]`. Kubernetes validates role and port names more strictly
@@ -44,6 +44,41 @@ impl SlotKey {
             role: role.into(),
             port: port.into(),
             index,
+        }
+    }
+
+    /// Pod `index` of `role` in group `group` (a RoleScoped port: index 0). Group 0 is the role
+    /// itself, so allocations without groups are written as before; group g > 0 is written
+    /// `<g>-<role>`, which no role can be called (role names start with a letter). Keying by
+    /// (group, index) rather than a flat pod number keeps every pod's port when a role's
+    /// replicas per group change.
+    pub fn in_group(role: &str, port: impl Into<String>, group: u32, index: u32) -> SlotKey {
+        let role = if group == 0 {
+            role.to_string()
+        } else {
+            format!("{group}-{role}")
+        };
+        SlotKey::new(role, port, index)
+    }
+
+    /// The group this slot belongs to (see [`SlotKey::in_group`]).
+    pub fn group(&self) -> u32 {
+        self.split_group().0
+    }
+
+    /// The role of the spec this slot belongs to, without its group prefix.
+    pub fn spec_role(&self) -> &str {
+        self.split_group().1
+    }
+
+    fn split_group(&self) -> (u32, &str) {
+        match self.role.split_once('-') {
+            Some((digits, role))
+                if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                (digits.parse().unwrap_or(0), role)
+            }
+            _ => (0, &self.role),
         }
     }
 
@@ -271,6 +306,23 @@ mod tests {
             .iter()
             .map(|&(role, port, index, value)| (SlotKey::new(role, port, index), value))
             .collect()
+    }
+
+    #[test]
+    fn group_slots_never_collide_with_roles_and_round_trip() {
+        let plain = SlotKey::in_group("prefill", "http", 0, 1);
+        assert_eq!(plain, SlotKey::new("prefill", "http", 1));
+        assert_eq!((plain.group(), plain.spec_role()), (0, "prefill"));
+        let grouped = SlotKey::in_group("prefill-x", "http", 12, 3);
+        assert_eq!(grouped.role, "12-prefill-x");
+        assert_eq!((grouped.group(), grouped.spec_role()), (12, "prefill-x"));
+        // A role whose name has a dash is not mistaken for a group.
+        assert_eq!(SlotKey::new("web-2", "http", 0).spec_role(), "web-2");
+        let long = "r".repeat(63);
+        let mut holdings = Holdings::new();
+        holdings.insert(SlotKey::in_group(&long, "http", 1023, 0), 100);
+        holdings.insert(SlotKey::in_group(&long, "http", 0, 0), 101);
+        assert_eq!(Holdings::decode(&holdings.encode()), Ok(holdings));
     }
 
     #[test]

@@ -43,9 +43,18 @@ pub fn allocation_status(
             // PodScoped: one per pod (G x replicas, flat index); RoleScoped: one per group.
             let slots = pa.spec.slot_count(role, port);
             desired += slots as usize;
+            // Values in flat order (group-major), up to the first slot not held.
+            let groups = pa.spec.group_count();
+            let group_size = slots / groups.max(1);
             let values: Vec<i32> = (0..slots)
-                .map_while(|index| {
-                    holdings.get(&SlotKey::new(role.name.clone(), port.name.clone(), index))
+                .map_while(|flat| {
+                    let (group, index) = (flat / group_size, flat % group_size);
+                    holdings.get(&SlotKey::in_group(
+                        &role.name,
+                        port.name.clone(),
+                        group,
+                        index,
+                    ))
                 })
                 .map(i32::from)
                 .collect();
@@ -56,6 +65,7 @@ pub fn allocation_status(
                     scope: port.scope,
                     env: port.env.clone(),
                     values,
+                    group_size: (groups > 1).then_some(group_size as i32),
                     ..Default::default()
                 });
             }
@@ -144,12 +154,20 @@ fn keep_transition_time(mut condition: Condition, previous: &[Condition]) -> Con
 pub fn recorded_holdings(status: &PortAllocationStatus) -> Holdings {
     let mut holdings = Holdings::new();
     for assignment in &status.assignments {
-        for (index, value) in assignment.values.iter().enumerate() {
+        // Without groups every value is group 0's; with groups, groupSize values per group.
+        let group_size = assignment
+            .group_size
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(usize::MAX);
+        for (flat, value) in assignment.values.iter().enumerate() {
             if let Ok(port) = u16::try_from(*value) {
+                let (group, index) = (flat / group_size, flat % group_size);
                 holdings.insert(
-                    SlotKey::new(
-                        assignment.role.clone(),
+                    SlotKey::in_group(
+                        &assignment.role,
                         assignment.port.clone(),
+                        group as u32,
                         index as u32,
                     ),
                     port,
@@ -223,18 +241,27 @@ mod tests {
         let mut grouped = pa();
         grouped.spec.groups = Some(2);
         let held: Holdings = (0..4)
-            .map(|i| (SlotKey::new("web", "http", i), 100 + i as u16))
-            .chain((0..2).map(|g| (SlotKey::new("web", "admin", g), 200 + g as u16)))
+            .map(|f| {
+                (
+                    SlotKey::in_group("web", "http", f / 2, f % 2),
+                    100 + f as u16,
+                )
+            })
+            .chain((0..2).map(|g| (SlotKey::in_group("web", "admin", g, 0), 200 + g as u16)))
             .collect();
         let status = allocation_status(&grouped, &held, None, Outcome::Converged);
         assert_eq!(status.ports.as_deref(), Some("6/6"));
         assert_eq!(status.assignments[0].values, vec![100, 101, 102, 103]);
+        assert_eq!(status.assignments[0].group_size, Some(2));
         assert_eq!(status.assignments[1].values, vec![200, 201]);
+        assert_eq!(status.assignments[1].group_size, Some(1));
+        // Repair rebuilds exactly these slots from the status.
+        assert_eq!(recorded_holdings(&status), held);
         let demands = grouped.spec.demands().unwrap();
         let slots = crate::core::desired_slots(&demands);
         assert_eq!(slots.len(), 6);
-        assert!(slots.contains_key(&SlotKey::new("web", "admin", 1)));
-        assert!(slots.contains_key(&SlotKey::new("web", "http", 3)));
+        assert!(slots.contains_key(&SlotKey::new("1-web", "admin", 0)));
+        assert!(slots.contains_key(&SlotKey::new("1-web", "http", 1)));
     }
 
     #[test]

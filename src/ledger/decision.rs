@@ -110,7 +110,7 @@ fn decide_release(record: &PoolRecord, uid: &str, owner: &str, role: Option<&str
     let current = record.holdings_of(uid);
     let keep: Holdings = current
         .iter()
-        .filter(|(slot, _)| role.is_some_and(|r| slot.role != r))
+        .filter(|(slot, _)| role.is_some_and(|r| slot.spec_role() != r))
         .map(|(slot, port)| (slot.clone(), port))
         .collect();
     let released = current.len() - keep.len();
@@ -231,6 +231,61 @@ mod tests {
         assert!(!sync.released_on_purpose(&holdings, released));
         let release = Operation::Release { role: None };
         assert!(release.released_on_purpose(&holdings, released));
+    }
+
+    #[test]
+    fn scaling_pods_per_group_keeps_every_pods_port() {
+        use crate::api::{PortAllocationSpec, PortRequest, Role};
+        let spec = |replicas| PortAllocationSpec {
+            pool: "p".into(),
+            groups: Some(2),
+            roles: vec![Role {
+                name: "w".into(),
+                replicas,
+                ports: vec![PortRequest {
+                    name: "http".into(),
+                    env: "HTTP".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut pool = PortPool::new(
+            "p",
+            PortPoolSpec {
+                ranges: vec!["100-119".into()],
+                exclude: vec![],
+                protocol: Default::default(),
+                static_band: StaticBandSetting::None,
+            },
+        );
+        pool.status = Some(PortPoolStatus::default());
+        let empty = PoolRecord::load(pool.clone()).unwrap();
+        let two = Operation::Sync(spec(2).demands().unwrap());
+        let Decision::Write {
+            status,
+            holdings: before,
+            ..
+        } = decide(&empty, "a", "ns/a", &two, &mut rng()).unwrap()
+        else {
+            panic!("a first sync writes");
+        };
+        pool.status = Some(status);
+        let record = PoolRecord::load(pool).unwrap();
+        let three = Operation::Sync(spec(3).demands().unwrap());
+        let Decision::Write {
+            holdings: after,
+            released,
+            ..
+        } = decide(&record, "a", "ns/a", &three, &mut rng()).unwrap()
+        else {
+            panic!("a scale-up writes");
+        };
+        assert_eq!((before.len(), after.len(), released), (4, 6, 0));
+        for (slot, port) in before.iter() {
+            assert_eq!(after.get(slot), Some(port), "{slot} moved");
+        }
     }
 
     #[test]
