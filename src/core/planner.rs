@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use rand::Rng;
 
 use super::alloc_error::AllocError;
+use super::block::PortBlock;
 use super::holding::{Holdings, SlotKey};
 use super::pool_state::PoolState;
 
@@ -26,8 +27,10 @@ pub struct PortDemand {
     pub port: String,
     pub scope: Scope,
     pub replicas: u32,
-    /// A specific port to hold; `None` lets the pool choose.
+    /// A specific port to hold (a block's first port); `None` lets the pool choose.
     pub requested: Option<u16>,
+    /// Ports per slot: 1 for a single port, N for a block of N contiguous ports.
+    pub count: u32,
 }
 
 impl PortDemand {
@@ -40,17 +43,44 @@ impl PortDemand {
     }
 }
 
-/// Every slot the demands need, with the port each one requests.
+/// What one slot asks for: a requested first port or any, and how many ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Want {
+    pub requested: Option<u16>,
+    /// At least 1.
+    pub count: u32,
+}
+
+impl Want {
+    /// A single port, requested or automatic.
+    pub fn single(requested: Option<u16>) -> Want {
+        Want {
+            requested,
+            count: 1,
+        }
+    }
+
+    /// Whether `block` satisfies this want as it is.
+    pub fn is_met_by(&self, block: PortBlock) -> bool {
+        u32::from(block.count) == self.count && self.requested.is_none_or(|p| p == block.first)
+    }
+}
+
+/// Every slot the demands need, with what each one asks for.
 ///
 /// Demands are expected to name distinct (role, port) pairs (the API layer
 /// validates that); if two repeat one, the later demand's value wins for the
 /// indices they share.
-pub fn desired_slots(demands: &[PortDemand]) -> BTreeMap<SlotKey, Option<u16>> {
+pub fn desired_slots(demands: &[PortDemand]) -> BTreeMap<SlotKey, Want> {
     let mut slots = BTreeMap::new();
     for demand in demands {
+        let want = Want {
+            requested: demand.requested,
+            count: demand.count.max(1),
+        };
         for index in 0..demand.slot_count() {
             let slot = SlotKey::new(demand.role.clone(), demand.port.clone(), index);
-            slots.insert(slot, demand.requested);
+            slots.insert(slot, want);
         }
     }
     slots
@@ -61,10 +91,10 @@ pub fn desired_slots(demands: &[PortDemand]) -> BTreeMap<SlotKey, Option<u16>> {
 pub struct Plan {
     /// Current slots that stay exactly as they are.
     pub keep: Holdings,
-    /// Slots to fill, with the port each requests (`None`: any free port).
-    pub allocate: Vec<(SlotKey, Option<u16>)>,
-    /// Current slots to give up, with the port each holds.
-    pub release: Vec<(SlotKey, u16)>,
+    /// Slots to fill, with what each asks for.
+    pub allocate: Vec<(SlotKey, Want)>,
+    /// Current slots to give up, with the block (or port) each holds.
+    pub release: Vec<(SlotKey, PortBlock)>,
 }
 
 impl Plan {
@@ -73,18 +103,30 @@ impl Plan {
         self.allocate.is_empty() && self.release.is_empty()
     }
 
-    /// How many slots the pool must choose a port for.
+    /// How many ports the pool must choose (every port of every automatic block).
     pub fn automatic_count(&self) -> u32 {
-        let count = self.allocate.iter().filter(|(_, r)| r.is_none()).count();
-        u32::try_from(count).unwrap_or(u32::MAX)
+        self.allocate
+            .iter()
+            .filter(|(_, want)| want.requested.is_none())
+            .map(|(_, want)| want.count)
+            .fold(0u32, u32::saturating_add)
     }
 
-    /// Each requested port with the slots requesting it, by port.
+    /// Whether any slot to fill is a block of more than one port.
+    pub fn has_blocks(&self) -> bool {
+        self.allocate.iter().any(|(_, want)| want.count > 1)
+    }
+
+    /// Each requested port with the slots whose request covers it, by port
+    /// (a requested block covers all its ports).
     pub fn requests(&self) -> BTreeMap<u16, Vec<SlotKey>> {
         let mut requests: BTreeMap<u16, Vec<SlotKey>> = BTreeMap::new();
-        for (slot, requested) in &self.allocate {
-            if let Some(port) = requested {
-                requests.entry(*port).or_default().push(slot.clone());
+        for (slot, want) in &self.allocate {
+            if let Some(first) = want.requested {
+                let last = (u32::from(first) + want.count - 1).min(u32::from(u16::MAX)) as u16;
+                for port in first..=last {
+                    requests.entry(port).or_default().push(slot.clone());
+                }
             }
         }
         requests
@@ -93,24 +135,23 @@ impl Plan {
 
 /// Compares the demands with the current holdings.
 ///
-/// A held slot is kept if it is still desired and, when it requests a port,
-/// holds exactly that one (a slot that stops requesting keeps whatever it
-/// has, so removing `requested` never moves a workload). Every other held
-/// slot is released; every desired slot not kept is allocated. Scaling
-/// down therefore releases exactly the removed indices.
+/// A held slot is kept if it is still desired, holds a block of the size
+/// asked for, and, when it requests a port, starts exactly there (a slot
+/// that stops requesting keeps whatever it has, so removing `requested`
+/// never moves a workload). Every other held slot is released; every
+/// desired slot not kept is allocated. Scaling down therefore releases
+/// exactly the removed indices, and changing a count moves only that
+/// port's slots.
 pub fn plan(demands: &[PortDemand], current: &Holdings) -> Plan {
     let desired = desired_slots(demands);
     let mut keep = Holdings::new();
     let mut release = Vec::new();
-    for (slot, port) in current.iter() {
+    for (slot, block) in current.iter() {
         match desired.get(slot) {
-            Some(None) => {
-                keep.insert(slot.clone(), port);
+            Some(want) if want.is_met_by(block) => {
+                keep.insert_block(slot.clone(), block);
             }
-            Some(Some(requested)) if *requested == port => {
-                keep.insert(slot.clone(), port);
-            }
-            _ => release.push((slot.clone(), port)),
+            _ => release.push((slot.clone(), block)),
         }
     }
     let allocate = desired
@@ -128,9 +169,11 @@ pub fn plan(demands: &[PortDemand], current: &Holdings) -> Plan {
 /// complete new holdings (kept slots plus new ones).
 ///
 /// Order: releases first (so a port can move between two slots of one
-/// owner), then every requested port (so an automatic choice never takes a
-/// port another slot of the plan asked for), then automatic ports. On any
-/// error `state` is exactly as it was before the call.
+/// owner), then every requested port or block (so an automatic choice never
+/// takes a port another slot of the plan asked for), then automatic blocks,
+/// largest first (long runs are the scarce resource; single ports fit in
+/// any gap), then automatic single ports. On any error `state` is exactly
+/// as it was before the call.
 pub fn execute(
     plan: &Plan,
     state: &mut PoolState,
@@ -150,30 +193,67 @@ pub fn execute(
 }
 
 fn apply(plan: &Plan, state: &mut PoolState, rng: &mut impl Rng) -> Result<Holdings, AllocError> {
-    for (_, port) in &plan.release {
-        state.release(*port);
+    for (_, block) in &plan.release {
+        state.release_block(*block);
     }
     let mut holdings = plan.keep.clone();
-    for (slot, requested) in &plan.allocate {
-        if let Some(port) = *requested {
-            state.take_requested(port)?;
-            holdings.insert(slot.clone(), port);
+    for (slot, want) in &plan.allocate {
+        if let Some(first) = want.requested {
+            let block = PortBlock::new(first, want.count).ok_or_else(|| {
+                // Past 65535: its first port past the end is what is missing.
+                let past = u16::MAX;
+                AllocError::BlockNotInPool {
+                    block: PortBlock::spanning(first, past).unwrap_or(PortBlock::single(first)),
+                    port: past,
+                    ranges: state.ports().clone(),
+                }
+            })?;
+            state.take_requested_block(block)?;
+            holdings.insert_block(slot.clone(), block);
         }
     }
     // Checked up front so the error counts every port the plan lacks, not
     // just the first one that didn't fit.
     let needed = plan.automatic_count();
     if needed > state.free_count() {
-        return Err(state.full_error(needed));
+        let mut error = state.full_error(needed);
+        if plan.has_blocks()
+            && let AllocError::PoolFull { runs, .. } = &mut error
+        {
+            *runs = Some(state.fragmentation().summary());
+        }
+        return Err(error);
     }
-    for (slot, _) in plan.allocate.iter().filter(|(_, r)| r.is_none()) {
-        let port = state
-            .take_next(rng)
-            .ok_or_else(|| state.full_error(needed))?;
-        holdings.insert(slot.clone(), port);
+    let mut automatic: Vec<&(SlotKey, Want)> = plan
+        .allocate
+        .iter()
+        .filter(|(_, want)| want.requested.is_none())
+        .collect();
+    // Stable: equal sizes keep slot order.
+    automatic.sort_by_key(|(_, want)| std::cmp::Reverse(want.count));
+    let mut placed = 0u32;
+    for (slot, want) in automatic {
+        let block = state.take_block(want.count, rng).ok_or_else(|| {
+            if want.count > 1 {
+                AllocError::NoRun {
+                    slot: slot.clone(),
+                    count: want.count,
+                    runs: state.fragmentation().summary(),
+                    placed,
+                }
+            } else {
+                state.full_error(needed)
+            }
+        })?;
+        placed += want.count;
+        holdings.insert_block(slot.clone(), block);
     }
     Ok(holdings)
 }
+
+#[cfg(test)]
+#[path = "planner_block_tests.rs"]
+mod block_tests;
 
 #[cfg(test)]
 mod tests {
@@ -192,6 +272,7 @@ mod tests {
             scope,
             replicas,
             requested: None,
+            count: 1,
         }
     }
 
@@ -220,7 +301,10 @@ mod tests {
             demand("idle", "http", Scope::RoleScoped, 0),
             demand("idle", "metrics", Scope::PodScoped, 0),
         ];
-        let slots: Vec<(SlotKey, Option<u16>)> = desired_slots(&demands).into_iter().collect();
+        let slots: Vec<(SlotKey, Option<u16>)> = desired_slots(&demands)
+            .into_iter()
+            .map(|(slot, want)| (slot, want.requested))
+            .collect();
         assert_eq!(
             slots,
             [
@@ -267,8 +351,14 @@ mod tests {
             demand("a", "metrics", Scope::RoleScoped, 1),
         ];
         let change = plan(&after, &held);
-        assert_eq!(change.release, [(slot("a", "http", 0), 30010)]);
-        assert_eq!(change.allocate, [(slot("a", "http", 0), Some(30020))]);
+        assert_eq!(
+            change.release,
+            [(slot("a", "http", 0), PortBlock::single(30010))]
+        );
+        assert_eq!(
+            change.allocate,
+            [(slot("a", "http", 0), Want::single(Some(30020)))]
+        );
         let held = execute(&change, &mut state, &mut rng()).unwrap();
         assert_eq!(held.get(&slot("a", "metrics", 0)), Some(metrics));
         assert!(!state.is_held(30010));
@@ -355,7 +445,8 @@ mod tests {
                 size: 10,
                 used: 8,
                 needed: 5,
-                free: 2
+                free: 2,
+                runs: None,
             }
         );
     }
@@ -386,20 +477,24 @@ mod tests {
     fn arb_demands() -> impl Strategy<Value = Vec<PortDemand>> {
         let scope = prop_oneof![Just(Scope::RoleScoped), Just(Scope::PodScoped)];
         let requested = prop_oneof![6 => Just(None), 1 => (1u16..150).prop_map(Some)];
+        let count = prop_oneof![4 => Just(1u32), 1 => 2u32..12];
         prop::collection::btree_map(
             (0..ROLES.len(), 0..PORTS.len()),
-            (scope, 0u32..5, requested),
+            (scope, 0u32..5, requested, count),
             0..5,
         )
         .prop_map(|map| {
             map.into_iter()
-                .map(|((role, port), (scope, replicas, requested))| PortDemand {
-                    role: ROLES[role].into(),
-                    port: PORTS[port].into(),
-                    scope,
-                    replicas,
-                    requested,
-                })
+                .map(
+                    |((role, port), (scope, replicas, requested, count))| PortDemand {
+                        role: ROLES[role].into(),
+                        port: PORTS[port].into(),
+                        scope,
+                        replicas,
+                        requested,
+                        count,
+                    },
+                )
                 .collect()
         })
     }
@@ -425,9 +520,18 @@ mod tests {
                         // Planning again against the result is a no-op.
                         prop_assert!(plan(&demands, &held).is_noop());
                         // Released ports are free unless re-taken by this plan.
-                        for (_, port) in &change.release {
-                            let retaken = held.ports().any(|p| p == *port);
-                            prop_assert_eq!(state.is_held(*port), retaken);
+                        for port in change.release.iter().flat_map(|(_, b)| b.ports()) {
+                            let retaken = held.ports().any(|p| p == port);
+                            prop_assert_eq!(state.is_held(port), retaken);
+                        }
+                        // Every block is whole and inside the pool, and is
+                        // contiguous ports of the pool (no gap or exclusion).
+                        for (_, block) in held.iter() {
+                            prop_assert!(block.ports().all(|p| state.contains(p)), "{} leaves the pool", block);
+                        }
+                        for (slot, want) in desired_slots(&demands) {
+                            let block = held.block(&slot).unwrap();
+                            prop_assert!(want.is_met_by(block), "{} holds {} for {:?}", slot, block, want);
                         }
                         owners[owner] = held;
                     }
@@ -487,6 +591,7 @@ mod tests {
                 used: before.held_count() - held_first,
                 needed: wanted,
                 free: before.free_count() + held_first,
+                runs: None,
             });
             prop_assert_eq!(state, before);
         }
@@ -529,19 +634,19 @@ mod tests {
             prop_assert!(change.allocate.is_empty());
             let released: Vec<u32> = change.release.iter().map(|(s, _)| s.index).collect();
             prop_assert_eq!(released, (to..from).collect::<Vec<_>>());
-            for (slot, port) in &change.release {
+            for (slot, block) in &change.release {
                 prop_assert_eq!(slot.port.as_str(), "http");
-                prop_assert_eq!(held.get(slot), Some(*port));
+                prop_assert_eq!(held.block(slot), Some(*block));
             }
 
             let after = execute(&change, &mut state, &mut rng).unwrap();
             prop_assert_eq!(after.len() as u32, 1 + to);
-            for (slot, port) in after.iter() {
-                prop_assert_eq!(held.get(slot), Some(port), "{} moved", slot);
-                prop_assert!(state.is_held(port));
+            for (slot, block) in after.iter() {
+                prop_assert_eq!(held.block(slot), Some(block), "{} moved", slot);
+                prop_assert!(state.is_held(block.first));
             }
-            for (_, port) in &change.release {
-                prop_assert!(!state.is_held(*port));
+            for (_, block) in &change.release {
+                prop_assert!(!state.is_held(block.first));
             }
         }
     }

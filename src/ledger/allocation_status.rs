@@ -6,7 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::refusal::{Reason, Refusal};
 use crate::api::{Phase, PortAllocation, PortAllocationStatus, PortAssignment, Scope};
-use crate::core::{Holdings, SlotKey};
+use crate::core::{Holdings, PortBlock, SlotKey};
 
 pub const CONDITION_ALLOCATED: &str = "Allocated";
 /// True when every port the current spec asks for is held (`kubectl wait --for=condition=Ready`).
@@ -45,11 +45,18 @@ pub fn allocation_status(
                 Scope::PodScoped => role.replicas.max(0) as u32,
             };
             desired += slots as usize;
-            let values: Vec<i32> = (0..slots)
+            let blocks: Vec<PortBlock> = (0..slots)
                 .map_while(|index| {
-                    holdings.get(&SlotKey::new(role.name.clone(), port.name.clone(), index))
+                    holdings.block(&SlotKey::new(role.name.clone(), port.name.clone(), index))
                 })
-                .map(i32::from)
+                .collect();
+            // Blocks record their first ports and one count (a count change moves every slot of
+            // the port in one plan, so the held blocks of a port share a size).
+            let count = blocks.first().map_or(1, |b| b.count);
+            let values: Vec<i32> = blocks
+                .iter()
+                .take_while(|b| b.count == count)
+                .map(|b| i32::from(b.first))
                 .collect();
             if !values.is_empty() {
                 assignments.push(PortAssignment {
@@ -58,7 +65,7 @@ pub fn allocation_status(
                     scope: port.scope,
                     env: port.env.clone(),
                     values,
-                    ..Default::default()
+                    count: (count > 1).then_some(i32::from(count)),
                 });
             }
         }
@@ -146,15 +153,19 @@ fn keep_transition_time(mut condition: Condition, previous: &[Condition]) -> Con
 pub fn recorded_holdings(status: &PortAllocationStatus) -> Holdings {
     let mut holdings = Holdings::new();
     for assignment in &status.assignments {
+        let count = assignment.count.unwrap_or(1).max(1) as u32;
         for (index, value) in assignment.values.iter().enumerate() {
-            if let Ok(port) = u16::try_from(*value) {
-                holdings.insert(
+            let block = u16::try_from(*value)
+                .ok()
+                .and_then(|first| PortBlock::new(first, count));
+            if let Some(block) = block {
+                holdings.insert_block(
                     SlotKey::new(
                         assignment.role.clone(),
                         assignment.port.clone(),
                         index as u32,
                     ),
-                    port,
+                    block,
                 );
             }
         }
@@ -217,6 +228,25 @@ mod tests {
         assert_eq!(status.roles.as_deref(), Some("web:2"));
         assert_eq!(status.observed_generation, Some(3));
         assert_eq!(status.assignments[0].values, vec![100, 101]);
+        assert_eq!(recorded_holdings(&status), held);
+    }
+
+    #[test]
+    fn blocks_record_their_count_and_mirror_back() {
+        let mut object = pa();
+        object.spec.roles[0].ports[0].count = Some(8);
+        let block = |first| PortBlock::new(first, 8).unwrap();
+        let held: Holdings = [
+            (SlotKey::new("web", "http", 0), block(100)),
+            (SlotKey::new("web", "http", 1), block(108)),
+            (SlotKey::new("web", "admin", 0), PortBlock::single(120)),
+        ]
+        .into_iter()
+        .collect();
+        let status = allocation_status(&object, &held, None, Outcome::Converged);
+        assert_eq!(status.assignments[0].values, vec![100, 108]);
+        assert_eq!(status.assignments[0].count, Some(8));
+        assert_eq!(status.assignments[1].count, None);
         assert_eq!(recorded_holdings(&status), held);
     }
 

@@ -118,9 +118,9 @@ fn decide_release(record: &PoolRecord, uid: &str, owner: &str, role: Option<&str
         return Decision::Unchanged(current);
     }
     let mut state = record.state.clone();
-    for (slot, port) in current.iter() {
+    for (slot, block) in current.iter() {
         if !keep.contains(slot) {
-            state.release(port);
+            state.release_block(block);
         }
     }
     Decision::Write {
@@ -137,8 +137,8 @@ fn decide_remove(record: &PoolRecord, uid: &str, owner: &str) -> Decision {
         return Decision::Unchanged(current);
     }
     let mut state = record.state.clone();
-    for port in current.ports() {
-        state.release(port);
+    for (_, block) in current.iter() {
+        state.release_block(block);
     }
     // An undecodable entry of this owner goes too: the object is gone, nobody will read it.
     let mut without_opaque = record.clone();
@@ -197,6 +197,7 @@ mod tests {
             scope: Scope::PodScoped,
             replicas,
             requested: None,
+            count: 1,
         }
     }
 
