@@ -78,8 +78,13 @@ fn describe_ranges(ranges: &PortSet) -> String {
 }
 
 fn runs_note(runs: &Option<RunSummary>) -> String {
-    runs.map(|r| format!(" (in blocks; {r})"))
-        .unwrap_or_default()
+    runs.map(|r| {
+        format!(
+            " in blocks, and the largest free run is {} ports ({} runs)",
+            r.largest, r.runs
+        )
+    })
+    .unwrap_or_default()
 }
 
 fn placed_note(placed: u32) -> String {

@@ -260,7 +260,7 @@ fn a_full_pool_with_blocks_says_how_its_free_ports_lie() {
     .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "pool is full: it has 20 ports, 1 in use and 19 free, but this allocation needs 24 (in blocks; the largest free run is 10 (19 free in 2 runs)); nothing was allocated. Add ranges to the pool, lower replicas, or delete PortAllocations no longer in use"
+        "pool is full: it has 20 ports, 1 in use and 19 free, but this allocation needs 24 in blocks, and the largest free run is 10 ports (2 runs); nothing was allocated. Add ranges to the pool, lower replicas, or delete PortAllocations no longer in use"
     );
 }
 
