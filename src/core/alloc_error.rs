@@ -37,6 +37,11 @@ pub enum AllocError {
     BlockHeld { block: PortBlock, port: u16 },
 
     #[error(
+        "a block of {count} ports from port {first} would run past port 65535: request a lower first port"
+    )]
+    BlockPastEnd { first: u16, count: u32 },
+
+    #[error(
         "pool is full: it has {size} ports, {used} in use and {free} free, but this allocation needs {needed}{}; nothing was allocated. Add ranges to the pool, lower replicas, or delete PortAllocations no longer in use",
         runs_note(.runs)
     )]

@@ -112,6 +112,17 @@ fn a_requested_block_takes_exactly_its_ports_or_is_refused_whole() {
         "{err}"
     );
     assert_eq!(state, before);
+
+    let past_the_end = [requested(blocks("b", "w", Scope::RoleScoped, 1, 8), 65530)];
+    let err = run(&past_the_end, &Holdings::new(), &mut state).unwrap_err();
+    assert_eq!(
+        err,
+        AllocError::BlockPastEnd {
+            first: 65530,
+            count: 8
+        }
+    );
+    assert_eq!(state, before);
 }
 
 #[test]
