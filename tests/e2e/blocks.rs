@@ -302,7 +302,7 @@ async fn four_processes_allocating_blocks_at_once_never_overlap() {
             let path = dir.path().join(format!("{i}.yaml"));
             std::fs::write(&path, ray(&format!("ray-{i}"), &pool, 2, 8)).unwrap();
             Command::new(cli::BIN)
-                .args(["create", "-f", path.to_str().unwrap(), "-n", &ns])
+                .args(["create", "-f", path.to_str().unwrap(), "-n", &ns, "-v", "1"])
                 .env("KUBECONFIG", kubeconfig)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -310,14 +310,24 @@ async fn four_processes_allocating_blocks_at_once_never_overlap() {
                 .expect("spawn kubectl-portalloc")
         })
         .collect();
+    let mut conflicts = 0;
     for child in children {
         let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(
             output.status.success(),
-            "{}",
+            "{stdout}{}",
             String::from_utf8_lossy(&output.stderr)
         );
+        // `[attempts=N conflicts=M]`, as -v 1 prints it.
+        conflicts += stdout
+            .split("conflicts=")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .unwrap_or(0);
     }
+    eprintln!("blocks: 4 processes x (1 port + 2 blocks of 8), {conflicts} conflicts retried");
     // assert_consistent checks every port of every block against every other holder.
     let holdings = assert_consistent(&client, &pool).await;
     assert_eq!(holdings.len(), 4);
