@@ -6,7 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::refusal::{Reason, Refusal};
 use crate::api::{Phase, PortAllocation, PortAllocationStatus, PortAssignment, Scope};
-use crate::core::{Holdings, PortBlock, SlotKey};
+use crate::core::{Holdings, SlotKey};
 
 pub const CONDITION_ALLOCATED: &str = "Allocated";
 /// True when every port the current spec asks for is held (`kubectl wait --for=condition=Ready`).
@@ -45,19 +45,16 @@ pub fn allocation_status(
                 Scope::PodScoped => role.replicas.max(0) as u32,
             };
             desired += slots as usize;
-            let blocks: Vec<PortBlock> = (0..slots)
+            let values: Vec<i32> = (0..slots)
                 .map_while(|index| {
-                    holdings.block(&SlotKey::new(role.name.clone(), port.name.clone(), index))
+                    holdings.get(&SlotKey::new(role.name.clone(), port.name.clone(), index))
                 })
+                .map(i32::from)
                 .collect();
-            // Blocks record their first ports and one count (a count change moves every slot of
-            // the port in one plan, so the held blocks of a port share a size).
-            let count = blocks.first().map_or(1, |b| b.count);
-            let values: Vec<i32> = blocks
-                .iter()
-                .take_while(|b| b.count == count)
-                .map(|b| i32::from(b.first))
-                .collect();
+            // One count per port: a count change moves every slot of the port in one plan, so
+            // the blocks a port holds share a size.
+            let first_slot = SlotKey::new(role.name.clone(), port.name.clone(), 0);
+            let count = holdings.block(&first_slot).map_or(1, |b| b.count);
             if !values.is_empty() {
                 assignments.push(PortAssignment {
                     role: role.name.clone(),
@@ -157,7 +154,7 @@ pub fn recorded_holdings(status: &PortAllocationStatus) -> Holdings {
         for (index, value) in assignment.values.iter().enumerate() {
             let block = u16::try_from(*value)
                 .ok()
-                .and_then(|first| PortBlock::new(first, count));
+                .and_then(|first| crate::core::PortBlock::new(first, count));
             if let Some(block) = block {
                 holdings.insert_block(
                     SlotKey::new(
@@ -228,25 +225,6 @@ mod tests {
         assert_eq!(status.roles.as_deref(), Some("web:2"));
         assert_eq!(status.observed_generation, Some(3));
         assert_eq!(status.assignments[0].values, vec![100, 101]);
-        assert_eq!(recorded_holdings(&status), held);
-    }
-
-    #[test]
-    fn blocks_record_their_count_and_mirror_back() {
-        let mut object = pa();
-        object.spec.roles[0].ports[0].count = Some(8);
-        let block = |first| PortBlock::new(first, 8).unwrap();
-        let held: Holdings = [
-            (SlotKey::new("web", "http", 0), block(100)),
-            (SlotKey::new("web", "http", 1), block(108)),
-            (SlotKey::new("web", "admin", 0), PortBlock::single(120)),
-        ]
-        .into_iter()
-        .collect();
-        let status = allocation_status(&object, &held, None, Outcome::Converged);
-        assert_eq!(status.assignments[0].values, vec![100, 108]);
-        assert_eq!(status.assignments[0].count, Some(8));
-        assert_eq!(status.assignments[1].count, None);
         assert_eq!(recorded_holdings(&status), held);
     }
 
@@ -359,5 +337,25 @@ mod tests {
             )),
             object.status
         );
+    }
+
+    #[test]
+    fn blocks_record_their_count_and_mirror_back() {
+        let mut object = pa();
+        object.spec.roles[0].ports[0].count = Some(8);
+        use crate::core::PortBlock;
+        let block = |first| PortBlock::new(first, 8).unwrap();
+        let held: Holdings = [
+            (SlotKey::new("web", "http", 0), block(100)),
+            (SlotKey::new("web", "http", 1), block(108)),
+            (SlotKey::new("web", "admin", 0), PortBlock::single(120)),
+        ]
+        .into_iter()
+        .collect();
+        let status = allocation_status(&object, &held, None, Outcome::Converged);
+        assert_eq!(status.assignments[0].values, vec![100, 108]);
+        assert_eq!(status.assignments[0].count, Some(8));
+        assert_eq!(status.assignments[1].count, None);
+        assert_eq!(recorded_holdings(&status), held);
     }
 }
