@@ -83,6 +83,7 @@ fn demands_1000x4() -> Vec<PortDemand> {
             scope: Scope::PodScoped,
             replicas: 1000,
             requested: None,
+            count: 1,
         })
         .collect()
 }

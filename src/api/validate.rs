@@ -92,6 +92,7 @@ impl PortAllocationSpec {
                         scope: port.scope.into(),
                         replicas: role.per_group(),
                         requested: port.port.map(|p| p as u16),
+                        count: port.count.map_or(1, |c| c.max(1) as u32),
                     });
                 }
             }
@@ -171,7 +172,22 @@ impl PortAllocationSpec {
                         claim_env(&mut envs, format!("{at}.{key}"), env, &role.name)?;
                     }
                 }
+                let count = port.count.unwrap_or(1);
+                if !(1..=i32::from(core::MAX_BLOCK)).contains(&count) {
+                    return Err(spec_error(
+                        format!("{at}.count"),
+                        format!("{count} is outside 1..{}", core::MAX_BLOCK),
+                    ));
+                }
                 if let Some(value) = port.port {
+                    if (1..=65535).contains(&value) && value + count - 1 > 65535 {
+                        return Err(spec_error(
+                            format!("{at}.count"),
+                            format!(
+                                "a block of {count} ports from port {value} would run past 65535: request a lower first port"
+                            ),
+                        ));
+                    }
                     if !(1..=65535).contains(&value) {
                         return Err(spec_error(
                             format!("{at}.port"),

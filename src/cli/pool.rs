@@ -349,6 +349,19 @@ pub fn describe_text(record: &PoolRecord, node_ports: &[String]) -> String {
         bar(state.held_count(), state.size(), 30)
     );
     let _ = writeln!(out, "Available:    {}", state.free_count());
+    let frag = state.fragmentation();
+    let fits: Vec<String> = record
+        .block_sizes_to_report()
+        .into_iter()
+        .map(|size| format!("{} of {size}", frag.fits(size)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "Free runs:    {} (largest {} ports); blocks that fit: {}",
+        frag.runs(),
+        frag.largest(),
+        fits.join(", ")
+    );
     let _ = writeln!(out, "Bands:");
     let bands = state.bands();
     for (band, label) in [(Band::Static, "static "), (Band::Dynamic, "dynamic")] {
@@ -382,7 +395,7 @@ pub fn describe_text(record: &PoolRecord, node_ports: &[String]) -> String {
             out,
             "  {}  ({} ports, uid {uid})",
             holder.owner,
-            holder.holdings.len()
+            holder.holdings.port_count()
         );
         let _ = writeln!(out, "    {}", holder.holdings.encode());
     }
@@ -420,4 +433,44 @@ async fn delete(client: &Client, args: DeleteArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{PoolHolder, PortPoolSpec, PortPoolStatus, StaticBandSetting};
+
+    #[test]
+    fn describe_shows_blocks_and_free_runs() {
+        let mut pool = PortPool::new(
+            "gpu",
+            PortPoolSpec {
+                ranges: vec!["20000-20099".into()],
+                exclude: vec!["20050".into()],
+                protocol: Default::default(),
+                static_band: StaticBandSetting::None,
+            },
+        );
+        pool.status = Some(PortPoolStatus {
+            holders: vec![PoolHolder {
+                uid: "u1".into(),
+                owner: "ml/ray".into(),
+                ports: "ray.head=20099 ray.workers=20000-20007,20008-20015".into(),
+            }],
+            ..Default::default()
+        });
+        let record = PoolRecord::load(pool).unwrap();
+        let text = describe_text(&record, &[]);
+        assert!(
+            text.contains("  ml/ray  (17 ports, uid u1)\n    ray.head=20099 ray.workers=20000-20007,20008-20015\n"),
+            "{text}"
+        );
+        // Free: 20016-20049 (34) and 20051-20098 (48).
+        assert!(
+            text.contains(
+                "Free runs:    2 (largest 48 ports); blocks that fit: 10 of 8, 5 of 16, 2 of 32\n"
+            ),
+            "{text}"
+        );
+    }
 }

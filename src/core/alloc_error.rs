@@ -3,6 +3,8 @@
 
 use thiserror::Error;
 
+use super::block::PortBlock;
+use super::fragmentation::RunSummary;
 use super::holding::SlotKey;
 use super::range::PortSet;
 
@@ -20,13 +22,48 @@ pub enum AllocError {
     Held { port: u16 },
 
     #[error(
-        "pool is full: it has {size} ports, {used} in use and {free} free, but this allocation needs {needed}; nothing was allocated. Add ranges to the pool, lower replicas, or delete PortAllocations no longer in use"
+        "ports {block} are not all in the pool's ranges {}: port {port} is not; request a block whose ports are all inside (none excluded), or leave the port unset to get a block automatically",
+        describe_ranges(.ranges)
+    )]
+    BlockNotInPool {
+        block: PortBlock,
+        port: u16,
+        ranges: PortSet,
+    },
+
+    #[error(
+        "port {port} of the requested block {block} is already held: request a block of free ports, or leave the port unset to get a free block automatically"
+    )]
+    BlockHeld { block: PortBlock, port: u16 },
+
+    #[error(
+        "a block of {count} ports from port {first} would run past port 65535: request a lower first port"
+    )]
+    BlockPastEnd { first: u16, count: u32 },
+
+    #[error(
+        "pool is full: it has {size} ports, {used} in use and {free} free, but this allocation needs {needed}{}; nothing was allocated. Add ranges to the pool, lower replicas, or delete PortAllocations no longer in use",
+        runs_note(.runs)
     )]
     PoolFull {
         size: u32,
         used: u32,
         needed: u32,
         free: u32,
+        /// Set when the allocation asks for blocks: how the free ports lie.
+        runs: Option<RunSummary>,
+    },
+
+    #[error(
+        "no room for a block: {slot} needs a block of {count} contiguous ports; {runs}{}; nothing was allocated. Lower the port's count, release blocks no longer in use, or add a range to the pool (`kubectl portalloc pool describe` shows its free runs)",
+        placed_note(*.placed)
+    )]
+    NoRun {
+        slot: SlotKey,
+        count: u32,
+        runs: RunSummary,
+        /// Ports this allocation had already placed automatically when the block did not fit.
+        placed: u32,
     },
 
     #[error(
@@ -42,6 +79,24 @@ fn describe_ranges(ranges: &PortSet) -> String {
         "(none: every port is excluded)".to_owned()
     } else {
         ranges.to_string()
+    }
+}
+
+fn runs_note(runs: &Option<RunSummary>) -> String {
+    runs.map(|r| {
+        format!(
+            " in blocks, and the largest free run is {} ports ({} runs)",
+            r.largest, r.runs
+        )
+    })
+    .unwrap_or_default()
+}
+
+fn placed_note(placed: u32) -> String {
+    if placed == 0 {
+        String::new()
+    } else {
+        format!(", after this allocation's other {placed} automatic ports were placed")
     }
 }
 

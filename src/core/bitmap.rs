@@ -118,6 +118,49 @@ impl PortBitmap {
             .map(|(base, word)| base + word.trailing_ones())
     }
 
+    /// The lowest set bit in `from..to_exclusive`, skipping clear words.
+    pub fn first_set_in(&self, from: u32, to_exclusive: u32) -> Option<u32> {
+        self.words_in(from, to_exclusive)
+            .map(|(base, inside, word)| (base, word & inside))
+            .find(|&(_, word)| word != 0)
+            .map(|(base, word)| base + word.trailing_zeros())
+    }
+
+    /// The lowest `start` in `from..to_exclusive` such that the `len` bits
+    /// `start..start + len` are all clear and end by `to_exclusive`. Hops
+    /// from one clear run to the next, so the cost follows the number of
+    /// runs, not of bits.
+    pub fn find_clear_run(&self, from: u32, to_exclusive: u32, len: u32) -> Option<u32> {
+        let to = to_exclusive.min(self.len);
+        let len = len.max(1);
+        let mut at = from;
+        loop {
+            let start = self.first_clear_in(at, to)?;
+            let end = start.checked_add(len).filter(|&end| end <= to)?;
+            match self.first_set_in(start, end) {
+                None => return Some(start),
+                Some(set) => at = set + 1,
+            }
+        }
+    }
+
+    /// The maximal clear runs inside `from..to_exclusive`, as `start..end`,
+    /// ascending.
+    pub fn clear_runs(
+        &self,
+        from: u32,
+        to_exclusive: u32,
+    ) -> impl Iterator<Item = Range<u32>> + '_ {
+        let to = to_exclusive.min(self.len);
+        let mut at = from;
+        std::iter::from_fn(move || {
+            let start = self.first_clear_in(at, to)?;
+            let end = self.first_set_in(start, to).unwrap_or(to);
+            at = end;
+            Some(start..end)
+        })
+    }
+
     /// The first clear bit scanning `start..hi`, then wrapping to `lo..start`.
     /// A `start` outside `lo..hi` scans from `lo`.
     pub fn first_clear_wrapping(&self, start: u32, lo: u32, hi_exclusive: u32) -> Option<u32> {
@@ -228,12 +271,45 @@ mod tests {
             prop_assert_eq!(bits.count_set(), held.len() as u32);
             prop_assert_eq!(bits.iter_set().collect::<BTreeSet<_>>(), held.clone());
 
+            let expected_set = (from..end).find(|i| held.contains(i));
+            prop_assert_eq!(bits.first_set_in(from, to), expected_set);
+
             if from < end {
                 let start = from;
                 let (lo, hi) = (from.min(to) / 2, end);
                 let wrapped = (start..hi).chain(lo..start).find(|i| !held.contains(i));
                 prop_assert_eq!(bits.first_clear_wrapping(start, lo, hi), wrapped);
             }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn runs_match_a_naive_model(
+            len in 0u32..200,
+            held in prop::collection::btree_set(0u32..200, 0..120),
+            from in 0u32..210,
+            to in 0u32..210,
+            run in 1u32..20,
+        ) {
+            let held: BTreeSet<u32> = held.into_iter().filter(|&i| i < len).collect();
+            let mut bits = PortBitmap::new(len);
+            for &i in &held {
+                bits.set(i);
+            }
+            let end = to.min(len);
+            let free = |i: u32| i < end && !held.contains(&i);
+            let expected = (from..end).find(|&s| (s..s + run).all(free));
+            prop_assert_eq!(bits.find_clear_run(from, to, run), expected);
+
+            let runs: Vec<Range<u32>> = bits.clear_runs(from, to).collect();
+            let clear: Vec<u32> = runs.iter().flat_map(|r| r.clone()).collect();
+            prop_assert_eq!(clear, (from..end).filter(|&i| free(i)).collect::<Vec<_>>());
+            // Maximal: two runs never touch.
+            for pair in runs.windows(2) {
+                prop_assert!(pair[0].end < pair[1].start);
+            }
+            prop_assert!(runs.iter().all(|r| !r.is_empty()));
         }
     }
 }

@@ -1,10 +1,11 @@
 //! What one PortAllocation holds, slot by slot, and the compact text form a
 //! PortPool's status keeps per holder:
 //!
-//! `decode.http=30001,-,30003 prefill.grpc=30100`
+//! `decode.http=30001,-,30003 prefill.grpc=30100 ray.workers=20000-20007,20008-20015`
 //!
 //! One space-separated group per (role, port), values in index order, `-` for
-//! an index that holds nothing. Role and port names are DNS labels, so `.`,
+//! an index that holds nothing; a slot holding a block of ports is written
+//! `first-last`, a single port as itself. Role and port names are DNS labels, so `.`,
 //! `=`, `,` and ` ` never occur inside them and the form is unambiguous.
 
 use std::collections::BTreeMap;
@@ -12,6 +13,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use thiserror::Error;
+
+use super::block::PortBlock;
 
 /// The longest name the encoding accepts: a DNS label (63) behind a group prefix (`1023-`).
 const MAX_NAME_LEN: usize = 63 + 5;
@@ -123,7 +126,7 @@ pub enum HoldingsError {
     BadName { name: String, group: String },
 
     #[error(
-        "\"{value}\" in holdings group \"{group}\" is not a port: write a port in 1..65535, or \"-\" for an index that holds none"
+        "\"{value}\" in holdings group \"{group}\" is not a port or block: write a port in 1..65535, a block \"first-last\", or \"-\" for an index that holds none"
     )]
     BadPort { value: String, group: String },
 
@@ -131,26 +134,39 @@ pub enum HoldingsError {
     DuplicateGroup { key: String },
 }
 
-/// Every port one PortAllocation holds, by slot.
+/// Every port one PortAllocation holds, by slot; each slot holds a single
+/// port or a block of contiguous ports.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct Holdings(BTreeMap<SlotKey, u16>);
+pub struct Holdings(BTreeMap<SlotKey, PortBlock>);
 
 impl Holdings {
     pub fn new() -> Holdings {
         Holdings::default()
     }
 
-    /// Adds or replaces a slot's port, returning the port it had. Names must
-    /// pass `SlotKey::validate` for `encode` to read back.
+    /// Adds or replaces a slot with a single port, returning its first port
+    /// before. Names must pass `SlotKey::validate` for `encode` to read back.
     pub fn insert(&mut self, slot: SlotKey, port: u16) -> Option<u16> {
-        self.0.insert(slot, port)
+        self.insert_block(slot, PortBlock::single(port))
+            .map(|b| b.first)
     }
 
-    pub fn remove(&mut self, slot: &SlotKey) -> Option<u16> {
+    /// Adds or replaces a slot with a block, returning what it held before.
+    pub fn insert_block(&mut self, slot: SlotKey, block: PortBlock) -> Option<PortBlock> {
+        self.0.insert(slot, block)
+    }
+
+    pub fn remove(&mut self, slot: &SlotKey) -> Option<PortBlock> {
         self.0.remove(slot)
     }
 
+    /// The slot's port (a block's first port).
     pub fn get(&self, slot: &SlotKey) -> Option<u16> {
+        self.0.get(slot).map(|b| b.first)
+    }
+
+    /// The slot's whole block (a single port is a block of one).
+    pub fn block(&self, slot: &SlotKey) -> Option<PortBlock> {
         self.0.get(slot).copied()
     }
 
@@ -158,6 +174,7 @@ impl Holdings {
         self.0.contains_key(slot)
     }
 
+    /// Number of slots (a block counts once; see `port_count`).
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -166,17 +183,23 @@ impl Holdings {
         self.0.is_empty()
     }
 
-    /// Slots and their ports, ordered by slot.
-    pub fn iter(&self) -> impl Iterator<Item = (&SlotKey, u16)> + '_ {
-        self.0.iter().map(|(slot, &port)| (slot, port))
+    /// Number of ports held, every port of every block.
+    pub fn port_count(&self) -> u32 {
+        self.0.values().map(|b| u32::from(b.count)).sum()
     }
 
-    /// The held ports, in slot order (not sorted by port).
+    /// Slots and their blocks, ordered by slot.
+    pub fn iter(&self) -> impl Iterator<Item = (&SlotKey, PortBlock)> + '_ {
+        self.0.iter().map(|(slot, &block)| (slot, block))
+    }
+
+    /// Every held port, each block's ports in turn, in slot order (not
+    /// sorted by port).
     pub fn ports(&self) -> impl Iterator<Item = u16> + '_ {
-        self.0.values().copied()
+        self.0.values().flat_map(PortBlock::ports)
     }
 
-    pub fn as_map(&self) -> &BTreeMap<SlotKey, u16> {
+    pub fn as_map(&self) -> &BTreeMap<SlotKey, PortBlock> {
         &self.0
     }
 
@@ -186,7 +209,7 @@ impl Holdings {
         let mut text = String::with_capacity(self.0.len() * 7);
         let mut group: Option<(&str, &str)> = None;
         let mut next_index = 0u32;
-        for (slot, port) in &self.0 {
+        for (slot, block) in &self.0 {
             let key = (slot.role.as_str(), slot.port.as_str());
             if group != Some(key) {
                 if group.is_some() {
@@ -205,7 +228,7 @@ impl Holdings {
             for _ in next_index..slot.index {
                 text.push_str("-,");
             }
-            text.push_str(&port.to_string());
+            text.push_str(&block.to_string());
             next_index = slot.index + 1;
         }
         text
@@ -242,23 +265,16 @@ impl Holdings {
                 if value == "-" {
                     continue;
                 }
-                let port = parse_port(value).ok_or_else(|| HoldingsError::BadPort {
+                let block = PortBlock::parse(value).ok_or_else(|| HoldingsError::BadPort {
                     value: value.to_owned(),
                     group: group.to_owned(),
                 })?;
                 let index = u32::try_from(index).map_err(|_| malformed())?;
-                holdings.insert(SlotKey::new(role, port_name, index), port);
+                holdings.insert_block(SlotKey::new(role, port_name, index), block);
             }
         }
         Ok(holdings)
     }
-}
-
-fn parse_port(value: &str) -> Option<u16> {
-    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    value.parse::<u16>().ok().filter(|&port| port != 0)
 }
 
 impl fmt::Display for Holdings {
@@ -277,19 +293,27 @@ impl FromStr for Holdings {
 
 impl FromIterator<(SlotKey, u16)> for Holdings {
     fn from_iter<I: IntoIterator<Item = (SlotKey, u16)>>(iter: I) -> Self {
+        iter.into_iter()
+            .map(|(slot, port)| (slot, PortBlock::single(port)))
+            .collect()
+    }
+}
+
+impl FromIterator<(SlotKey, PortBlock)> for Holdings {
+    fn from_iter<I: IntoIterator<Item = (SlotKey, PortBlock)>>(iter: I) -> Self {
         Holdings(iter.into_iter().collect())
     }
 }
 
-impl Extend<(SlotKey, u16)> for Holdings {
-    fn extend<I: IntoIterator<Item = (SlotKey, u16)>>(&mut self, iter: I) {
+impl Extend<(SlotKey, PortBlock)> for Holdings {
+    fn extend<I: IntoIterator<Item = (SlotKey, PortBlock)>>(&mut self, iter: I) {
         self.0.extend(iter);
     }
 }
 
 impl IntoIterator for Holdings {
-    type Item = (SlotKey, u16);
-    type IntoIter = std::collections::btree_map::IntoIter<SlotKey, u16>;
+    type Item = (SlotKey, PortBlock);
+    type IntoIter = std::collections::btree_map::IntoIter<SlotKey, PortBlock>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter()
@@ -344,6 +368,26 @@ mod tests {
     }
 
     #[test]
+    fn blocks_are_written_first_to_last_next_to_single_ports() {
+        let block = |first, count| PortBlock::new(first, count).unwrap();
+        let held: Holdings = [
+            (SlotKey::new("ray", "workers", 0), block(20000, 8)),
+            (SlotKey::new("ray", "workers", 2), block(20016, 8)),
+            (SlotKey::new("ray", "head", 0), PortBlock::single(20100)),
+        ]
+        .into_iter()
+        .collect();
+        let text = held.encode();
+        assert_eq!(text, "ray.head=20100 ray.workers=20000-20007,-,20016-20023");
+        assert_eq!(Holdings::decode(&text), Ok(held.clone()));
+        assert_eq!(held.len(), 3);
+        assert_eq!(held.port_count(), 17);
+        assert_eq!(held.get(&SlotKey::new("ray", "workers", 2)), Some(20016));
+        assert_eq!(held.ports().count(), 17);
+        assert!(held.ports().any(|p| p == 20023));
+    }
+
+    #[test]
     fn a_group_may_start_with_missing_indices() {
         let held = holdings(&[("a", "p", 3, 7)]);
         assert_eq!(held.encode(), "a.p=-,-,-,7");
@@ -359,7 +403,7 @@ mod tests {
         );
         assert_eq!(
             message("decode.http=30001,x"),
-            r#""x" in holdings group "decode.http=30001,x" is not a port: write a port in 1..65535, or "-" for an index that holds none"#
+            r#""x" in holdings group "decode.http=30001,x" is not a port or block: write a port in 1..65535, a block "first-last", or "-" for an index that holds none"#
         );
         assert_eq!(
             message("Decode.http=1"),
@@ -375,6 +419,9 @@ mod tests {
             "a.b=0",
             "a.b=65536",
             "a.b=+1",
+            "a.b=5-4",
+            "a.b=0-3",
+            "a.b=1-",
             "a.b.c=1",
             "=1",
         ] {
@@ -415,21 +462,31 @@ mod tests {
         "[a-z0-9-]{1,12}"
     }
 
+    /// Mostly single ports, some blocks (which may overlap: the text form
+    /// does not care, the pool does).
+    fn arb_block() -> impl Strategy<Value = PortBlock> {
+        prop_oneof![
+            3 => (1u16..).prop_map(PortBlock::single),
+            1 => (1u16..64000, 1u32..=1024).prop_map(|(first, count)| PortBlock::new(first, count).unwrap()),
+        ]
+    }
+
     fn arb_holdings() -> impl Strategy<Value = Holdings> {
-        prop::collection::btree_map((arb_name(), arb_name(), 0u32..12), 1u16.., 0..40).prop_map(
-            |map| {
+        prop::collection::btree_map((arb_name(), arb_name(), 0u32..12), arb_block(), 0..40)
+            .prop_map(|map| {
                 map.into_iter()
-                    .map(|((role, port, index), value)| (SlotKey::new(role, port, index), value))
+                    .map(|((role, port, index), block)| (SlotKey::new(role, port, index), block))
                     .collect()
-            },
-        )
+            })
     }
 
     proptest! {
         #[test]
         fn encode_decode_round_trips(held in arb_holdings()) {
             let text = held.encode();
-            prop_assert_eq!(Holdings::decode(&text), Ok(held));
+            let decoded = Holdings::decode(&text);
+            prop_assert_eq!(decoded.as_ref().map(Holdings::port_count), Ok(held.port_count()));
+            prop_assert_eq!(decoded, Ok(held));
         }
     }
 }

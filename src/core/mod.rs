@@ -6,6 +6,8 @@
 pub mod alloc_error;
 pub mod band;
 pub mod bitmap;
+pub mod block;
+pub mod fragmentation;
 pub mod hazards;
 pub mod holding;
 pub mod planner;
@@ -16,9 +18,11 @@ pub mod reference;
 pub use alloc_error::AllocError;
 pub use band::{Band, Bands, StaticBand, StaticBandError, auto_static_band_size};
 pub use bitmap::PortBitmap;
+pub use block::{MAX_BLOCK, PortBlock};
+pub use fragmentation::{Fragmentation, RunSummary};
 pub use hazards::{DEFAULT_NODE_PORTS, Hazard, LINUX_EPHEMERAL, hazards};
 pub use holding::{Holdings, HoldingsError, SlotKey, is_valid_name};
-pub use planner::{Plan, PortDemand, Scope, desired_slots, execute, plan};
+pub use planner::{Plan, PortDemand, Scope, Want, desired_slots, execute, plan};
 pub use pool_state::{BandUsage, PoolState};
 pub use range::{MAX_PORT, MIN_PORT, PortRange, PortSet, RangeError};
 pub use reference::{

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use rand::Rng;
 
 use super::alloc_error::AllocError;
+use super::block::PortBlock;
 use super::holding::{Holdings, SlotKey};
 use super::pool_state::PoolState;
 
@@ -26,8 +27,10 @@ pub struct PortDemand {
     pub port: String,
     pub scope: Scope,
     pub replicas: u32,
-    /// A specific port to hold; `None` lets the pool choose.
+    /// A specific port to hold (a block's first port); `None` lets the pool choose.
     pub requested: Option<u16>,
+    /// Ports per slot: 1 for a single port, N for a block of N contiguous ports.
+    pub count: u32,
 }
 
 impl PortDemand {
@@ -40,17 +43,44 @@ impl PortDemand {
     }
 }
 
-/// Every slot the demands need, with the port each one requests.
+/// What one slot asks for: a requested first port or any, and how many ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Want {
+    pub requested: Option<u16>,
+    /// At least 1.
+    pub count: u32,
+}
+
+impl Want {
+    /// A single port, requested or automatic.
+    pub fn single(requested: Option<u16>) -> Want {
+        Want {
+            requested,
+            count: 1,
+        }
+    }
+
+    /// Whether `block` satisfies this want as it is.
+    pub fn is_met_by(&self, block: PortBlock) -> bool {
+        u32::from(block.count) == self.count && self.requested.is_none_or(|p| p == block.first)
+    }
+}
+
+/// Every slot the demands need, with what each one asks for.
 ///
 /// Demands are expected to name distinct (role, port) pairs (the API layer
 /// validates that); if two repeat one, the later demand's value wins for the
 /// indices they share.
-pub fn desired_slots(demands: &[PortDemand]) -> BTreeMap<SlotKey, Option<u16>> {
+pub fn desired_slots(demands: &[PortDemand]) -> BTreeMap<SlotKey, Want> {
     let mut slots = BTreeMap::new();
     for demand in demands {
+        let want = Want {
+            requested: demand.requested,
+            count: demand.count.max(1),
+        };
         for index in 0..demand.slot_count() {
             let slot = SlotKey::new(demand.role.clone(), demand.port.clone(), index);
-            slots.insert(slot, demand.requested);
+            slots.insert(slot, want);
         }
     }
     slots
@@ -61,10 +91,10 @@ pub fn desired_slots(demands: &[PortDemand]) -> BTreeMap<SlotKey, Option<u16>> {
 pub struct Plan {
     /// Current slots that stay exactly as they are.
     pub keep: Holdings,
-    /// Slots to fill, with the port each requests (`None`: any free port).
-    pub allocate: Vec<(SlotKey, Option<u16>)>,
-    /// Current slots to give up, with the port each holds.
-    pub release: Vec<(SlotKey, u16)>,
+    /// Slots to fill, with what each asks for.
+    pub allocate: Vec<(SlotKey, Want)>,
+    /// Current slots to give up, with the block (or port) each holds.
+    pub release: Vec<(SlotKey, PortBlock)>,
 }
 
 impl Plan {
@@ -73,18 +103,30 @@ impl Plan {
         self.allocate.is_empty() && self.release.is_empty()
     }
 
-    /// How many slots the pool must choose a port for.
+    /// How many ports the pool must choose (every port of every automatic block).
     pub fn automatic_count(&self) -> u32 {
-        let count = self.allocate.iter().filter(|(_, r)| r.is_none()).count();
-        u32::try_from(count).unwrap_or(u32::MAX)
+        self.allocate
+            .iter()
+            .filter(|(_, want)| want.requested.is_none())
+            .map(|(_, want)| want.count)
+            .fold(0u32, u32::saturating_add)
     }
 
-    /// Each requested port with the slots requesting it, by port.
+    /// Whether any slot to fill is a block of more than one port.
+    pub fn has_blocks(&self) -> bool {
+        self.allocate.iter().any(|(_, want)| want.count > 1)
+    }
+
+    /// Each requested port with the slots whose request covers it, by port
+    /// (a requested block covers all its ports).
     pub fn requests(&self) -> BTreeMap<u16, Vec<SlotKey>> {
         let mut requests: BTreeMap<u16, Vec<SlotKey>> = BTreeMap::new();
-        for (slot, requested) in &self.allocate {
-            if let Some(port) = requested {
-                requests.entry(*port).or_default().push(slot.clone());
+        for (slot, want) in &self.allocate {
+            if let Some(first) = want.requested {
+                let last = (u32::from(first) + want.count - 1).min(u32::from(u16::MAX)) as u16;
+                for port in first..=last {
+                    requests.entry(port).or_default().push(slot.clone());
+                }
             }
         }
         requests
@@ -93,24 +135,23 @@ impl Plan {
 
 /// Compares the demands with the current holdings.
 ///
-/// A held slot is kept if it is still desired and, when it requests a port,
-/// holds exactly that one (a slot that stops requesting keeps whatever it
-/// has, so removing `requested` never moves a workload). Every other held
-/// slot is released; every desired slot not kept is allocated. Scaling
-/// down therefore releases exactly the removed indices.
+/// A held slot is kept if it is still desired, holds a block of the size
+/// asked for, and, when it requests a port, starts exactly there (a slot
+/// that stops requesting keeps whatever it has, so removing `requested`
+/// never moves a workload). Every other held slot is released; every
+/// desired slot not kept is allocated. Scaling down therefore releases
+/// exactly the removed indices, and changing a count moves only that
+/// port's slots.
 pub fn plan(demands: &[PortDemand], current: &Holdings) -> Plan {
     let desired = desired_slots(demands);
     let mut keep = Holdings::new();
     let mut release = Vec::new();
-    for (slot, port) in current.iter() {
+    for (slot, block) in current.iter() {
         match desired.get(slot) {
-            Some(None) => {
-                keep.insert(slot.clone(), port);
+            Some(want) if want.is_met_by(block) => {
+                keep.insert_block(slot.clone(), block);
             }
-            Some(Some(requested)) if *requested == port => {
-                keep.insert(slot.clone(), port);
-            }
-            _ => release.push((slot.clone(), port)),
+            _ => release.push((slot.clone(), block)),
         }
     }
     let allocate = desired
@@ -128,9 +169,11 @@ pub fn plan(demands: &[PortDemand], current: &Holdings) -> Plan {
 /// complete new holdings (kept slots plus new ones).
 ///
 /// Order: releases first (so a port can move between two slots of one
-/// owner), then every requested port (so an automatic choice never takes a
-/// port another slot of the plan asked for), then automatic ports. On any
-/// error `state` is exactly as it was before the call.
+/// owner), then every requested port or block (so an automatic choice never
+/// takes a port another slot of the plan asked for), then automatic blocks,
+/// largest first (long runs are the scarce resource; single ports fit in
+/// any gap), then automatic single ports. On any error `state` is exactly
+/// as it was before the call.
 pub fn execute(
     plan: &Plan,
     state: &mut PoolState,
@@ -150,399 +193,63 @@ pub fn execute(
 }
 
 fn apply(plan: &Plan, state: &mut PoolState, rng: &mut impl Rng) -> Result<Holdings, AllocError> {
-    for (_, port) in &plan.release {
-        state.release(*port);
+    for (_, block) in &plan.release {
+        state.release_block(*block);
     }
     let mut holdings = plan.keep.clone();
-    for (slot, requested) in &plan.allocate {
-        if let Some(port) = *requested {
-            state.take_requested(port)?;
-            holdings.insert(slot.clone(), port);
+    for (slot, want) in &plan.allocate {
+        if let Some(first) = want.requested {
+            let block = PortBlock::new(first, want.count).ok_or(AllocError::BlockPastEnd {
+                first,
+                count: want.count,
+            })?;
+            state.take_requested_block(block)?;
+            holdings.insert_block(slot.clone(), block);
         }
     }
     // Checked up front so the error counts every port the plan lacks, not
     // just the first one that didn't fit.
     let needed = plan.automatic_count();
     if needed > state.free_count() {
-        return Err(state.full_error(needed));
+        let mut error = state.full_error(needed);
+        if plan.has_blocks()
+            && let AllocError::PoolFull { runs, .. } = &mut error
+        {
+            *runs = Some(state.fragmentation().summary());
+        }
+        return Err(error);
     }
-    for (slot, _) in plan.allocate.iter().filter(|(_, r)| r.is_none()) {
-        let port = state
-            .take_next(rng)
-            .ok_or_else(|| state.full_error(needed))?;
-        holdings.insert(slot.clone(), port);
+    let mut automatic: Vec<&(SlotKey, Want)> = plan
+        .allocate
+        .iter()
+        .filter(|(_, want)| want.requested.is_none())
+        .collect();
+    // Stable: equal sizes keep slot order.
+    automatic.sort_by_key(|(_, want)| std::cmp::Reverse(want.count));
+    let mut placed = 0u32;
+    for (slot, want) in automatic {
+        let block = state.take_block(want.count, rng).ok_or_else(|| {
+            if want.count > 1 {
+                AllocError::NoRun {
+                    slot: slot.clone(),
+                    count: want.count,
+                    runs: state.fragmentation().summary(),
+                    placed,
+                }
+            } else {
+                state.full_error(needed)
+            }
+        })?;
+        placed += want.count;
+        holdings.insert_block(slot.clone(), block);
     }
     Ok(holdings)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::band::{Band, StaticBand};
-    use super::super::range::{PortRange, PortSet};
-    use super::*;
-    use proptest::prelude::*;
-    use rand::SeedableRng;
-    use rand::rngs::StdRng;
-    use std::collections::BTreeSet;
+#[path = "planner_block_tests.rs"]
+mod block_tests;
 
-    fn demand(role: &str, port: &str, scope: Scope, replicas: u32) -> PortDemand {
-        PortDemand {
-            role: role.into(),
-            port: port.into(),
-            scope,
-            replicas,
-            requested: None,
-        }
-    }
-
-    fn requesting(mut demand: PortDemand, port: u16) -> PortDemand {
-        demand.requested = Some(port);
-        demand
-    }
-
-    fn slot(role: &str, port: &str, index: u32) -> SlotKey {
-        SlotKey::new(role, port, index)
-    }
-
-    fn pool(ranges: &str) -> PoolState {
-        PoolState::new(ranges.parse().unwrap(), StaticBand::Auto)
-    }
-
-    fn rng() -> StdRng {
-        StdRng::seed_from_u64(42)
-    }
-
-    #[test]
-    fn desired_slots_follow_scope_and_replicas() {
-        let demands = [
-            demand("decode", "http", Scope::PodScoped, 3),
-            requesting(demand("router", "http", Scope::RoleScoped, 2), 30080),
-            demand("idle", "http", Scope::RoleScoped, 0),
-            demand("idle", "metrics", Scope::PodScoped, 0),
-        ];
-        let slots: Vec<(SlotKey, Option<u16>)> = desired_slots(&demands).into_iter().collect();
-        assert_eq!(
-            slots,
-            [
-                (slot("decode", "http", 0), None),
-                (slot("decode", "http", 1), None),
-                (slot("decode", "http", 2), None),
-                (slot("router", "http", 0), Some(30080)),
-            ]
-        );
-    }
-
-    #[test]
-    fn first_plan_allocates_everything_and_the_second_plans_nothing() {
-        let demands = [
-            demand("decode", "http", Scope::PodScoped, 3),
-            requesting(demand("router", "http", Scope::RoleScoped, 1), 30080),
-        ];
-        let mut state = pool("30000-32767");
-        let first = plan(&demands, &Holdings::new());
-        assert_eq!(first.allocate.len(), 4);
-        assert_eq!(first.automatic_count(), 3);
-        let held = execute(&first, &mut state, &mut rng()).unwrap();
-        assert_eq!(held.len(), 4);
-        assert_eq!(held.get(&slot("router", "http", 0)), Some(30080));
-        assert_eq!(state.held_count(), 4);
-        for port in held.ports() {
-            assert!(state.is_held(port));
-        }
-        assert!(plan(&demands, &held).is_noop());
-    }
-
-    #[test]
-    fn changing_a_requested_port_moves_only_that_slot() {
-        let mut state = pool("30000-30100");
-        let before = [
-            requesting(demand("a", "http", Scope::RoleScoped, 1), 30010),
-            demand("a", "metrics", Scope::RoleScoped, 1),
-        ];
-        let held = execute(&plan(&before, &Holdings::new()), &mut state, &mut rng()).unwrap();
-        let metrics = held.get(&slot("a", "metrics", 0)).unwrap();
-
-        let after = [
-            requesting(demand("a", "http", Scope::RoleScoped, 1), 30020),
-            demand("a", "metrics", Scope::RoleScoped, 1),
-        ];
-        let change = plan(&after, &held);
-        assert_eq!(change.release, [(slot("a", "http", 0), 30010)]);
-        assert_eq!(change.allocate, [(slot("a", "http", 0), Some(30020))]);
-        let held = execute(&change, &mut state, &mut rng()).unwrap();
-        assert_eq!(held.get(&slot("a", "metrics", 0)), Some(metrics));
-        assert!(!state.is_held(30010));
-        assert!(state.is_held(30020));
-    }
-
-    #[test]
-    fn dropping_a_request_keeps_the_port() {
-        let held: Holdings = [(slot("a", "http", 0), 30010)].into_iter().collect();
-        let demands = [demand("a", "http", Scope::RoleScoped, 1)];
-        assert!(plan(&demands, &held).is_noop());
-    }
-
-    #[test]
-    fn two_slots_can_swap_requested_ports_in_one_plan() {
-        let mut state = pool("100-200");
-        let first = [
-            requesting(demand("a", "x", Scope::RoleScoped, 1), 100),
-            requesting(demand("b", "x", Scope::RoleScoped, 1), 101),
-        ];
-        let held = execute(&plan(&first, &Holdings::new()), &mut state, &mut rng()).unwrap();
-        let swapped = [
-            requesting(demand("a", "x", Scope::RoleScoped, 1), 101),
-            requesting(demand("b", "x", Scope::RoleScoped, 1), 100),
-        ];
-        let held = execute(&plan(&swapped, &held), &mut state, &mut rng()).unwrap();
-        assert_eq!(held.get(&slot("a", "x", 0)), Some(101));
-        assert_eq!(held.get(&slot("b", "x", 0)), Some(100));
-        assert_eq!(state.held_count(), 2);
-    }
-
-    #[test]
-    fn a_port_requested_twice_is_refused_before_anything_changes() {
-        let mut state = pool("30000-30100");
-        let demands = [requesting(
-            demand("decode", "http", Scope::PodScoped, 2),
-            30050,
-        )];
-        let err = execute(&plan(&demands, &Holdings::new()), &mut state, &mut rng()).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "port 30050 is requested by 2 slots (decode.http[0], decode.http[1]): one port can be held only once, so request it for one slot, or leave it unset so each slot gets its own"
-        );
-        assert_eq!(state.held_count(), 0);
-    }
-
-    #[test]
-    fn a_failed_request_rolls_back_the_releases_and_earlier_requests() {
-        let mut state = pool("100-110");
-        let held = execute(
-            &plan(&[demand("a", "x", Scope::PodScoped, 2)], &Holdings::new()),
-            &mut state,
-            &mut rng(),
-        )
-        .unwrap();
-        state.take_requested(109).unwrap();
-        let snapshot = state.clone();
-        let demands = [
-            requesting(demand("b", "x", Scope::RoleScoped, 1), 105),
-            requesting(demand("c", "x", Scope::RoleScoped, 1), 109),
-        ];
-        // Releases a.x[0..2], takes 105, then fails on 109.
-        let err = execute(&plan(&demands, &held), &mut state, &mut rng()).unwrap_err();
-        assert_eq!(err, AllocError::Held { port: 109 });
-        assert_eq!(state, snapshot);
-
-        let outside = [requesting(demand("b", "x", Scope::RoleScoped, 1), 99)];
-        let err = execute(&plan(&outside, &held), &mut state, &mut rng()).unwrap_err();
-        assert!(matches!(err, AllocError::NotInPool { port: 99, .. }));
-        assert_eq!(state, snapshot);
-    }
-
-    #[test]
-    fn pool_full_counts_what_the_plan_needs() {
-        let mut state = pool("30000-30009");
-        for port in 30000..30008 {
-            state.take_requested(port).unwrap();
-        }
-        let demands = [demand("a", "x", Scope::PodScoped, 5)];
-        let err = execute(&plan(&demands, &Holdings::new()), &mut state, &mut rng()).unwrap_err();
-        assert_eq!(
-            err,
-            AllocError::PoolFull {
-                size: 10,
-                used: 8,
-                needed: 5,
-                free: 2
-            }
-        );
-    }
-
-    // ---- property tests -------------------------------------------------
-
-    const ROLES: [&str; 3] = ["decode", "prefill", "router"];
-    const PORTS: [&str; 2] = ["http", "grpc"];
-
-    fn arb_pool() -> impl Strategy<Value = PoolState> {
-        let ranges = prop::collection::vec((1u16..120, 0u16..25), 1..4);
-        let band = prop_oneof![
-            Just(StaticBand::Auto),
-            Just(StaticBand::None),
-            (0u32..40).prop_map(StaticBand::Count),
-        ];
-        (ranges, band).prop_map(|(ranges, band)| {
-            let ports = PortSet::from_ranges(ranges.into_iter().map(|(first, extra)| PortRange {
-                first,
-                last: first + extra,
-            }));
-            PoolState::new(ports, band)
-        })
-    }
-
-    /// Demands with distinct (role, port) pairs; requested ports are rare
-    /// and drawn from around the pool so they collide and fall outside.
-    fn arb_demands() -> impl Strategy<Value = Vec<PortDemand>> {
-        let scope = prop_oneof![Just(Scope::RoleScoped), Just(Scope::PodScoped)];
-        let requested = prop_oneof![6 => Just(None), 1 => (1u16..150).prop_map(Some)];
-        prop::collection::btree_map(
-            (0..ROLES.len(), 0..PORTS.len()),
-            (scope, 0u32..5, requested),
-            0..5,
-        )
-        .prop_map(|map| {
-            map.into_iter()
-                .map(|((role, port), (scope, replicas, requested))| PortDemand {
-                    role: ROLES[role].into(),
-                    port: PORTS[port].into(),
-                    scope,
-                    replicas,
-                    requested,
-                })
-                .collect()
-        })
-    }
-
-    fn all_held(owners: &[Holdings]) -> Vec<u16> {
-        owners.iter().flat_map(Holdings::ports).collect()
-    }
-
-    proptest! {
-        #[test]
-        fn many_owners_never_share_a_port(
-            mut state in arb_pool(),
-            steps in prop::collection::vec((0usize..4, arb_demands()), 1..16),
-            seed in any::<u64>(),
-        ) {
-            let mut rng = StdRng::seed_from_u64(seed);
-            let mut owners = vec![Holdings::new(); 4];
-            for (owner, demands) in steps {
-                let before = state.clone();
-                let change = plan(&demands, &owners[owner]);
-                match execute(&change, &mut state, &mut rng) {
-                    Ok(held) => {
-                        // Planning again against the result is a no-op.
-                        prop_assert!(plan(&demands, &held).is_noop());
-                        // Released ports are free unless re-taken by this plan.
-                        for (_, port) in &change.release {
-                            let retaken = held.ports().any(|p| p == *port);
-                            prop_assert_eq!(state.is_held(*port), retaken);
-                        }
-                        owners[owner] = held;
-                    }
-                    Err(_) => prop_assert_eq!(&state, &before),
-                }
-                let held = all_held(&owners);
-                let unique: BTreeSet<u16> = held.iter().copied().collect();
-                prop_assert_eq!(unique.len(), held.len(), "a port is held twice: {:?}", owners);
-                // The pool holds exactly the owners' ports, nothing leaked.
-                prop_assert_eq!(state.held_ports().collect::<BTreeSet<_>>(), unique);
-            }
-        }
-
-        #[test]
-        fn a_failed_execute_leaves_the_pool_untouched(
-            mut state in arb_pool(),
-            first in arb_demands(),
-            second in arb_demands(),
-            squatters in prop::collection::vec(1u16..150, 0..30),
-            seed in any::<u64>(),
-        ) {
-            let mut rng = StdRng::seed_from_u64(seed);
-            let held = execute(&plan(&first, &Holdings::new()), &mut state, &mut rng)
-                .unwrap_or_default();
-            for port in squatters {
-                let _ = state.take_requested(port);
-            }
-            let before = state.clone();
-            if execute(&plan(&second, &held), &mut state, &mut rng).is_err() {
-                prop_assert_eq!(state, before);
-            }
-        }
-
-        #[test]
-        fn a_full_pool_fails_without_changing_anything(
-            mut state in arb_pool(),
-            held_first in 1u32..6,
-            extra in 1u32..5,
-            seed in any::<u64>(),
-        ) {
-            let mut rng = StdRng::seed_from_u64(seed);
-            prop_assume!(state.size() >= held_first);
-            let owned = execute(
-                &plan(&[demand("decode", "http", Scope::PodScoped, held_first)], &Holdings::new()),
-                &mut state,
-                &mut rng,
-            ).unwrap();
-            // Give up the current ports and ask for more than the whole
-            // remaining pool, including the ports being given up.
-            let wanted = state.free_count() + held_first + extra;
-            let change = plan(&[demand("prefill", "http", Scope::PodScoped, wanted)], &owned);
-            prop_assert_eq!(change.release.len() as u32, held_first);
-            let before = state.clone();
-            let err = execute(&change, &mut state, &mut rng).unwrap_err();
-            prop_assert_eq!(err, AllocError::PoolFull {
-                size: before.size(),
-                used: before.held_count() - held_first,
-                needed: wanted,
-                free: before.free_count() + held_first,
-            });
-            prop_assert_eq!(state, before);
-        }
-
-        #[test]
-        fn automatic_ports_use_the_static_band_only_once_the_dynamic_band_is_full(
-            mut state in arb_pool(),
-            replicas in 1u32..60,
-            seed in any::<u64>(),
-        ) {
-            let mut rng = StdRng::seed_from_u64(seed);
-            let dynamic_free = state.dynamic_usage().free();
-            let change = plan(&[demand("a", "x", Scope::PodScoped, replicas)], &Holdings::new());
-            if let Ok(held) = execute(&change, &mut state, &mut rng) {
-                let in_static = held
-                    .ports()
-                    .filter(|&p| state.band_of(p) == Some(Band::Static))
-                    .count() as u32;
-                prop_assert_eq!(in_static, replicas.saturating_sub(dynamic_free));
-            } else {
-                prop_assert!(replicas > state.size());
-            }
-        }
-
-        #[test]
-        fn scaling_down_releases_exactly_the_removed_indices(
-            from in 1u32..10,
-            to_fraction in 0u32..100,
-            seed in any::<u64>(),
-        ) {
-            let to = from * to_fraction / 100;
-            let mut rng = StdRng::seed_from_u64(seed);
-            let mut state = pool("5000-5099");
-            let steady = demand("router", "http", Scope::RoleScoped, 1);
-            let big = [steady.clone(), demand("decode", "http", Scope::PodScoped, from)];
-            let held = execute(&plan(&big, &Holdings::new()), &mut state, &mut rng).unwrap();
-
-            let small = [steady, demand("decode", "http", Scope::PodScoped, to)];
-            let change = plan(&small, &held);
-            prop_assert!(change.allocate.is_empty());
-            let released: Vec<u32> = change.release.iter().map(|(s, _)| s.index).collect();
-            prop_assert_eq!(released, (to..from).collect::<Vec<_>>());
-            for (slot, port) in &change.release {
-                prop_assert_eq!(slot.port.as_str(), "http");
-                prop_assert_eq!(held.get(slot), Some(*port));
-            }
-
-            let after = execute(&change, &mut state, &mut rng).unwrap();
-            prop_assert_eq!(after.len() as u32, 1 + to);
-            for (slot, port) in after.iter() {
-                prop_assert_eq!(held.get(slot), Some(port), "{} moved", slot);
-                prop_assert!(state.is_held(port));
-            }
-            for (_, port) in &change.release {
-                prop_assert!(!state.is_held(*port));
-            }
-        }
-    }
-}
+#[cfg(test)]
+#[path = "planner_tests.rs"]
+mod tests;

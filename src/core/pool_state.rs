@@ -7,6 +7,8 @@ use rand::Rng;
 use super::alloc_error::AllocError;
 use super::band::{Band, Bands, StaticBand};
 use super::bitmap::PortBitmap;
+use super::block::PortBlock;
+use super::fragmentation::Fragmentation;
 use super::range::PortSet;
 
 /// Held and total ports of one band (what `pool describe` prints).
@@ -55,6 +57,116 @@ impl PoolState {
         } else {
             Err(AllocError::Held { port })
         }
+    }
+
+    /// Records a block that stored holdings say is held, port by port; the
+    /// first port that is outside the pool or already held is the error, and
+    /// the ports before it stay marked (the caller reports, not retries).
+    pub fn mark_block_held(&mut self, block: PortBlock) -> Vec<(u16, AllocError)> {
+        block
+            .ports()
+            .filter_map(|port| self.mark_held(port).err().map(|e| (port, e)))
+            .collect()
+    }
+
+    /// Takes a specific block: every port must be in the pool (no exclusion,
+    /// no gap between ranges inside it) and free. Nothing changes on error.
+    pub fn take_requested_block(&mut self, block: PortBlock) -> Result<(), AllocError> {
+        if block.is_single() {
+            return self.take_requested(block.first);
+        }
+        let mut indices = Vec::with_capacity(usize::from(block.count));
+        for port in block.ports() {
+            let index = self
+                .ports
+                .index_of(port)
+                .ok_or_else(|| AllocError::BlockNotInPool {
+                    block,
+                    port,
+                    ranges: self.ports.clone(),
+                })?;
+            indices.push(index);
+        }
+        if let Some(&index) = indices.iter().find(|&&i| self.held.is_set(i)) {
+            let port = self.ports.nth(index).unwrap_or(block.first);
+            return Err(AllocError::BlockHeld { block, port });
+        }
+        for index in indices {
+            self.held.set(index);
+        }
+        Ok(())
+    }
+
+    /// Takes a free block of `count` contiguous ports chosen automatically,
+    /// or `None` if no free run is that long.
+    ///
+    /// Like single ports: first a run inside the dynamic band, scanned from
+    /// a random start and wrapping within the band; only when it has none,
+    /// a run anywhere in the pool (so one may reach into the static band).
+    /// The random start is rounded down to a multiple of `count` from the
+    /// band's start, so blocks of one size placed in an empty band tile it
+    /// instead of leaving gaps too short for another block.
+    pub fn take_block(&mut self, count: u32, rng: &mut impl Rng) -> Option<PortBlock> {
+        if count <= 1 {
+            return self.take_next(rng).map(PortBlock::single);
+        }
+        let dynamic = self.bands.dynamic_indices();
+        let start = self
+            .random_run(dynamic, count, rng)
+            .or_else(|| self.random_run(0..self.bands.total, count, rng))?;
+        for index in start..start + count {
+            self.held.set(index);
+        }
+        PortBlock::new(self.ports.nth(start)?, count)
+    }
+
+    /// The first run of `count` free contiguous ports inside `indices`,
+    /// from an aligned random start, wrapping to the start of `indices`.
+    fn random_run(
+        &self,
+        indices: std::ops::Range<u32>,
+        count: u32,
+        rng: &mut impl Rng,
+    ) -> Option<u32> {
+        if indices.end.saturating_sub(indices.start) < count {
+            return None;
+        }
+        let offset = rng.random_range(0..indices.end - indices.start);
+        let start = indices.start + offset / count * count;
+        self.first_run(start..indices.end, indices.end, count)
+            .or_else(|| self.first_run(indices.start..start, indices.end, count))
+    }
+
+    /// The lowest index in `starts` where `count` free ports begin that are
+    /// contiguous ports (inside one range of the pool) and end by `limit`.
+    fn first_run(&self, starts: std::ops::Range<u32>, limit: u32, count: u32) -> Option<u32> {
+        self.ports.index_spans().find_map(|span| {
+            let from = span.start.max(starts.start);
+            let to = span.end.min(limit);
+            if from >= starts.end || from >= to {
+                return None;
+            }
+            self.held
+                .find_clear_run(from, to, count)
+                .filter(|&start| start < starts.end)
+        })
+    }
+
+    /// Frees every port of a block; returns how many were held.
+    pub fn release_block(&mut self, block: PortBlock) -> u32 {
+        block
+            .ports()
+            .map(|port| u32::from(self.release(port)))
+            .sum()
+    }
+
+    /// The pool's free runs of contiguous ports (see `Fragmentation`).
+    pub fn fragmentation(&self) -> Fragmentation {
+        Fragmentation::from_lengths(self.ports.index_spans().flat_map(|span| {
+            self.held
+                .clear_runs(span.start, span.end)
+                .map(|run| run.end - run.start)
+        }))
     }
 
     /// Takes a free port chosen automatically, or `None` if the pool is full.
@@ -158,6 +270,7 @@ impl PoolState {
             used: self.held_count(),
             needed,
             free: self.free_count(),
+            runs: None,
         }
     }
 

@@ -255,6 +255,16 @@ impl PortSet {
         &self.ranges
     }
 
+    /// Each range's span of dense indices, ascending. Ports with consecutive
+    /// indices are consecutive ports only inside one span: a gap between
+    /// ranges (or an exclusion) ends a run of contiguous ports.
+    pub fn index_spans(&self) -> impl Iterator<Item = std::ops::Range<u32>> + '_ {
+        self.ranges
+            .iter()
+            .zip(&self.offsets)
+            .map(|(range, &offset)| offset..offset + range.len())
+    }
+
     /// Position of the range that would contain `port`, if any does.
     fn range_index(&self, port: u16) -> Option<usize> {
         let i = self.ranges.partition_point(|r| r.last < port);

@@ -383,7 +383,7 @@ impl Allocator {
                             tracing::info!(
                                 "{label}: {allocated} ports allocated, {released} released, {} held \
                                  (attempt {}, {} conflicts)",
-                                holdings.len(),
+                                holdings.port_count(),
                                 attempts.attempts,
                                 attempts.conflicts
                             );
@@ -445,7 +445,7 @@ impl fmt::Display for SyncReport {
             "portallocation/{} in {}: {} ports held in pool {}",
             self.name,
             self.namespace,
-            self.holdings.len(),
+            self.holdings.port_count(),
             self.pool
         )?;
         match (self.allocated, self.released) {

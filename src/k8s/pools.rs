@@ -184,7 +184,7 @@ pub async fn delete_pool(
         .map(|r| {
             r.holders
                 .values()
-                .map(|h| format!("{} ({} ports)", h.owner, h.holdings.len()))
+                .map(|h| format!("{} ({} ports)", h.owner, h.holdings.port_count()))
                 .collect()
         })
         .unwrap_or_default();

@@ -230,7 +230,7 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
             tracing::info!(
                 allocation = %owner,
                 pool = %report.pool,
-                held = report.holdings.len(),
+                held = report.holdings.port_count(),
                 allocated = report.allocated,
                 released = report.released,
                 conflicts = report.conflicts,

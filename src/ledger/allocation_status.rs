@@ -58,6 +58,10 @@ pub fn allocation_status(
                 })
                 .map(i32::from)
                 .collect();
+            // One count per port: a count change moves every slot of the port in one plan, so
+            // the blocks a port holds share a size.
+            let first_slot = SlotKey::new(role.name.clone(), port.name.clone(), 0);
+            let count = holdings.block(&first_slot).map_or(1, |b| b.count);
             if !values.is_empty() {
                 assignments.push(PortAssignment {
                     role: role.name.clone(),
@@ -65,8 +69,8 @@ pub fn allocation_status(
                     scope: port.scope,
                     env: port.env.clone(),
                     values,
+                    count: (count > 1).then_some(i32::from(count)),
                     group_size: (groups > 1).then_some(group_size as i32),
-                    ..Default::default()
                 });
             }
         }
@@ -160,17 +164,21 @@ pub fn recorded_holdings(status: &PortAllocationStatus) -> Holdings {
             .and_then(|n| usize::try_from(n).ok())
             .filter(|&n| n > 0)
             .unwrap_or(usize::MAX);
+        let count = assignment.count.unwrap_or(1).max(1) as u32;
         for (flat, value) in assignment.values.iter().enumerate() {
-            if let Ok(port) = u16::try_from(*value) {
+            let block = u16::try_from(*value)
+                .ok()
+                .and_then(|first| crate::core::PortBlock::new(first, count));
+            if let Some(block) = block {
                 let (group, index) = (flat / group_size, flat % group_size);
-                holdings.insert(
+                holdings.insert_block(
                     SlotKey::in_group(
                         &assignment.role,
                         assignment.port.clone(),
                         group as u32,
                         index as u32,
                     ),
-                    port,
+                    block,
                 );
             }
         }
@@ -373,5 +381,25 @@ mod tests {
             )),
             object.status
         );
+    }
+
+    #[test]
+    fn blocks_record_their_count_and_mirror_back() {
+        let mut object = pa();
+        object.spec.roles[0].ports[0].count = Some(8);
+        use crate::core::PortBlock;
+        let block = |first| PortBlock::new(first, 8).unwrap();
+        let held: Holdings = [
+            (SlotKey::new("web", "http", 0), block(100)),
+            (SlotKey::new("web", "http", 1), block(108)),
+            (SlotKey::new("web", "admin", 0), PortBlock::single(120)),
+        ]
+        .into_iter()
+        .collect();
+        let status = allocation_status(&object, &held, None, Outcome::Converged);
+        assert_eq!(status.assignments[0].values, vec![100, 108]);
+        assert_eq!(status.assignments[0].count, Some(8));
+        assert_eq!(status.assignments[1].count, None);
+        assert_eq!(recorded_holdings(&status), held);
     }
 }

@@ -118,9 +118,9 @@ fn decide_release(record: &PoolRecord, uid: &str, owner: &str, role: Option<&str
         return Decision::Unchanged(current);
     }
     let mut state = record.state.clone();
-    for (slot, port) in current.iter() {
+    for (slot, block) in current.iter() {
         if !keep.contains(slot) {
-            state.release(port);
+            state.release_block(block);
         }
     }
     Decision::Write {
@@ -137,8 +137,8 @@ fn decide_remove(record: &PoolRecord, uid: &str, owner: &str) -> Decision {
         return Decision::Unchanged(current);
     }
     let mut state = record.state.clone();
-    for port in current.ports() {
-        state.release(port);
+    for (_, block) in current.iter() {
+        state.release_block(block);
     }
     // An undecodable entry of this owner goes too: the object is gone, nobody will read it.
     let mut without_opaque = record.clone();
@@ -197,6 +197,7 @@ mod tests {
             scope: Scope::PodScoped,
             replicas,
             requested: None,
+            count: 1,
         }
     }
 
@@ -284,7 +285,7 @@ mod tests {
         };
         assert_eq!((before.len(), after.len(), released), (4, 6, 0));
         for (slot, port) in before.iter() {
-            assert_eq!(after.get(slot), Some(port), "{slot} moved");
+            assert_eq!(after.block(slot), Some(port), "{slot} moved");
         }
     }
 
@@ -326,5 +327,117 @@ mod tests {
             refusal.to_string().contains("Holders: ns/a (3 ports)"),
             "{refusal}"
         );
+    }
+
+    fn wide_record(holders: &[(&str, &str)]) -> PoolRecord {
+        let mut record = record(holders);
+        record.pool.spec.ranges = vec!["100-199".into()];
+        PoolRecord::load(record.pool).unwrap()
+    }
+
+    #[test]
+    fn a_held_block_of_the_right_size_is_kept_and_a_new_count_moves_only_its_slots() {
+        let record = wide_record(&[("a", "ray.workers=100-107,108-115 ray.head=120")]);
+        let workers = |count| PortDemand {
+            count,
+            ..demand("ray", "workers", 2)
+        };
+        let head = PortDemand {
+            scope: Scope::RoleScoped,
+            ..demand("ray", "head", 1)
+        };
+        let same = Operation::Sync(vec![workers(8), head.clone()]);
+        let decision = decide(&record, "a", "ns/a", &same, &mut rng()).unwrap();
+        assert!(matches!(decision, Decision::Unchanged(ref h) if h.port_count() == 17));
+
+        let bigger = Operation::Sync(vec![workers(16), head]);
+        let Decision::Write {
+            holdings,
+            allocated,
+            released,
+            status,
+        } = decide(&record, "a", "ns/a", &bigger, &mut rng()).unwrap()
+        else {
+            panic!("a count change writes the pool");
+        };
+        assert_eq!((allocated, released), (2, 2));
+        assert_eq!(holdings.get(&SlotKey::new("ray", "head", 0)), Some(120));
+        assert_eq!(holdings.port_count(), 33);
+        assert_eq!(status.allocated, 33);
+        assert!(status.holders[0].ports.contains("ray.workers="));
+    }
+
+    #[test]
+    fn a_block_that_does_not_fit_is_refused_as_pool_full_with_runs_and_holders() {
+        // 100 ports, holder a every 10th: largest free run 9.
+        let ports: Vec<String> = (0..10).map(|i| (100 + i * 10).to_string()).collect();
+        let text = format!("x.y={}", ports.join(","));
+        let record = wide_record(&[("a", text.as_str())]);
+        let sync = Operation::Sync(vec![PortDemand {
+            count: 16,
+            ..demand("ray", "workers", 1)
+        }]);
+        let refusal = decide(&record, "b", "ns/b", &sync, &mut rng()).unwrap_err();
+        assert_eq!(refusal.reason(), super::super::Reason::PoolFull);
+        let message = refusal.to_string();
+        for needle in [
+            "ray.workers[0] needs a block of 16 contiguous ports; the largest free run is 9 (90 free in 10 runs)",
+            "Holders: ns/a (10 ports)",
+        ] {
+            assert!(message.contains(needle), "{needle:?} missing: {message}");
+        }
+    }
+
+    #[test]
+    fn a_requested_block_over_a_held_port_names_the_block_and_the_holder() {
+        let record = wide_record(&[("a", "x.y=105")]);
+        let sync = Operation::Sync(vec![PortDemand {
+            scope: Scope::RoleScoped,
+            requested: Some(100),
+            count: 8,
+            ..demand("ray", "nixl", 1)
+        }]);
+        let refusal = decide(&record, "b", "ns/b", &sync, &mut rng()).unwrap_err();
+        assert_eq!(refusal.reason(), super::super::Reason::PortHeld);
+        assert_eq!(
+            refusal.to_string(),
+            "PortAllocation ns/b: port 105 (in the requested block 100-107) of pool \"p\" is already held by ns/a (role x, port y, pod index 0): request another port, or leave it unset to get a free one"
+        );
+    }
+
+    #[test]
+    fn a_spec_block_past_the_last_port_is_invalid() {
+        use crate::api::{PortAllocationSpec, PortRequest, Role};
+        let pa = PortAllocation::new(
+            "x",
+            PortAllocationSpec {
+                pool: "p".into(),
+                roles: vec![Role {
+                    name: "ray".into(),
+                    replicas: 1,
+                    ports: vec![PortRequest {
+                        name: "nixl".into(),
+                        scope: crate::api::Scope::RoleScoped,
+                        env: "NIXL".into(),
+                        port: Some(65530),
+                        count: Some(8),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        let refusal = Operation::sync_of(&pa).unwrap_err();
+        assert!(
+            refusal.to_string().contains("spec.roles[0].ports[0].count: a block of 8 ports from port 65530 would run past 65535"),
+            "{refusal}"
+        );
+        let mut fine = pa.clone();
+        fine.spec.roles[0].ports[0].port = Some(65528);
+        let Ok(Operation::Sync(demands)) = Operation::sync_of(&fine) else {
+            panic!("a block ending at 65535 is valid");
+        };
+        assert_eq!(demands[0].count, 8);
     }
 }

@@ -77,7 +77,12 @@ impl PoolRecord {
                     continue;
                 }
             };
-            for (slot, port) in holdings.iter() {
+            // Every port of a block is checked and marked on its own: a block that an edit of
+            // the pool cut in two is reported port by port, and the rest of it stays held.
+            let held_ports = holdings
+                .iter()
+                .flat_map(|(slot, block)| block.ports().map(move |port| (slot, port)));
+            for (slot, port) in held_ports {
                 if !ports.contains(port) {
                     anomalies.push(Anomaly::OutsidePool {
                         uid: entry.uid.clone(),
@@ -131,15 +136,31 @@ impl PoolRecord {
             .unwrap_or_default()
     }
 
-    /// Who holds `port`, and in which slot.
+    /// Who holds `port` (alone or inside a block), and in which slot.
     pub fn holder_of(&self, port: u16) -> Option<(&str, &HolderEntry, SlotKey)> {
         self.holders.iter().find_map(|(uid, entry)| {
             entry
                 .holdings
                 .iter()
-                .find(|(_, p)| *p == port)
+                .find(|(_, block)| block.contains(port))
                 .map(|(slot, _)| (uid.as_str(), entry, slot.clone()))
         })
+    }
+
+    /// Block sizes worth saying how many more fit: 8, 16 and 32, and every size held here.
+    pub fn block_sizes_to_report(&self) -> Vec<u32> {
+        let held = self
+            .holders
+            .values()
+            .flat_map(|h| h.holdings.iter().map(|(_, block)| u32::from(block.count)));
+        let mut sizes: Vec<u32> = [8, 16, 32]
+            .into_iter()
+            .chain(held)
+            .filter(|&n| n > 1)
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
     }
 
     /// The status to write after `uid`'s holdings become `holdings` (an empty set removes the

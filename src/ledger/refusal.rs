@@ -3,7 +3,7 @@
 //! running the same command again gives the same answer.
 
 use crate::api::SpecError;
-use crate::core::{AllocError, SlotKey};
+use crate::core::{AllocError, PortBlock, SlotKey};
 
 use super::pool_record::PoolRecord;
 
@@ -65,13 +65,16 @@ pub enum Refusal {
     PoolNotFound { pool: String, owner: String },
 
     #[error(
-        "PortAllocation {owner}: port {port} of pool {pool:?} is already held by {holder} ({slot}): \
-         request another port, or leave it unset to get a free one"
+        "PortAllocation {owner}: port {port}{} of pool {pool:?} is already held by {holder} ({slot}): \
+         request another port, or leave it unset to get a free one",
+        block_note(.block)
     )]
     PortHeld {
         owner: String,
         pool: String,
         port: u16,
+        /// The requested block the port is part of, when a block was requested.
+        block: Option<PortBlock>,
         holder: String,
         /// `role decode, port metrics, pod index 0`
         slot: String,
@@ -95,7 +98,12 @@ impl Refusal {
             Refusal::PoolSpec { .. } => Reason::InvalidPool,
             Refusal::PoolNotFound { .. } => Reason::PoolNotFound,
             Refusal::PortHeld { .. } => Reason::PortHeld,
-            Refusal::Core { error, .. } if matches!(**error, AllocError::PoolFull { .. }) => {
+            Refusal::Core { error, .. }
+                if matches!(
+                    **error,
+                    AllocError::PoolFull { .. } | AllocError::NoRun { .. }
+                ) =>
+            {
                 Reason::PoolFull
             }
             Refusal::Core { .. } => Reason::Refused,
@@ -110,8 +118,28 @@ impl Refusal {
     /// Add who is involved to a refusal of the core.
     pub fn from_core(error: AllocError, record: &PoolRecord, uid: &str, owner: &str) -> Refusal {
         let pool = record.name().to_string();
-        match error {
-            AllocError::Held { port } => {
+        let (port, block) = match error {
+            AllocError::Held { port } => (port, None),
+            AllocError::BlockHeld { block, port } => (port, Some(block)),
+            error @ (AllocError::PoolFull { .. } | AllocError::NoRun { .. }) => {
+                return Refusal::Core {
+                    owner: owner.into(),
+                    pool,
+                    error: Box::new(error),
+                    holders: holders_summary(record),
+                };
+            }
+            error => {
+                return Refusal::Core {
+                    owner: owner.into(),
+                    pool,
+                    error: Box::new(error),
+                    holders: String::new(),
+                };
+            }
+        };
+        {
+            {
                 let (holder, slot) = match record.holder_of(port) {
                     Some((holder_uid, _, slot)) if holder_uid == uid => {
                         (format!("{owner} itself"), Some(slot))
@@ -129,24 +157,19 @@ impl Refusal {
                     owner: owner.into(),
                     pool,
                     port,
+                    block,
                     holder,
                     slot,
                 }
             }
-            error @ AllocError::PoolFull { .. } => Refusal::Core {
-                owner: owner.into(),
-                pool,
-                error: Box::new(error),
-                holders: holders_summary(record),
-            },
-            error => Refusal::Core {
-                owner: owner.into(),
-                pool,
-                error: Box::new(error),
-                holders: String::new(),
-            },
         }
     }
+}
+
+fn block_note(block: &Option<PortBlock>) -> String {
+    block
+        .map(|b| format!(" (in the requested block {b})"))
+        .unwrap_or_default()
 }
 
 /// `. Holders: ns/a (12 ports), ns/b (8 ports) and 3 more`, largest first.
@@ -154,7 +177,7 @@ fn holders_summary(record: &PoolRecord) -> String {
     let mut holders: Vec<(&str, usize)> = record
         .holders
         .values()
-        .map(|h| (h.owner.as_str(), h.holdings.len()))
+        .map(|h| (h.owner.as_str(), h.holdings.port_count() as usize))
         .collect();
     if holders.is_empty() {
         return String::new();

@@ -215,7 +215,7 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
         let count = record
             .holders
             .get(&entry.uid)
-            .map_or(0, |h| h.holdings.len());
+            .map_or(0, |h| h.holdings.port_count() as usize);
         freed.insert(entry.uid.clone());
         changes.push(Change::Free {
             uid: entry.uid.clone(),
@@ -329,11 +329,11 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
         let desired = match pa.spec.demands() {
             Ok(demands) => desired_slots(&demands),
             Err(SpecError { field, message }) => {
-                for (slot, port) in recorded.iter() {
+                for (slot, block) in recorded.iter() {
                     findings.push(Finding::RestoreSkipped {
                         owner: owner.clone(),
                         slot: slot.to_string(),
-                        port,
+                        port: block.first,
                         why: format!("its spec is invalid ({field}: {message})"),
                     });
                 }
@@ -341,11 +341,11 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
             }
         };
         let mut holdings = Holdings::new();
-        for (slot, port) in recorded.iter() {
+        for (slot, block) in recorded.iter() {
             let skip = |why: String| Finding::RestoreSkipped {
                 owner: owner.clone(),
                 slot: slot.to_string(),
-                port,
+                port: block.first,
                 why,
             };
             match desired.get(slot) {
@@ -353,20 +353,37 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
                     findings.push(skip("its spec no longer asks for this slot".into()));
                     continue;
                 }
-                Some(Some(requested)) if *requested != port => {
+                Some(want) if u32::from(block.count) != want.count => {
+                    findings.push(skip(format!(
+                        "it records {block} ({} ports) but its spec now asks for {}",
+                        block.count, want.count
+                    )));
+                    continue;
+                }
+                Some(want) if want.requested.is_some_and(|r| r != block.first) => {
+                    let requested = want.requested.unwrap_or_default();
                     findings.push(skip(format!("its spec now requests port {requested}")));
                     continue;
                 }
                 Some(_) => {}
             }
-            if !record.ports.contains(port) {
+            // Every port of a block must be restorable, or none of it is restored.
+            if let Some(port) = block.ports().find(|&p| !record.ports.contains(p)) {
+                let what = if block.is_single() {
+                    String::new()
+                } else {
+                    format!("port {port} of {block} is outside: ")
+                };
                 findings.push(skip(format!(
-                    "the pool's ports are now {}",
+                    "{what}the pool's ports are now {}",
                     describe_ports(record)
                 )));
                 continue;
             }
-            if let Some(holder) = held.get(&port) {
+            if let Some((port, holder)) = block
+                .ports()
+                .find_map(|p| held.get(&p).map(|holder| (p, holder)))
+            {
                 findings.push(Finding::RestoreConflict {
                     owner: owner.clone(),
                     slot: slot.to_string(),
@@ -375,11 +392,11 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
                 });
                 continue;
             }
-            if holdings.ports().any(|p| p == port) {
+            if holdings.iter().any(|(_, other)| other.overlaps(&block)) {
                 findings.push(skip("it records this port for another slot too".into()));
                 continue;
             }
-            holdings.insert(slot.clone(), port);
+            holdings.insert_block(slot.clone(), block);
         }
         if holdings.is_empty() {
             continue;
@@ -391,7 +408,7 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
             uid: uid.clone(),
             owner: owner.clone(),
             ports: holdings.encode(),
-            count: holdings.len(),
+            count: holdings.port_count() as usize,
         });
         added.push(PoolHolder {
             uid: uid.clone(),

@@ -386,3 +386,97 @@ fn status_helper_matches_the_allocator() {
     let status: &PortAllocationStatus = pa.status.as_ref().unwrap();
     assert_eq!(status.pool_uid.as_deref(), Some(POOL_UID));
 }
+
+/// Like `pa`, but http is a block of `count` ports and the status records blocks from `firsts`.
+fn block_pa(name: &str, uid: &str, firsts: &[i32], count: i32, pool_uid: &str) -> PortAllocation {
+    let mut pa = pa(name, uid, firsts.len() as i32, &[], None, 0);
+    pa.spec.roles[0].ports[0].count = Some(count);
+    let holdings: Holdings = firsts
+        .iter()
+        .enumerate()
+        .map(|(i, first)| {
+            let block = crate::core::PortBlock::new(*first as u16, count as u32).unwrap();
+            (SlotKey::new("web", "http", i as u32), block)
+        })
+        .collect();
+    pa.status = Some(allocation_status(
+        &pa,
+        &holdings,
+        Some(pool_uid),
+        Outcome::Converged,
+    ));
+    pa
+}
+
+#[test]
+fn a_recreated_pool_gets_its_blocks_back_exactly() {
+    let live = block_pa("ray", "r", &[100, 104], 4, "old-pool");
+    assert_eq!(live.status.as_ref().unwrap().assignments[0].count, Some(4));
+    let empty = pool(&[]);
+    let plan = plan(empty.clone(), std::slice::from_ref(&live));
+    assert_eq!(
+        plan.changes,
+        vec![Change::Restore {
+            uid: "r".into(),
+            owner: "ns/ray".into(),
+            ports: "web.http=100-103,104-107".into(),
+            count: 8,
+        }]
+    );
+    assert!(plan.findings.is_empty(), "{:?}", plan.findings);
+    assert_eq!(plan.held_ports, 8);
+    let after = PoolRecord::load(applied(empty, &plan)).unwrap();
+    assert_eq!(after.state.held_count(), 8);
+    assert!(plan_repair(&after, &[live]).is_clean());
+}
+
+#[test]
+fn a_block_is_restored_whole_or_not_at_all() {
+    // b holds 102, inside the first block; the second block crosses the exclusion at 110.
+    let taken = pool(&[("b", "ns/b", "web.http=102")]);
+    let live = block_pa("ray", "r", &[100, 108], 4, "old-pool");
+    let other = pa("b", "b", 1, &[102], Some(POOL_UID), 1);
+    let plan = plan(taken, &[live, other]);
+    assert!(plan.changes.is_empty(), "{:?}", plan.changes);
+    assert!(plan.findings.contains(&Finding::RestoreConflict {
+        owner: "ns/ray".into(),
+        slot: "web.http[0]".into(),
+        port: 102,
+        holder: "ns/b".into(),
+    }));
+    assert!(
+        plan.findings.iter().any(|f| matches!(
+            f,
+            Finding::RestoreSkipped { slot, port: 108, why, .. }
+                if slot == "web.http[1]" && why.starts_with("port 110 of 108-111 is outside")
+        )),
+        "{:?}",
+        plan.findings
+    );
+}
+
+#[test]
+fn duplicates_and_exclusions_are_found_inside_blocks() {
+    let p = pool(&[
+        ("a", "ns/a", "web.http=100-103"),
+        ("b", "ns/b", "web.http=103,108-111"),
+    ]);
+    let record = PoolRecord::load(p.clone()).unwrap();
+    assert_eq!(record.state.held_count(), 7);
+    let plan = plan(
+        p,
+        &[
+            block_pa("a", "a", &[100], 4, POOL_UID),
+            pa("b", "b", 2, &[103, 108], Some(POOL_UID), 1),
+        ],
+    );
+    assert!(plan.findings.contains(&Finding::Duplicate {
+        port: 103,
+        first: "ns/a".into(),
+        second: "ns/b".into(),
+    }));
+    assert!(plan.findings.iter().any(|f| matches!(
+        f,
+        Finding::OutsidePool { port: 110, slot, .. } if slot == "web.http[1]"
+    )));
+}

@@ -93,7 +93,7 @@ async fn role_and_pod_scoped_ports_with_a_requested_port() {
     assert!(
         mine.iter()
             .filter(|(s, _)| s.port != "metrics")
-            .all(|(_, p)| p >= 31016),
+            .all(|(_, p)| p.first >= 31016),
         "{mine:?}"
     );
 }
@@ -154,7 +154,7 @@ async fn scaling_keeps_surviving_ports_and_frees_exactly_the_removed_ones() {
     create(5);
     let five = recorded_holdings(get_pa(&client, &ns, "pd").await.status.as_ref().unwrap());
     for (slot, port) in three.iter() {
-        assert_eq!(five.get(slot), Some(port), "scale-up moved {slot}");
+        assert_eq!(five.block(slot), Some(port), "scale-up moved {slot}");
     }
     assert_eq!(five.len(), three.len() + 2);
 
