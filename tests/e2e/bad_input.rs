@@ -460,7 +460,7 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
             &["spec.roles[2].references[0].from", "port \"grpc\""],
         ),
         manifest(
-            "malformed reference",
+            "pod reference to a role without an address",
             ns,
             x(&with_reference("router")),
             7,
