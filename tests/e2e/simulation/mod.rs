@@ -9,6 +9,7 @@ mod expand;
 mod pods;
 mod run;
 mod scenarios;
+mod selftest;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
