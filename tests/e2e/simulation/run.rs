@@ -113,8 +113,34 @@ impl ContainerRun {
     }
 }
 
+/// Ports by the flag they came from, runs of consecutive ports as `first-last`:
+/// `61000(--port) 61010-61073(--min-worker-port..--max-worker-port)`.
+fn compact(binds: &[(u64, String)]) -> String {
+    let mut runs: Vec<(u64, u64, &str)> = Vec::new();
+    for (port, why) in binds {
+        match runs.last_mut() {
+            Some((_, last, w)) if *w == why.as_str() && *last + 1 == *port => *last = *port,
+            _ => runs.push((*port, *port, why)),
+        }
+    }
+    runs.iter()
+        .map(|(first, last, why)| {
+            let why = why.split(' ').next().unwrap();
+            if first == last {
+                format!("{first}({why})")
+            } else {
+                format!("{first}-{last}({why})")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The outcome of one simulated run.
 pub struct Outcome {
+    /// Logs, outputs and mounts of the run; removed when the outcome is dropped, unless a test
+    /// is failing (then it stays, for a look).
+    pub dir: PathBuf,
     pub runs: Vec<ContainerRun>,
     pub elapsed: Duration,
     pub all_up: bool,
@@ -149,11 +175,7 @@ impl Outcome {
     pub fn summary(&self) -> String {
         let mut out = String::new();
         for run in &self.runs {
-            let binds: Vec<String> = run
-                .binds()
-                .iter()
-                .map(|(p, why)| format!("{p}({})", why.split(' ').next().unwrap()))
-                .collect();
+            let binds = compact(&run.binds());
             let connects: Vec<String> = run
                 .connects()
                 .iter()
@@ -171,7 +193,7 @@ impl Outcome {
                 run.pod.workload,
                 if run.up() { "up" } else { "NOT UP" },
                 run.processes(),
-                binds.join(" "),
+                binds,
                 if connects.is_empty() {
                     "-".to_string()
                 } else {
@@ -392,8 +414,17 @@ pub fn run(
         run.read_log();
     }
     Outcome {
+        dir,
         runs,
         elapsed,
         all_up,
+    }
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
