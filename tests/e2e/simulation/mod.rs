@@ -83,6 +83,8 @@ pub struct Scenario {
     file: PathBuf,
     pub manifest: Manifest,
     configmap: BTreeMap<String, String>,
+    /// The ConfigMap's data before the last scaling.
+    previous: BTreeMap<String, String>,
     _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
@@ -143,6 +145,7 @@ impl Scenario {
             file,
             manifest,
             configmap: BTreeMap::new(),
+            previous: BTreeMap::new(),
             _turn: turn,
         };
         scenario.configmap = scenario.wait_for_configmap().await;
@@ -258,7 +261,23 @@ impl Scenario {
         assert!(run.ok(), "kubectl apply: {run}");
         let run = cli::run(&["sync", &self.allocation, "-n", &self.ns]);
         assert!(run.ok(), "{run}");
-        self.configmap = self.wait_for_configmap().await;
+        self.previous = self.wait_for_configmap().await;
+        std::mem::swap(&mut self.previous, &mut self.configmap);
+    }
+
+    /// Pods that were there before the last scaling kept their env files (their ports), except
+    /// `changed`; the files of pods that went away are gone.
+    pub fn assert_kept(&self, changed: &[&str]) {
+        for (key, before) in &self.previous {
+            let pod = key.trim_end_matches(".env");
+            match self.configmap.get(key) {
+                Some(now) if changed.contains(&pod) => {
+                    assert_ne!(now, before, "{key} should follow the scaling")
+                }
+                Some(now) => assert_eq!(now, before, "{key} changed on scaling"),
+                None => {}
+            }
+        }
     }
 
     /// The value of `key` in pod `pod`'s env file.

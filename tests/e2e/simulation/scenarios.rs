@@ -41,8 +41,10 @@ async fn sglang_pd_on_one_node_then_scaled() {
     let mut scenario = Scenario::deploy("sglang-pd-hostnetwork.yaml", "llm").await;
     check_pd(&scenario, 2, 3);
     scenario.scale_role("prefill", 3).await;
+    scenario.assert_kept(&["router"]);
     check_pd(&scenario, 3, 3);
     scenario.scale_role("decode", 1).await;
+    scenario.assert_kept(&["router"]);
     check_pd(&scenario, 3, 1);
 }
 
@@ -88,8 +90,10 @@ async fn sglang_multinode_lws_on_one_node_then_scaled() {
         dist.to_string()
     );
     scenario.scale_groups(3).await;
+    scenario.assert_kept(&[]);
     check_groups(&scenario, label, "sglang", 3, 2);
     scenario.scale_groups(1).await;
+    scenario.assert_kept(&[]);
     check_groups(&scenario, label, "sglang", 1, 2);
 }
 
@@ -117,7 +121,9 @@ async fn vllm_ray_lws_on_one_node_then_scaled() {
         "ray start --head, then vllm serve"
     );
     scenario.scale_groups(3).await;
+    scenario.assert_kept(&[]);
     check_groups(&scenario, label, "vllm-ray", 3, 3);
     scenario.scale_groups(1).await;
+    scenario.assert_kept(&[]);
     check_groups(&scenario, label, "vllm-ray", 1, 3);
 }
