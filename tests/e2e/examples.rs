@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use portalloc::api::{PortAllocation, PortPool};
@@ -45,6 +45,10 @@ async fn apply_kinds(client: &Client, ns: &str, text: &str, kinds: &[&str]) -> u
                 .patch(&name, &params, &Patch::Apply(&value))
                 .await
                 .map(|_| ()),
+            "Service" => Api::<Service>::namespaced(client.clone(), ns)
+                .patch(&name, &params, &Patch::Apply(&value))
+                .await
+                .map(|_| ()),
             "PortPool" => Api::<PortPool>::all(client.clone())
                 .patch(&name, &params, &Patch::Apply(&value))
                 .await
@@ -75,37 +79,37 @@ async fn sglang_prefill_decode_on_host_network() {
     std::fs::write(&path, &text).unwrap();
     let file = path.to_str().unwrap();
 
-    // The three commands of the example's header, in order.
+    // The two commands of the example's header, in order: create writes the ConfigMap too.
     let run = cli::run(&["create", "-f", file, "-n", &ns]);
     assert!(run.ok(), "{run}");
     assert!(
         run.stderr.contains("skipping Deployment (apps/v1)"),
         "{run}"
     );
-    let run = cli::run(&[
-        "resolve",
-        "sglang-pd",
-        "--all",
-        "-o",
-        "configmap",
-        "--apply",
-        "-n",
-        &ns,
-    ]);
-    assert!(run.ok(), "{run}");
+    assert!(
+        run.stdout
+            .contains("configmap/sglang-pd-env created (6 env files)"),
+        "{run}"
+    );
     assert_eq!(
         apply_kinds(
             &client,
             &ns,
             &text,
-            &["Deployment", "StatefulSet", "PortPool", "PortAllocation"]
+            &[
+                "Service",
+                "Deployment",
+                "StatefulSet",
+                "PortPool",
+                "PortAllocation"
+            ]
         )
         .await,
-        5
+        7
     );
 
     let configmap = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .get("sglang-pd-ports")
+        .get("sglang-pd-env")
         .await
         .unwrap();
     let data = configmap.data.unwrap();
@@ -118,7 +122,7 @@ async fn sglang_prefill_decode_on_host_network() {
             "decode-2.env",
             "prefill-0.env",
             "prefill-1.env",
-            "router-0.env"
+            "router.env"
         ]
     );
     assert_eq!(
@@ -126,40 +130,70 @@ async fn sglang_prefill_decode_on_host_network() {
         "sglang-pd"
     );
 
-    // What decode-1 sources: its own ports, the router's, and every prefill bootstrap port.
+    // The router's file holds exactly what the router takes in PD mode, by per-pod DNS names.
     let pa = Api::<PortAllocation>::namespaced(client.clone(), &ns)
         .get("sglang-pd")
         .await
         .unwrap();
-    let bootstrap: Vec<String> = pa
-        .allocated_values("prefill", "bootstrap")
+    let endpoints = |role: &str| -> Vec<String> {
+        pa.allocated_values(role, "http")
+            .iter()
+            .enumerate()
+            .map(|(i, port)| format!("http://{role}-{i}.{role}.{ns}.svc:{port}"))
+            .collect()
+    };
+    let bootstrap = pa.allocated_values("prefill", "bootstrap");
+    let prefill_args: Vec<String> = endpoints("prefill")
         .iter()
-        .map(u16::to_string)
+        .zip(&bootstrap)
+        .map(|(url, b)| format!("--prefill {url} {b}"))
         .collect();
-    let decode1 = env_lines(&data["decode-1.env"]);
-    let names: Vec<&str> = decode1.iter().map(|(k, _)| *k).collect();
+    let decode_args: Vec<String> = endpoints("decode")
+        .iter()
+        .map(|url| format!("--decode {url}"))
+        .collect();
+    let router = env_lines(&data["router.env"]);
+    let names: Vec<&str> = router.iter().map(|(k, _)| *k).collect();
     assert_eq!(
         names,
         vec![
-            "DECODE_PORT",
-            "NIXL_PORT",
             "ROUTER_PORT",
-            "PREFILL_BOOTSTRAP_PORTS"
+            "ROUTER_METRICS_PORT",
+            "PREFILL_ARGS",
+            "DECODE_ARGS"
         ]
     );
-    assert_eq!(
-        decode1[1].1,
-        pa.allocated_values("decode", "nixl")[1].to_string()
-    );
-    assert_eq!(decode1[3].1, bootstrap.join(","));
+    assert_eq!(router[2].1, format!("'{}'", prefill_args.join(" ")));
+    assert_eq!(router[3].1, format!("'{}'", decode_args.join(" ")));
     assert_eq!(bootstrap.len(), 2);
-    let prefill0 = env_lines(&data["prefill-0.env"]);
-    assert_eq!(prefill0[2], ("ROUTER_PORT", decode1[2].1));
+    // Prefill and decode get only their own ports.
+    let prefill1 = env_lines(&data["prefill-1.env"]);
+    assert_eq!(
+        prefill1,
+        vec![
+            (
+                "SGLANG_PORT",
+                pa.allocated_values("prefill", "http")[1]
+                    .to_string()
+                    .as_str()
+            ),
+            ("BOOTSTRAP_PORT", bootstrap[1].to_string().as_str())
+        ]
+    );
+    let resolved = cli::run(&["resolve", "sglang-pd", "--pod", "decode-2", "-n", &ns]);
+    assert_eq!(
+        resolved.stdout, data["decode-2.env"],
+        "resolve and the ConfigMap agree"
+    );
 
     // kubectl apply of the same file afterwards leaves the allocation alone.
     assert_consistent(&client, &pool).await;
     let run = cli::run(&["sync", "sglang-pd", "-n", &ns]);
     assert!(run.stdout.contains("(unchanged)"), "{run}");
+    assert!(
+        run.stdout.contains("configmap/sglang-pd-env unchanged"),
+        "{run}"
+    );
 
     let statefulset = Api::<StatefulSet>::namespaced(client.clone(), &ns)
         .get("decode")

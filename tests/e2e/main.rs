@@ -18,5 +18,6 @@ mod pods;
 mod rbac;
 mod repair;
 mod restart;
+mod simulation;
 mod verbs;
 mod watch;

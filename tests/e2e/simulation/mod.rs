@@ -1,0 +1,292 @@
+//! The node simulation: each example applied to the real API server as its header says, then
+//! every pod it describes run on this machine at once, as on one node with hostNetwork, with the
+//! example's own command lines and the env files the plugin wrote; the engines replaced by a
+//! stand-in (tests/simulation/standin.py) that binds every port its flags name and connects to
+//! every address they name. Then a role (or the LWS group count) is scaled with one edit,
+//! `kubectl apply` and `kubectl portalloc sync`, and everything runs again.
+
+mod expand;
+mod pods;
+mod run;
+mod scenarios;
+mod selftest;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, Client};
+use serde_json::Value;
+
+use crate::support::{self, cli};
+use pods::Manifest;
+pub use run::Outcome;
+
+/// One simulation at a time: they all bind ports of the same ranges on this machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The pools' range in the simulation. The examples' 20000-23999 is where this machine's test
+/// control planes (every agent's) listen, on random ports the pool cannot know of; on a real
+/// node that is what `exclude` is for. Above the ephemeral range nothing else listens.
+const SIM_RANGE: &str = "61000-64999";
+
+/// How long a stand-in keeps trying to reach a peer, and the harness waits for all to serve.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A LeaderWorkerSet CRD that takes any spec, so `kubectl apply` of the examples goes through on
+/// a control plane without the LWS controller (nothing here runs pods anyway).
+const LWS_CRD: &str = r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+ "metadata": {"name": "leaderworkersets.leaderworkerset.x-k8s.io"},
+ "spec": {"group": "leaderworkerset.x-k8s.io", "scope": "Namespaced",
+  "names": {"kind": "LeaderWorkerSet", "plural": "leaderworkersets", "singular": "leaderworkerset"},
+  "versions": [{"name": "v1", "served": true, "storage": true,
+   "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}"#;
+
+/// `kubectl` against the test cluster.
+fn kubectl(args: &[&str], input: Option<&str>) -> cli::Run {
+    let mut child = Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", &support::cluster().kubeconfig)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    if let Some(input) = input {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    cli::Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// One example, deployed in its own namespace with its pool renamed (pools are cluster-wide).
+pub struct Scenario {
+    client: Client,
+    ns: String,
+    allocation: String,
+    file: PathBuf,
+    pub manifest: Manifest,
+    configmap: BTreeMap<String, String>,
+    /// The ConfigMap's data before the last scaling.
+    previous: BTreeMap<String, String>,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Scenario {
+    /// `kubectl portalloc create -f`, then `kubectl apply -f` of the same file, as the example's
+    /// header says; then the ConfigMap of env files, as the plugin wrote it.
+    pub async fn deploy(example: &str, pool: &str) -> Scenario {
+        let turn = ONE_AT_A_TIME.lock().await;
+        let client = support::client().await;
+        let ns = support::namespace(&client, &format!("sim-{}", &example[..10])).await;
+        let unique_pool = support::unique_name("sim");
+        let path = support::repo_root().join("examples").join(example);
+        let text = std::fs::read_to_string(path)
+            .unwrap()
+            .replace(
+                &format!("name: {pool}\n"),
+                &format!("name: {unique_pool}\n"),
+            )
+            .replace(
+                &format!("pool: {pool}\n"),
+                &format!("pool: {unique_pool}\n"),
+            );
+        let mut manifest = Manifest::parse(&text);
+        for pool in manifest.docs.iter_mut().filter(|d| d["kind"] == "PortPool") {
+            pool["spec"]["ranges"] = serde_json::json!([SIM_RANGE]);
+            pool["spec"]["exclude"] = serde_json::json!([]);
+        }
+        let allocation = manifest
+            .of_kind("PortAllocation")
+            .next()
+            .expect("a PortAllocation")["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let file = std::env::temp_dir().join(format!("{ns}.yaml"));
+        std::fs::write(&file, manifest.to_yaml()).unwrap();
+        if manifest.of_kind("LeaderWorkerSet").next().is_some() {
+            let run = kubectl(&["apply", "-f", "-"], Some(LWS_CRD));
+            assert!(run.ok(), "{run}");
+            let run = kubectl(
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "crd/leaderworkersets.leaderworkerset.x-k8s.io",
+                ],
+                None,
+            );
+            assert!(run.ok(), "{run}");
+        }
+        let run = cli::run(&["create", "-f", file.to_str().unwrap(), "-n", &ns]);
+        assert!(run.ok(), "{run}");
+        let run = kubectl(&["apply", "-f", file.to_str().unwrap(), "-n", &ns], None);
+        assert!(run.ok(), "kubectl apply of the example: {run}");
+        let mut scenario = Scenario {
+            client,
+            ns,
+            allocation,
+            file,
+            manifest,
+            configmap: BTreeMap::new(),
+            previous: BTreeMap::new(),
+            _turn: turn,
+        };
+        scenario.configmap = scenario.wait_for_configmap().await;
+        scenario
+    }
+
+    fn configmap_name(&self) -> String {
+        let pa = self.manifest.of_kind("PortAllocation").next().unwrap();
+        pa["spec"]["configMap"]["name"]
+            .as_str()
+            .expect("the example names its ConfigMap (spec.configMap.name)")
+            .to_string()
+    }
+
+    /// The ConfigMap's data once it differs from what the last run used.
+    async fn wait_for_configmap(&self) -> BTreeMap<String, String> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
+        let name = self.configmap_name();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(cm) = api.get_opt(&name).await.unwrap() {
+                let data = cm.data.unwrap_or_default();
+                if data != self.configmap {
+                    return data;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ConfigMap {name} in {} never appeared or changed",
+                self.ns
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Run every pod; print the env files and what the stand-ins did (`--nocapture` shows it).
+    pub fn simulate(&self, label: &str) -> Outcome {
+        let pods = pods::pods(&self.manifest, &self.ns);
+        let dns = pods::dns(&self.manifest, &pods, &self.ns);
+        let configmaps = BTreeMap::from([(self.configmap_name(), self.configmap.clone())]);
+        let outcome = run::run(&pods, &dns, &configmaps, TIMEOUT);
+        let mut files = String::new();
+        for (key, text) in &self.configmap {
+            files.push_str(&format!(
+                "  {key}:\n    {}\n",
+                text.trim_end().replace('\n', "\n    ")
+            ));
+        }
+        eprintln!(
+            "=== {label} (namespace {})\n--- env files\n{files}--- simulation\n{}",
+            self.ns,
+            outcome.summary()
+        );
+        outcome.assert_clean();
+        outcome
+    }
+
+    fn allocation_doc(&mut self) -> &mut Value {
+        let name = self.allocation.clone();
+        self.manifest
+            .docs
+            .iter_mut()
+            .find(|d| d["kind"] == "PortAllocation" && d["metadata"]["name"] == name.as_str())
+            .unwrap()
+    }
+
+    fn workload_doc(&mut self, kind: &str, name: &str) -> &mut Value {
+        self.manifest
+            .docs
+            .iter_mut()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in the example"))
+    }
+
+    /// One edit: a role's replicas, in the PortAllocation and in its workload.
+    pub async fn scale_role(&mut self, role: &str, replicas: u64) {
+        let roles = self.allocation_doc()["spec"]["roles"]
+            .as_array_mut()
+            .unwrap();
+        let entry = roles.iter_mut().find(|r| r["name"] == role).unwrap();
+        entry["replicas"] = replicas.into();
+        let workload = entry["workload"].clone();
+        let (kind, name) = (
+            workload["kind"].as_str().unwrap(),
+            workload["name"].as_str().unwrap(),
+        );
+        self.workload_doc(kind, name)["spec"]["replicas"] = replicas.into();
+        self.apply_and_sync().await;
+    }
+
+    /// One edit: the group count, in the PortAllocation and its LeaderWorkerSet.
+    pub async fn scale_groups(&mut self, groups: u64) {
+        let pa = self.allocation_doc();
+        pa["spec"]["groups"] = groups.into();
+        let names: BTreeSet<String> = pa["spec"]["roles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["workload"]["kind"] == "LeaderWorkerSet")
+            .map(|r| r["workload"]["name"].as_str().unwrap().to_string())
+            .collect();
+        for name in names {
+            self.workload_doc("LeaderWorkerSet", &name)["spec"]["replicas"] = groups.into();
+        }
+        self.apply_and_sync().await;
+    }
+
+    /// `kubectl apply -f` of the edited file, `kubectl portalloc sync`, and the new ConfigMap.
+    async fn apply_and_sync(&mut self) {
+        std::fs::write(&self.file, self.manifest.to_yaml()).unwrap();
+        let file = self.file.to_str().unwrap();
+        let run = kubectl(&["apply", "-f", file, "-n", &self.ns], None);
+        assert!(run.ok(), "kubectl apply: {run}");
+        let run = cli::run(&["sync", &self.allocation, "-n", &self.ns]);
+        assert!(run.ok(), "{run}");
+        self.previous = self.wait_for_configmap().await;
+        std::mem::swap(&mut self.previous, &mut self.configmap);
+    }
+
+    /// Pods that were there before the last scaling kept their env files (their ports), except
+    /// `changed`; the files of pods that went away are gone.
+    pub fn assert_kept(&self, changed: &[&str]) {
+        for (key, before) in &self.previous {
+            let pod = key.trim_end_matches(".env");
+            match self.configmap.get(key) {
+                Some(now) if changed.contains(&pod) => {
+                    assert_ne!(now, before, "{key} should follow the scaling")
+                }
+                Some(now) => assert_eq!(now, before, "{key} changed on scaling"),
+                None => {}
+            }
+        }
+    }
+
+    /// The value of `key` in pod `pod`'s env file.
+    pub fn env(&self, pod: &str, key: &str) -> String {
+        let file = &self.configmap[&format!("{pod}.env")];
+        let line = file
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("{key} not in {pod}.env:\n{file}"));
+        line.trim_matches('\'').to_string()
+    }
+}
