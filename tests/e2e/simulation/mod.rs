@@ -35,14 +35,17 @@ const SIM_RANGE: &str = "61000-64999";
 /// How long a stand-in keeps trying to reach a peer, and the harness waits for all to serve.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A LeaderWorkerSet CRD that takes any spec, so `kubectl apply` of the examples goes through on
-/// a control plane without the LWS controller (nothing here runs pods anyway).
-const LWS_CRD: &str = r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
- "metadata": {"name": "leaderworkersets.leaderworkerset.x-k8s.io"},
- "spec": {"group": "leaderworkerset.x-k8s.io", "scope": "Namespaced",
-  "names": {"kind": "LeaderWorkerSet", "plural": "leaderworkersets", "singular": "leaderworkerset"},
-  "versions": [{"name": "v1", "served": true, "storage": true,
-   "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}"#;
+/// LeaderWorkerSet's own CRD (from its pinned Go module, `scripts/fetch-lws-crd.sh`), so the
+/// examples' LeaderWorkerSets pass LWS's real schema (no LWS controller runs: nothing here runs
+/// pods anyway).
+fn lws_crd() -> std::path::PathBuf {
+    let output = Command::new(support::repo_root().join("scripts/fetch-lws-crd.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/fetch-lws-crd.sh");
+    assert!(output.status.success(), "scripts/fetch-lws-crd.sh failed");
+    String::from_utf8(output.stdout).unwrap().trim().into()
+}
 
 /// `kubectl` against the test cluster.
 fn kubectl(args: &[&str], input: Option<&str>) -> cli::Run {
@@ -122,17 +125,34 @@ impl Scenario {
         let file = std::env::temp_dir().join(format!("{ns}.yaml"));
         std::fs::write(&file, manifest.to_yaml()).unwrap();
         if manifest.of_kind("LeaderWorkerSet").next().is_some() {
-            let run = kubectl(&["apply", "-f", "-"], Some(LWS_CRD));
-            assert!(run.ok(), "{run}");
+            // Server-side: the CRD (1.3 MB) is too large for client-side apply's annotation.
+            let crd = lws_crd();
             let run = kubectl(
-                &[
-                    "wait",
-                    "--for=condition=Established",
-                    "crd/leaderworkersets.leaderworkerset.x-k8s.io",
-                ],
+                &["apply", "--server-side", "-f", crd.to_str().unwrap()],
                 None,
             );
             assert!(run.ok(), "{run}");
+            // `kubectl wait` fails outright while the new CRD has no conditions yet: poll.
+            let started = Instant::now();
+            loop {
+                let run = kubectl(
+                    &[
+                        "wait",
+                        "--for=condition=Established",
+                        "--timeout=10s",
+                        "crd/leaderworkersets.leaderworkerset.x-k8s.io",
+                    ],
+                    None,
+                );
+                if run.ok() {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < TIMEOUT,
+                    "LWS CRD not established: {run}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
         }
         let run = cli::run(&["create", "-f", file.to_str().unwrap(), "-n", &ns]);
         assert!(run.ok(), "{run}");
