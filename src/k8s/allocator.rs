@@ -95,7 +95,7 @@ struct Committed {
 /// Allocates and releases ports for PortAllocations.
 #[derive(Clone)]
 pub struct Allocator {
-    client: Client,
+    pub(super) client: Client,
     pub policy: RetryPolicy,
 }
 

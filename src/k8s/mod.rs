@@ -5,6 +5,7 @@
 
 mod allocations;
 mod allocator;
+mod batch;
 mod client;
 mod configmaps;
 mod crds;

@@ -5,6 +5,7 @@ mod support;
 
 mod allocation;
 mod bad_input;
+mod batch;
 mod blocks;
 mod concurrency;
 mod configmap;
