@@ -20,7 +20,11 @@
 //! - 2f: the scale limit of one pool object: its size as served and the cost of one allocation
 //!   with 1,000 to 20,000 holders, up to where etcd refuses the write.
 //!
-//! Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
+//! - 2h: `sync --all -A` of 1,000 fresh PortAllocations into one pool (group commit), beside
+//!   the same synced one compare-and-swap at a time and beside creating 1,000 NodePort Services.
+//!
+//! `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
+//! 2b/2c cells). Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
 //! `--bench` flag that `cargo bench` passes (so `cargo test --benches` never runs the full size).
 
 mod baseline;
@@ -29,6 +33,7 @@ mod cli;
 // The control plane of the end-to-end tests, started the same way (shared test code).
 #[path = "../../tests/common/control_plane.rs"]
 mod controlplane;
+mod group_commit;
 mod metrics;
 mod workload;
 
@@ -70,6 +75,10 @@ struct Scale {
     holder_counts: &'static [u32],
     /// PortAllocations applied at once for the watcher to allocate.
     burst: usize,
+    /// PortAllocations synced by one `sync --all -A` (group commit).
+    group: usize,
+    /// The cells to run (`PORTALLOC_BENCH_CELLS`); `None`: all of them.
+    cells: Option<Vec<String>>,
 }
 
 impl Scale {
@@ -93,7 +102,21 @@ impl Scale {
                 &[1_000, 5_000, 10_000, 15_000, 20_000]
             },
             burst: if quick { 20 } else { 1000 },
+            group: if quick { 40 } else { 1000 },
+            cells: std::env::var("PORTALLOC_BENCH_CELLS").ok().map(|v| {
+                v.split(',')
+                    .map(|c| c.trim().to_string())
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            }),
         }
+    }
+
+    /// Whether cell `id` (`2a`, `2b`, ...) is to run.
+    fn wants(&self, id: &str) -> bool {
+        self.cells
+            .as_ref()
+            .is_none_or(|cells| cells.iter().any(|c| c == id))
     }
 }
 
@@ -158,17 +181,38 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
     let admin = plane.client().await?;
     let version = admin.apiserver_version().await?.git_version;
     let mut rows = Vec::new();
-    // First, while the cluster holds no other PortAllocation: `get -A` lists all of them.
-    eprintln!("2e: CLI latency on {} PortAllocations", scale.get_objects);
-    rows.extend(cli_latency(plane, &admin, scale).await?);
-    eprintln!("2a: API requests per operation");
-    rows.extend(request_counts(plane, &admin, scale).await?);
-    eprintln!("2b/2c: throughput and latency, ours and NodePort Services");
-    rows.extend(throughput(plane, &admin, scale).await?);
-    eprintln!("2d: duplicates, random baseline and ours");
-    rows.extend(duplicates(plane, &admin, scale).await?);
-    eprintln!("2f: scale limits of one pool object");
-    rows.extend(scale_limits(&admin, scale).await?);
+    // First, while the cluster holds no other PortAllocation: `sync --all -A` and `get -A` see
+    // only their own (2h deletes its objects when done).
+    if scale.wants("2h") {
+        eprintln!(
+            "2h: sync --all -A of {} fresh PortAllocations (group commit)",
+            scale.group
+        );
+        rows.extend(group_commit::group_commit(plane, &admin, scale.group).await?);
+    }
+    if scale.wants("2e") {
+        eprintln!("2e: CLI latency on {} PortAllocations", scale.get_objects);
+        rows.extend(cli_latency(plane, &admin, scale).await?);
+    }
+    if scale.wants("2a") {
+        eprintln!("2a: API requests per operation");
+        rows.extend(request_counts(plane, &admin, scale).await?);
+    }
+    if scale.wants("2b") {
+        eprintln!("2b/2c: throughput and latency, ours and NodePort Services");
+        rows.extend(throughput(plane, &admin, scale).await?);
+    }
+    if scale.wants("2d") {
+        eprintln!("2d: duplicates, random baseline and ours");
+        rows.extend(duplicates(plane, &admin, scale).await?);
+    }
+    if scale.wants("2f") {
+        eprintln!("2f: scale limits of one pool object");
+        rows.extend(scale_limits(&admin, scale).await?);
+    }
+    if !scale.wants("2g") {
+        return Ok((rows, version));
+    }
     eprintln!(
         "2g: a burst of {} PortAllocations for the watcher",
         scale.burst
@@ -944,6 +988,13 @@ fn table(
     );
     let _ = writeln!(out, "machine: {}  ", machine());
     let _ = writeln!(out, "source: {}  ", tree_state());
+    if let Some(cells) = &scale.cells {
+        let _ = writeln!(
+            out,
+            "cells run (PORTALLOC_BENCH_CELLS): {}  ",
+            cells.join(", ")
+        );
+    }
     let _ = writeln!(
         out,
         "load average (1/5/15 min): {load_before} before, {load_after} after  "
