@@ -165,8 +165,19 @@ impl Allocator {
         let pools: Api<PortPool> = Api::all(self.client.clone());
         let label = format!("{} PortAllocations in pool {pool_name:?}", items.len());
         loop {
-            let pool = match pools.get(pool_name).await {
-                Ok(pool) => pool,
+            // A remembered copy is tried only for a write, which its resourceVersion checks (and
+            // with it every refusal decided from the same copy).
+            let remembered = self.pools.get(pool_name);
+            let from_memory = remembered.is_some();
+            let read = match remembered {
+                Some(pool) => Ok(pool),
+                None => pools.get(pool_name).await,
+            };
+            let pool = match read {
+                Ok(pool) => {
+                    self.pools.remember(&pool);
+                    pool
+                }
                 Err(kube::Error::Api(status))
                     if status.is_not_found() && !is_unknown_resource(&status) =>
                 {
@@ -195,6 +206,10 @@ impl Allocator {
             // In a statement of its own: the thread-local RNG must not live across an await.
             let decision = decide_batch(&record, items, &mut rand::rng());
             let Some(status) = decision.status else {
+                if from_memory {
+                    self.pools.forget(pool_name);
+                    continue;
+                }
                 return PoolStep::Committed {
                     record: Box::new(record),
                     outcomes: decision.outcomes,
@@ -208,7 +223,8 @@ impl Allocator {
                 .replace_status(pool_name, &PostParams::default(), &updated)
                 .await
             {
-                Ok(_) => {
+                Ok(written) => {
+                    self.pools.remember(&written);
                     let count = |f: fn(&ItemOutcome) -> usize| -> usize {
                         decision.outcomes.iter().map(f).sum()
                     };
@@ -233,13 +249,17 @@ impl Allocator {
                         written: true,
                     };
                 }
-                Err(e) => match attempts
-                    .backoff(e, POOL_STATUS.on("update", pool_name, None), &label)
-                    .await
-                {
-                    Ok(()) => {}
-                    Err(stop) => return stopped(stop),
-                },
+                Err(kube::Error::Api(status)) if from_memory && status.is_not_found() => {
+                    // The copy outlived its pool: read again (which tells PoolNotFound).
+                    self.pools.forget(pool_name);
+                }
+                Err(e) => {
+                    self.pools.forget(pool_name);
+                    let target = POOL_STATUS.on("update", pool_name, None);
+                    if let Err(stop) = attempts.backoff(e, target, &label).await {
+                        return stopped(stop);
+                    }
+                }
             }
         }
     }

@@ -10,6 +10,7 @@ mod client;
 mod configmaps;
 mod crds;
 mod error;
+mod pool_cache;
 mod pools;
 mod repair;
 mod resources;

@@ -16,6 +16,7 @@ mod faults;
 mod health;
 mod import;
 mod pods;
+mod pool_cache;
 mod rbac;
 mod repair;
 mod restart;
