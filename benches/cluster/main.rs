@@ -26,6 +26,9 @@
 //! - 2i: bytes per holder of the pool record, today's encoding and compact ones, against etcd's
 //!   request limit (pure arithmetic on real encodings, no server).
 //!
+//! - 2j: the fine-grained compare-and-swap lever (JSON Patch `test` of one block) against a
+//!   whole-object compare-and-swap, on a ConfigMap stand-in of a pool record's size.
+//!
 //! `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
 //! 2b/2c cells); `PORTALLOC_BENCH_ROUNDS=1` shortens the throughput cells;
 //! `PORTALLOC_BENCH_SHARDS=1` runs the shard experiment even when its condition does not hold. Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
@@ -39,6 +42,7 @@ mod cli;
 mod controlplane;
 mod encodings;
 mod group_commit;
+mod levers;
 mod metrics;
 mod workload;
 
@@ -216,6 +220,11 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
     if scale.wants("2d") {
         eprintln!("2d: duplicates, random baseline and ours");
         rows.extend(duplicates(plane, &admin, scale).await?);
+    }
+    if scale.wants("2j") {
+        eprintln!("2j: the JSON Patch `test` lever against whole-object compare-and-swap");
+        let clients = plane.clients(16).await?;
+        rows.extend(levers::measure(&clients, "levers", scale.per_round).await?);
     }
     if scale.wants("2f") {
         eprintln!("2f: scale limits of one pool object");
