@@ -7,6 +7,7 @@ mod allocations;
 mod allocator;
 mod batch;
 mod client;
+mod combiner;
 mod configmaps;
 mod crds;
 mod error;

@@ -23,3 +23,4 @@ mod restart;
 mod simulation;
 mod verbs;
 mod watch;
+mod watch_batch;

@@ -13,7 +13,7 @@ use portalloc::k8s::Allocator;
 use crate::support::invariants::assert_consistent;
 use crate::support::{self, simple_allocation};
 
-type Log = Arc<Mutex<Vec<String>>>;
+pub type Log = Arc<Mutex<Vec<String>>>;
 
 /// Records `METHOD /path` of every request, then passes it on.
 #[derive(Clone)]
@@ -41,7 +41,7 @@ where
     }
 }
 
-async fn recording_client() -> (Client, Log) {
+pub async fn recording_client() -> (Client, Log) {
     let file = Kubeconfig::read_from(&support::cluster().kubeconfig).unwrap();
     let config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
         .await
@@ -59,7 +59,7 @@ async fn recording_client() -> (Client, Log) {
 }
 
 /// The requests since the last call, as `GET pool`, `PUT pool/status`, `PUT status`.
-fn taken(log: &Log, pool: &str) -> Vec<String> {
+pub fn taken(log: &Log, pool: &str) -> Vec<String> {
     let pool_path = format!("/apis/portalloc.dev/v1alpha1/portpools/{pool}");
     log.lock()
         .unwrap()
