@@ -31,7 +31,8 @@
 //!
 //! `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
 //! 2b/2c cells); `PORTALLOC_BENCH_ROUNDS=1` shortens the throughput cells;
-//! `PORTALLOC_BENCH_SHARDS=1` runs the shard experiment even when its condition does not hold. Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
+//! `PORTALLOC_BENCH_SHARDS=1` runs the shard experiment even when its condition does not hold;
+//! `PORTALLOC_BENCH_HOLDERS=256,1000` sets the holder counts of 2f. Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
 //! `--bench` flag that `cargo bench` passes (so `cargo test --benches` never runs the full size).
 
 mod baseline;
@@ -81,7 +82,7 @@ struct Scale {
     random_trials: u32,
     duplicate_pods: u32,
     /// Holders written into one pool's status to find where a pool stops scaling.
-    holder_counts: &'static [u32],
+    holder_counts: Vec<u32>,
     /// PortAllocations applied at once for the watcher to allocate.
     burst: usize,
     /// PortAllocations synced by one `sync --all -A` (group commit).
@@ -108,11 +109,17 @@ impl Scale {
             help_runs: if quick { 3 } else { 21 },
             random_trials: if quick { 2_000 } else { 100_000 },
             duplicate_pods: if quick { 30 } else { 100 },
-            holder_counts: if quick {
-                &[100, 2_000]
-            } else {
-                &[1_000, 5_000, 10_000, 15_000, 20_000]
-            },
+            // PORTALLOC_BENCH_HOLDERS=256,1000 weighs other record sizes (a shard's, say).
+            holder_counts: std::env::var("PORTALLOC_BENCH_HOLDERS")
+                .ok()
+                .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+                .unwrap_or_else(|| {
+                    if quick {
+                        vec![100, 2_000]
+                    } else {
+                        vec![1_000, 5_000, 10_000, 15_000, 20_000]
+                    }
+                }),
             burst: if quick { 20 } else { 1000 },
             group: if quick { 40 } else { 1000 },
             cells: std::env::var("PORTALLOC_BENCH_CELLS").ok().map(|v| {
@@ -735,7 +742,7 @@ async fn scale_limits(admin: &Client, scale: &Scale) -> anyhow::Result<Vec<Row>>
     allocator.policy.max_attempts = 3;
     allocator.policy.max_elapsed = Duration::from_secs(20);
     let mut rows = Vec::new();
-    for &n in scale.holder_counts {
+    for &n in &scale.holder_counts {
         let name = format!("scale-{n}");
         workload::create_pool(admin, &name, "1-65535").await?;
         let mut pool = pools.get(&name).await?;
