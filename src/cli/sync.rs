@@ -12,6 +12,9 @@ use super::report::{print_report, take_configmap_error};
 use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
 use crate::k8s::{self, Readiness, WatchOptions, get_allocation, list_allocations};
 
+/// With --all: how many PortAllocation statuses are written at once after the pool write.
+const STATUS_WRITES: usize = 16;
+
 /// Allocate or release ports so each PortAllocation's status matches its spec.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
@@ -73,8 +76,18 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
     let total = targets.len();
     let mut failures = Vec::new();
     let mut synced = Vec::new();
-    for pa in targets {
-        match session.allocator.sync_or_record(pa, None).await {
+    // Several objects: one pool write per pool for all of them (group commit).
+    let results = if args.name.is_some() {
+        let mut one = Vec::new();
+        for pa in targets {
+            one.push(session.allocator.sync_or_record(pa, None).await);
+        }
+        one
+    } else {
+        session.allocator.sync_many(targets, STATUS_WRITES).await
+    };
+    for result in results {
+        match result {
             Ok(mut report) => {
                 let configmap_error = take_configmap_error(&mut report);
                 if args.output.is_none() {

@@ -19,6 +19,7 @@ use kube::{Client, ResourceExt};
 
 use super::configmaps::{ConfigMapError, EnvConfigMap, keep_env_configmap};
 use super::error::{KubeError, Target, is_unknown_resource};
+use super::pool_cache::PoolCache;
 use super::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOL_STATUS, POOLS};
 use super::retry::{Attempts, Exhausted, RetryPolicy, Stop};
 use crate::api::{PortAllocation, PortPool};
@@ -95,8 +96,10 @@ struct Committed {
 /// Allocates and releases ports for PortAllocations.
 #[derive(Clone)]
 pub struct Allocator {
-    client: Client,
+    pub(super) client: Client,
     pub policy: RetryPolicy,
+    /// The last copy of each pool read or written, decided against instead of a new read.
+    pub(super) pools: PoolCache,
 }
 
 impl Allocator {
@@ -104,7 +107,19 @@ impl Allocator {
         Self {
             client,
             policy: RetryPolicy::default(),
+            pools: PoolCache::default(),
         }
+    }
+
+    /// Whether to decide against the pool returned by the last write (default) or read the
+    /// pool before every allocation (one more request each; for comparison).
+    pub fn remember_pools(mut self, on: bool) -> Self {
+        self.pools = if on {
+            PoolCache::default()
+        } else {
+            PoolCache::disabled()
+        };
+        self
     }
 
     /// Make the pool and the PortAllocation's status match its spec. `pool` may be a copy of the
@@ -327,25 +342,36 @@ impl Allocator {
         let pools: Api<PortPool> = Api::all(self.client.clone());
         let label = format!("{owner} in pool {pool_name:?}");
         loop {
+            // A remembered copy is tried only for a write, which its resourceVersion checks.
+            let mut remembered = false;
             let pool = match prefetched.take() {
                 Some(pool) => pool,
-                None => match pools.get(pool_name).await {
-                    Ok(pool) => pool,
-                    Err(kube::Error::Api(status))
-                        if status.is_not_found() && !is_unknown_resource(&status) =>
-                    {
-                        return Err(Refusal::PoolNotFound {
-                            pool: pool_name.into(),
-                            owner: owner.into(),
+                None => match self.pools.get(pool_name) {
+                    Some(pool) => {
+                        remembered = true;
+                        pool
+                    }
+                    None => match pools.get(pool_name).await {
+                        Ok(pool) => {
+                            self.pools.remember(&pool);
+                            pool
                         }
-                        .into());
-                    }
-                    Err(e) => {
-                        let target = POOLS.on("get", pool_name, None);
-                        self.backoff(attempts, e, target, &label, pool_name, owner)
-                            .await?;
-                        continue;
-                    }
+                        Err(kube::Error::Api(status))
+                            if status.is_not_found() && !is_unknown_resource(&status) =>
+                        {
+                            return Err(Refusal::PoolNotFound {
+                                pool: pool_name.into(),
+                                owner: owner.into(),
+                            }
+                            .into());
+                        }
+                        Err(e) => {
+                            let target = POOLS.on("get", pool_name, None);
+                            self.backoff(attempts, e, target, &label, pool_name, owner)
+                                .await?;
+                            continue;
+                        }
+                    },
                 },
             };
             let record = PoolRecord::load(pool.clone()).map_err(|error| Refusal::PoolSpec {
@@ -355,8 +381,13 @@ impl Allocator {
             let pool_uid = record.uid().map(str::to_string);
             // Decided in a statement of its own: the thread-local RNG must not live across the
             // awaits below, or the future could not move between threads.
-            let decision = decide(&record, uid, owner, operation, &mut rand::rng())?;
-            match decision {
+            let decision = decide(&record, uid, owner, operation, &mut rand::rng());
+            if remembered && !matches!(decision, Ok(Decision::Write { .. })) {
+                // Nothing to write, or a refusal: no compare-and-swap would check the copy.
+                self.pools.forget(pool_name);
+                continue;
+            }
+            match decision? {
                 Decision::Unchanged(holdings) => {
                     return Ok(Committed {
                         holdings,
@@ -379,7 +410,8 @@ impl Allocator {
                         .replace_status(pool_name, &PostParams::default(), &updated)
                         .await
                     {
-                        Ok(_) => {
+                        Ok(written) => {
+                            self.pools.remember(&written);
                             tracing::info!(
                                 "{label}: {allocated} ports allocated, {released} released, {} held \
                                  (attempt {}, {} conflicts)",
@@ -395,7 +427,12 @@ impl Allocator {
                                 written: true,
                             });
                         }
+                        Err(kube::Error::Api(status)) if remembered && status.is_not_found() => {
+                            // The copy outlived its pool: read again (which tells PoolNotFound).
+                            self.pools.forget(pool_name);
+                        }
                         Err(e) => {
+                            self.pools.forget(pool_name);
                             let target = POOL_STATUS.on("update", pool_name, None);
                             self.backoff(attempts, e, target, &label, pool_name, owner)
                                 .await?;

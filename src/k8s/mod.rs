@@ -5,10 +5,13 @@
 
 mod allocations;
 mod allocator;
+mod batch;
 mod client;
+mod combiner;
 mod configmaps;
 mod crds;
 mod error;
+mod pool_cache;
 mod pools;
 mod repair;
 mod resources;

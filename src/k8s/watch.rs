@@ -30,6 +30,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
 use super::allocator::{AllocateError, Allocator};
+use super::combiner::Combiner;
 use super::configmaps::{Change, ConfigMapError, EnvConfigMap};
 use super::error::{ApiErrorKind, KubeError, Target};
 use super::repair::Repairer;
@@ -63,6 +64,8 @@ impl Readiness {
 
 struct Context {
     allocator: Allocator,
+    /// Syncs go through it: reconciles of one pool in flight together share one pool write.
+    combiner: Combiner,
     resync: Duration,
 }
 
@@ -196,6 +199,7 @@ pub async fn watch(
         tracing::info!("watching PortAllocations: initial list complete");
     });
     let context = Arc::new(Context {
+        combiner: Combiner::new(allocator.clone(), usize::from(options.concurrency)),
         allocator,
         resync: options.resync,
     });
@@ -225,7 +229,7 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
         let outcome = ctx.allocator.keep_configmap(&pa).await;
         return configmap_outcome(&owner, outcome, requeue);
     }
-    match ctx.allocator.sync_or_record((*pa).clone(), None).await {
+    match ctx.combiner.sync_or_record((*pa).clone()).await {
         Ok(mut report) => {
             tracing::info!(
                 allocation = %owner,

@@ -4,6 +4,8 @@
 //!   turned back into the status to write.
 //! - [`decide`]: what one owner holds after a sync, a release or its removal; [`Refusal`] when
 //!   that is impossible (pool full, port held, invalid spec, pool missing).
+//! - [`decide_batch`]: the same for many owners of one pool at once (group commit), so one
+//!   write commits all of them and a refusal stays with its own item.
 //! - [`allocation_status`]: a PortAllocation's status as a function of its spec and its pool
 //!   entry, so it can be recomputed at any time.
 //! - [`plan_repair`]: the diff that makes a pool's record match the live PortAllocations.
@@ -12,6 +14,7 @@
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
 mod allocation_status;
+mod batch;
 mod decision;
 mod pool_record;
 mod pools;
@@ -23,6 +26,7 @@ pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
     allocation_status, recorded_holdings,
 };
+pub use batch::{BatchDecision, BatchItem, ItemOutcome, decide_batch};
 pub use decision::{Decision, Operation, decide, precheck};
 pub use pool_record::{Anomaly, HolderEntry, PoolRecord};
 pub use pools::{PoolOverlap, overlapping_pool};

@@ -1,0 +1,118 @@
+//! Group commit for callers that come one at a time: the watcher's reconciles. Each caller
+//! queues its PortAllocation under its pool; the first caller of a pool with no batch running
+//! leads: it syncs everything queued for that pool with [`Allocator::sync_many`] (one pool write)
+//! and goes round again while more has queued meanwhile. The others wait for their own result.
+//! Nobody waits for a batch to fill: a lone caller is a batch of one, as before.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use super::allocator::{AllocateError, Allocator, SyncReport};
+use crate::api::PortAllocation;
+
+type Reply = oneshot::Sender<Result<SyncReport, AllocateError>>;
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<(PortAllocation, Reply)>,
+    leader: bool,
+}
+
+/// Shared by every reconcile of one watcher.
+#[derive(Clone)]
+pub struct Combiner {
+    allocator: Allocator,
+    queues: Arc<Mutex<HashMap<String, Queue>>>,
+    /// How many statuses a batch writes at once.
+    concurrency: usize,
+}
+
+impl Combiner {
+    pub fn new(allocator: Allocator, concurrency: usize) -> Combiner {
+        Combiner {
+            allocator,
+            queues: Arc::default(),
+            concurrency: concurrency.max(1),
+        }
+    }
+
+    /// [`Allocator::sync_or_record`], committed together with whatever else is queued for the
+    /// same pool.
+    pub async fn sync_or_record(&self, pa: PortAllocation) -> Result<SyncReport, AllocateError> {
+        let pool = pa.spec.pool.clone();
+        let (reply, answer) = oneshot::channel();
+        let lead = {
+            let mut queues = self.lock();
+            let queue = queues.entry(pool.clone()).or_default();
+            queue.waiting.push((pa.clone(), reply));
+            !std::mem::replace(&mut queue.leader, true)
+        };
+        if lead {
+            let guard = Leader {
+                combiner: self,
+                pool: &pool,
+                handed_back: AtomicBool::new(false),
+            };
+            guard.drain().await;
+        }
+        match answer.await {
+            Ok(result) => result,
+            // The leader was cancelled (shutdown) before it answered: go alone.
+            Err(_) => self.allocator.sync_or_record(pa, None).await,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Queue>> {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The caller running a pool's batches. Dropped (done or cancelled), it hands the pool back:
+/// callers still queued get no answer and go alone.
+struct Leader<'a> {
+    combiner: &'a Combiner,
+    pool: &'a str,
+    /// The queue was removed with nothing in it: a later caller may lead a new one.
+    handed_back: AtomicBool,
+}
+
+impl Leader<'_> {
+    async fn drain(&self) {
+        loop {
+            let batch = {
+                let mut queues = self.combiner.lock();
+                match queues.get_mut(self.pool) {
+                    Some(queue) if !queue.waiting.is_empty() => std::mem::take(&mut queue.waiting),
+                    _ => {
+                        // Under the same lock as the check: nobody queued in between.
+                        queues.remove(self.pool);
+                        self.handed_back.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            };
+            let (pas, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let results = self
+                .combiner
+                .allocator
+                .sync_many(pas, self.combiner.concurrency)
+                .await;
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
+        }
+    }
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        // Cancelled mid-batch: removing the queue drops the replies not sent, and those callers
+        // go alone. (After a clean hand-back the queue may be a new leader's: leave it.)
+        if !self.handed_back.load(Ordering::Relaxed) {
+            self.combiner.lock().remove(self.pool);
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Group commit: `sync --all -A` allocates every PortAllocation of a pool in one pool write, and a
+//! refusal stays with its own PortAllocation. On a control plane of its own, since `-A` syncs
+//! every object in the cluster.
+
+use std::collections::BTreeSet;
+
+use kube::Client;
+use kube::api::{Api, PostParams};
+use portalloc::api::PortAllocation;
+use portalloc::ledger::recorded_holdings;
+
+use crate::support::invariants::{allocations_of, assert_consistent};
+use crate::support::private_cluster::PrivateCluster;
+use crate::support::simple_allocation;
+
+const FRESH: usize = 200;
+
+async fn create(client: &Client, ns: &str, yaml: &str) {
+    let pa: PortAllocation = serde_yaml::from_str(yaml).unwrap();
+    Api::<PortAllocation>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pa)
+        .await
+        .unwrap();
+}
+
+fn fixed(name: &str, pool: &str, port: u16) -> String {
+    format!(
+        "apiVersion: portalloc.dev/v1alpha1\nkind: PortAllocation\nmetadata:\n  name: {name}\nspec:\n  pool: {pool}\n  roles:\n  - name: web\n    replicas: 1\n    ports: [{{name: http, scope: RoleScoped, env: HTTP_PORT, port: {port}}}]\n"
+    )
+}
+
+/// `PUT .../portpools/<pool>/status` lines of a `-v 2` request log.
+fn pool_writes(stderr: &str, pool: &str) -> usize {
+    let put = format!("PUT /apis/portalloc.dev/v1alpha1/portpools/{pool}/status ");
+    stderr.lines().filter(|l| l.contains(&put)).count()
+}
+
+/// The PortAllocations whose status a `-v 2` request log shows written.
+fn status_writes(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("PUT /apis/portalloc.dev/v1alpha1/namespaces/"))
+        .filter_map(|l| l.split("/portallocations/").nth(1))
+        .filter_map(|rest| {
+            rest.split_once("/status ")
+                .map(|(name, _)| name.to_string())
+        })
+        .collect()
+}
+
+fn reason(pa: &PortAllocation) -> String {
+    pa.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| format!("{}/{}", c.status, c.reason))
+        .unwrap_or_else(|| "no Ready condition".into())
+}
+
+#[tokio::test]
+async fn sync_all_commits_each_pool_once_and_keeps_refusals_to_themselves() {
+    let Some(cluster) = PrivateCluster::start("group-commit", true) else {
+        return;
+    };
+    let client = cluster.client().await;
+    for (pool, range) in [("big", "20000-20999"), ("tiny", "21000-21004")] {
+        let run = cluster.run(&["pool", "create", pool, "--range", range]);
+        assert!(run.ok(), "{run}");
+    }
+    for ns in ["team-a", "team-b"] {
+        crate::support::create_namespace(&client, ns).await;
+    }
+    // Already allocated before the batch: it holds 20999.
+    create(&client, "team-a", &fixed("owner", "big", 20999)).await;
+    let run = cluster.run(&["sync", "owner", "-n", "team-a"]);
+    assert!(run.ok(), "{run}");
+
+    // Fresh, as `kubectl apply` leaves them: 200 in two namespaces, two ports each.
+    for i in 0..FRESH {
+        let ns = if i % 2 == 0 { "team-a" } else { "team-b" };
+        let name = format!("job-{i:03}");
+        create(
+            &client,
+            ns,
+            &simple_allocation(&name, "big", "web", 2, &["http"]),
+        )
+        .await;
+    }
+    // Refusals among them: a port already held, a missing pool, and a pool too small for one
+    // of four (5 ports: 2 + 2 fit, the third 2 does not, the last 1 still fits after it).
+    create(&client, "team-b", &fixed("clash", "big", 20999)).await;
+    create(
+        &client,
+        "team-b",
+        &simple_allocation("nowhere", "no-such-pool", "web", 1, &["http"]),
+    )
+    .await;
+    for (name, replicas) in [("t1", 2), ("t2", 2), ("t3", 2), ("t4", 1)] {
+        create(
+            &client,
+            "team-a",
+            &simple_allocation(name, "tiny", "web", replicas, &["http"]),
+        )
+        .await;
+    }
+
+    let run = cluster.run(&["sync", "--all", "-A", "-v", "2"]);
+    assert_eq!(run.code, 4, "refusals exit 4: {run}");
+    assert!(
+        run.stderr
+            .contains("3 of 207 PortAllocations could not be synced"),
+        "{run}"
+    );
+    assert_eq!(pool_writes(&run.stderr, "big"), 1, "{run}");
+    assert_eq!(pool_writes(&run.stderr, "tiny"), 1, "{run}");
+
+    // Every fresh one allocated, nothing held twice, statuses equal to the pool entries.
+    let big = assert_consistent(&client, "big").await;
+    let tiny = assert_consistent(&client, "tiny").await;
+    let live = allocations_of(&client, "big").await;
+    let mut ports = BTreeSet::new();
+    for pa in live.values() {
+        let name = pa.metadata.name.as_deref().unwrap();
+        let held = pa
+            .status
+            .as_ref()
+            .map(recorded_holdings)
+            .unwrap_or_default();
+        if name == "clash" {
+            assert_eq!(reason(pa), "False/PortHeld", "{name}");
+            assert!(held.is_empty());
+            continue;
+        }
+        assert_eq!(reason(pa), "True/Allocated", "{name}");
+        assert_eq!(held.len(), if name == "owner" { 1 } else { 2 }, "{name}");
+        ports.extend(held.ports());
+    }
+    assert_eq!(ports.len(), 2 * FRESH + 1);
+    assert_eq!(big.len(), FRESH + 1);
+    let tiny_live = allocations_of(&client, "tiny").await;
+    let mut tiny_reasons: Vec<(String, String)> = tiny_live
+        .values()
+        .map(|pa| (pa.metadata.name.clone().unwrap(), reason(pa)))
+        .collect();
+    tiny_reasons.sort();
+    assert_eq!(
+        tiny_reasons,
+        [
+            ("t1", "True/Allocated"),
+            ("t2", "True/Allocated"),
+            ("t3", "False/PoolFull"),
+            ("t4", "True/Allocated"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    assert_eq!(tiny.values().map(|h| h.len()).sum::<usize>(), 5);
+    let nowhere = Api::<PortAllocation>::namespaced(client.clone(), "team-b")
+        .get("nowhere")
+        .await
+        .unwrap();
+    assert_eq!(reason(&nowhere), "False/PoolNotFound");
+
+    let first_writes = status_writes(&run.stderr);
+    // Every object but `owner` (allocated before) gets its status written, once.
+    assert_eq!(first_writes.len(), 206, "{run}");
+    assert_eq!(
+        first_writes.iter().collect::<BTreeSet<_>>().len(),
+        206,
+        "{run}"
+    );
+
+    // Again: nothing to do, so no pool write and no status write, but t3's: its PoolFull message
+    // names the pool's holders, and t4 joined them after t3 was refused (one by one, the same).
+    let again = cluster.run(&["sync", "--all", "-A", "-v", "2"]);
+    assert_eq!(again.code, 4, "{again}");
+    assert_eq!(pool_writes(&again.stderr, "big"), 0, "{again}");
+    assert_eq!(pool_writes(&again.stderr, "tiny"), 0, "{again}");
+    assert!(
+        status_writes(&again.stderr).iter().all(|name| name == "t3"),
+        "{again}"
+    );
+    assert_eq!(assert_consistent(&client, "big").await, big);
+}

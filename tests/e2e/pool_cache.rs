@@ -1,0 +1,140 @@
+//! The Allocator decides against the pool its last write returned instead of reading it again;
+//! a copy another writer made stale costs one 409 and a fresh read, never a port held twice.
+
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use portalloc::api::PortAllocation;
+use portalloc::k8s::Allocator;
+
+use crate::support::invariants::assert_consistent;
+use crate::support::{self, simple_allocation};
+
+pub type Log = Arc<Mutex<Vec<String>>>;
+
+/// Records `METHOD /path` of every request, then passes it on.
+#[derive(Clone)]
+struct Recorder<S> {
+    inner: S,
+    log: Log,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Recorder<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let line = format!("{} {}", request.method(), request.uri().path());
+        self.log.lock().unwrap().push(line);
+        self.inner.call(request)
+    }
+}
+
+pub async fn recording_client() -> (Client, Log) {
+    let file = Kubeconfig::read_from(&support::cluster().kubeconfig).unwrap();
+    let config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    let log = Log::default();
+    let recorder = log.clone();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&tower::layer::layer_fn(move |inner| Recorder {
+            inner,
+            log: recorder.clone(),
+        }))
+        .build();
+    (client, log)
+}
+
+/// The requests since the last call, as `GET pool`, `PUT pool/status`, `PUT status`.
+pub fn taken(log: &Log, pool: &str) -> Vec<String> {
+    let pool_path = format!("/apis/portalloc.dev/v1alpha1/portpools/{pool}");
+    log.lock()
+        .unwrap()
+        .drain(..)
+        .map(|line| {
+            line.replace(&format!("{pool_path}/status"), "pool/status")
+                .replace(&pool_path, "pool")
+        })
+        .map(|line| match line.split_once("/portallocations/") {
+            Some((verb, rest)) if rest.ends_with("/status") => {
+                format!("{} status", verb.split(' ').next().unwrap())
+            }
+            _ => line,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_last_write_is_decided_against_and_a_stale_copy_costs_one_conflict() {
+    let admin = support::client().await;
+    let ns = support::namespace(&admin, "pool-cache").await;
+    let pool = support::unique_name("pool-cache");
+    support::create_pool(&pool, "36100-36199");
+    let api: Api<PortAllocation> = Api::namespaced(admin.clone(), &ns);
+    let create = |name: &str| {
+        let pa: PortAllocation =
+            serde_yaml::from_str(&simple_allocation(name, &pool, "web", 2, &["http"])).unwrap();
+        let api = api.clone();
+        async move { api.create(&PostParams::default(), &pa).await.unwrap() }
+    };
+    let (client, log) = recording_client().await;
+    let ours = Allocator::new(client);
+    let other = Allocator::new(admin.clone());
+
+    let first = ours.sync(create("first").await, None).await.unwrap();
+    assert_eq!(first.conflicts, 0);
+    assert_eq!(
+        taken(&log, &pool),
+        ["GET pool", "PUT pool/status", "PUT status"]
+    );
+
+    // The response to that write is the pool now: no read before the next allocation.
+    let second = ours.sync(create("second").await, None).await.unwrap();
+    assert_eq!((second.conflicts, second.holdings.len()), (0, 2));
+    assert_eq!(taken(&log, &pool), ["PUT pool/status", "PUT status"]);
+
+    // Another client writes the pool: our copy is stale, which the write's 409 tells.
+    other.sync(create("other").await, None).await.unwrap();
+    let third = ours.sync(create("third").await, None).await.unwrap();
+    assert_eq!(third.conflicts, 1);
+    assert_eq!(
+        taken(&log, &pool),
+        [
+            "PUT pool/status",
+            "GET pool",
+            "PUT pool/status",
+            "PUT status"
+        ]
+    );
+
+    // Nothing to write: no compare-and-swap would check the copy, so it is read afresh.
+    let again = ours.sync(third.allocation.clone(), None).await.unwrap();
+    assert_eq!((again.allocated, again.holdings), (0, third.holdings));
+    assert_eq!(taken(&log, &pool), ["GET pool"]);
+
+    let held = assert_consistent(&admin, &pool).await;
+    assert_eq!(held.values().map(|h| h.len()).sum::<usize>(), 8);
+
+    // Off, as before: every allocation reads the pool first.
+    let (client, log) = recording_client().await;
+    let reading = Allocator::new(client).remember_pools(false);
+    reading.sync(create("fourth").await, None).await.unwrap();
+    reading.sync(create("fifth").await, None).await.unwrap();
+    assert_eq!(
+        taken(&log, &pool),
+        ["GET pool", "PUT pool/status", "PUT status"].repeat(2)
+    );
+}
