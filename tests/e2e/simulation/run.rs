@@ -246,10 +246,11 @@ impl Outcome {
     }
 }
 
-/// A fresh directory for one run, under target/ (not /tmp: each container gets its own /tmp).
+/// A fresh directory for one run, under /var/tmp: never under /tmp, which each container
+/// replaces with its own (a checkout in /tmp would vanish from the containers' view, stand-ins,
+/// logs and env files with it).
 fn run_dir() -> PathBuf {
-    let dir = repo_root()
-        .join("target/simulation")
+    let dir = PathBuf::from("/var/tmp/kubectl-portalloc-simulation")
         .join(crate::support::unique_name("run"));
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -263,7 +264,9 @@ fn quote(s: &str) -> String {
 fn install_standin(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    let standin = repo_root().join("tests/simulation/standin.py");
+    // A copy in the run directory: the checkout may lie under /tmp, out of the containers' view.
+    let standin = dir.join("standin.py");
+    std::fs::copy(repo_root().join("tests/simulation/standin.py"), &standin).unwrap();
     for name in ["python3", "ray", "vllm"] {
         std::os::unix::fs::symlink(&standin, bin.join(name)).unwrap();
     }
@@ -302,7 +305,7 @@ pub fn run(
             let id = format!("{}-{}", pod.name, container.name);
             let tmp = dir.join(&id).join("tmp");
             std::fs::create_dir_all(&tmp).unwrap();
-            let mut mounts = vec![(tmp.clone(), "/tmp".to_string())];
+            let mut mounts = Vec::new();
             for mount in &container.mounts {
                 let source = match &mount.source {
                     Source::ConfigMap { name, optional } => {
@@ -323,6 +326,9 @@ pub fn run(
                 };
                 mounts.push((source, mount.path.clone()));
             }
+            // The container's own /tmp last: every source above may lie under /tmp (a
+            // checkout in /tmp), and it is gone from view once /tmp is replaced.
+            mounts.push((tmp.clone(), "/tmp".to_string()));
             let mut script = String::from("set -e\n");
             for (source, target) in &mounts {
                 let (source, target) = (quote(source.to_str().unwrap()), quote(target));
