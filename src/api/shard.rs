@@ -1,0 +1,199 @@
+//! `PortPoolShard`: the record of one 256-port window of a sharded PortPool
+//! (docs/record-at-scale.md, section 3).
+//!
+//! Not installed yet: this kind is not in [`super::crds`] nor in the checked-in CRD file, so
+//! clusters see no change until the Kubernetes layer reads and writes shards.
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::{PoolHolder, PortPoolStatus, PortRangeText};
+
+/// The message of the spec's immutability rule.
+pub const SHARD_SPEC_IMMUTABLE: &str = "spec of a PortPoolShard is immutable: it names the ports this record is the lock for; delete the shard (repair recreates it) instead of editing it";
+
+/// Which ports of a pool this shard is the record (and the compare-and-swap lock) for.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "portalloc.dev",
+    version = "v1alpha1",
+    kind = "PortPoolShard",
+    plural = "portpoolshards",
+    shortname = "ppshard",
+    // Lets the allocator and `repair` list one pool's shards with a field selector: a label
+    // cannot carry every pool name (label values stop at 63 characters, names at 253).
+    selectable = ".spec.pool",
+    doc = "The holders of one sub-range of a sharded PortPool.",
+    category = "portalloc",
+    status = "PortPoolShardStatus",
+    printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.pool"}"#,
+    printcolumn = r#"{"name":"Ranges","type":"string","jsonPath":".spec.ranges"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
+    printcolumn = r#"{"name":"Allocated","type":"integer","jsonPath":".status.allocated"}"#,
+    printcolumn = r#"{"name":"Holders","type":"integer","priority":1,"jsonPath":".status.holderCount"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message(SHARD_SPEC_IMMUTABLE))]
+pub struct PortPoolShardSpec {
+    /// Name of the PortPool this shard belongs to.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub pool: String,
+    /// UID of that PortPool: a shard left over from a deleted pool of the same name is foreign.
+    #[serde(rename = "poolUID")]
+    #[schemars(length(min = 1, max = 64))]
+    pub pool_uid: String,
+    /// The window number: this shard covers ports `256*index .. 256*index+255` (port 0 excepted).
+    #[schemars(range(min = 0, max = 255))]
+    pub index: u16,
+    /// The window as port ranges, for humans and CEL; the ports the shard records are these
+    /// ranges intersected with the pool's current ports.
+    #[schemars(length(min = 1, max = 1))]
+    pub ranges: Vec<PortRangeText>,
+}
+
+/// The record of the shard's ports: exactly today's PortPool record fields, so one shard is one
+/// record to the planner. Written only through the status subresource with the
+/// resourceVersion read: that compare-and-swap keeps the shard's ports unique.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PortPoolShardStatus {
+    /// The shard's ports after the pool's exclusions.
+    #[serde(default)]
+    pub size: i32,
+    /// Ports held by some PortAllocation.
+    #[serde(default)]
+    pub allocated: i32,
+    /// Ports free to allocate.
+    #[serde(default)]
+    pub available: i32,
+    /// How many PortAllocations hold ports here.
+    #[serde(default)]
+    pub holder_count: i32,
+    /// Who holds which of the shard's ports: a port is taken exactly when some holder lists it
+    /// here. An atomic list, replaced whole, for the reasons given on PortPool's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Atomic)]
+    pub holders: Vec<PoolHolder>,
+}
+
+// A shard status is a separate type (its schema must not grow the fields a sharded PortPool's
+// status will gain), but it carries the same record, so the ledger can reuse PoolRecord on it.
+impl From<PortPoolShardStatus> for PortPoolStatus {
+    fn from(s: PortPoolShardStatus) -> Self {
+        PortPoolStatus {
+            size: s.size,
+            allocated: s.allocated,
+            available: s.available,
+            holder_count: s.holder_count,
+            holders: s.holders,
+        }
+    }
+}
+
+impl From<PortPoolStatus> for PortPoolShardStatus {
+    fn from(s: PortPoolStatus) -> Self {
+        PortPoolShardStatus {
+            size: s.size,
+            allocated: s.allocated,
+            available: s.available,
+            holder_count: s.holder_count,
+            holders: s.holders,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+    use serde_json::Value;
+
+    fn schema() -> Value {
+        let crd = PortPoolShard::crd();
+        assert_eq!(crd.spec.scope, "Cluster");
+        let version = &crd.spec.versions[0];
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some(),
+            "status must be a subresource, so holders are written with their own CAS"
+        );
+        let schema = version
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .expect("a structural schema");
+        serde_json::to_value(schema).unwrap()
+    }
+
+    #[test]
+    fn spec_is_immutable_by_cel() {
+        let schema = schema();
+        let spec = &schema["properties"]["spec"];
+        let rules = spec["x-kubernetes-validations"]
+            .as_array()
+            .expect("spec carries validation rules");
+        assert!(
+            rules
+                .iter()
+                .any(|r| r["rule"] == "self == oldSelf" && r["message"] == SHARD_SPEC_IMMUTABLE),
+            "{rules:?}"
+        );
+        let required: Vec<&str> = spec["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for field in ["pool", "poolUID", "index", "ranges"] {
+            assert!(required.contains(&field), "{field} missing in {required:?}");
+        }
+    }
+
+    #[test]
+    fn holders_are_an_atomic_list_of_todays_entries() {
+        let schema = schema();
+        let status = &schema["properties"]["status"]["properties"];
+        assert_eq!(status["holders"]["x-kubernetes-list-type"], "atomic");
+        let entry = &status["holders"]["items"]["properties"];
+        for field in ["uid", "owner", "ports"] {
+            assert_eq!(entry[field]["type"], "string", "{field}");
+        }
+        for field in ["size", "allocated", "available", "holderCount"] {
+            assert_eq!(status[field]["type"], "integer", "{field}");
+        }
+    }
+
+    #[test]
+    fn not_installed_yet() {
+        assert!(
+            super::super::crds()
+                .iter()
+                .all(|crd| crd.spec.names.kind != "PortPoolShard"),
+            "the shard kind is groundwork: main's CRDs must stay unchanged"
+        );
+    }
+
+    #[test]
+    fn status_converts_both_ways_unchanged() {
+        let status = PortPoolShardStatus {
+            size: 256,
+            allocated: 1,
+            available: 255,
+            holder_count: 1,
+            holders: vec![PoolHolder {
+                uid: "u".into(),
+                owner: "ns/a".into(),
+                ports: "web.http=30001".into(),
+            }],
+        };
+        let back: PortPoolShardStatus = PortPoolStatus::from(status.clone()).into();
+        assert_eq!(back, status);
+    }
+}
