@@ -10,6 +10,9 @@
 //!   entry, so it can be recomputed at any time.
 //! - [`plan_repair`]: the diff that makes a pool's record match the live PortAllocations.
 //! - [`overlapping_pool`]: whether a new pool would share ports with an existing one.
+//! - Sharded record (groundwork, not used by the Kubernetes layer yet): [`ShardLayout`] (which
+//!   `PortPoolShard` records which port), [`ShardedRecord`] (a pool's shards as one record),
+//!   [`upgrade_plan`] (today's one-object record cut into shards).
 //!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
@@ -21,6 +24,7 @@ mod pools;
 mod refusal;
 mod repair_plan;
 mod repair_text;
+mod shard_layout;
 
 pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
@@ -32,6 +36,9 @@ pub use pool_record::{Anomaly, HolderEntry, PoolRecord};
 pub use pools::{PoolOverlap, overlapping_pool};
 pub use refusal::{Reason, Refusal};
 pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_repair};
+pub use shard_layout::{
+    SHARD_WINDOW, ShardLayout, ShardSpan, fnv1a, shard_index_of, shard_name, window,
+};
 
 use kube::ResourceExt;
 
