@@ -25,6 +25,7 @@ mod refusal;
 mod repair_plan;
 mod repair_text;
 mod shard_layout;
+mod sharded_record;
 
 pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
@@ -38,6 +39,9 @@ pub use refusal::{Reason, Refusal};
 pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_repair};
 pub use shard_layout::{
     SHARD_WINDOW, ShardLayout, ShardSpan, fnv1a, shard_index_of, shard_name, window,
+};
+pub use sharded_record::{
+    ShardAnomaly, ShardRecord, ShardWrite, ShardedRecord, new_shard, split_by_shard,
 };
 
 use kube::ResourceExt;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::api::{PoolHolder, PortPool, PortPoolStatus, SpecError};
-use crate::core::{Holdings, PoolState, PortSet, SlotKey};
+use crate::core::{Holdings, PoolState, PortSet, SlotKey, StaticBand};
 
 /// One holder's entry, decoded.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,7 +54,14 @@ pub struct PoolRecord {
 impl PoolRecord {
     pub fn load(pool: PortPool) -> Result<PoolRecord, SpecError> {
         let ports = pool.spec.port_set()?;
-        let mut state = PoolState::new(ports.clone(), pool.spec.core_static_band());
+        let static_band = pool.spec.core_static_band();
+        Ok(PoolRecord::load_ports(pool, ports, static_band))
+    }
+
+    /// The record in `pool.status` over the given ports rather than the spec's: one shard of a
+    /// sharded pool, whose ports are a window of the pool's (see `ShardedRecord`).
+    pub fn load_ports(pool: PortPool, ports: PortSet, static_band: StaticBand) -> PoolRecord {
+        let mut state = PoolState::new(ports.clone(), static_band);
         let mut holders = BTreeMap::new();
         let mut opaque = BTreeMap::new();
         let mut anomalies = Vec::new();
@@ -110,14 +117,14 @@ impl PoolRecord {
                 },
             );
         }
-        Ok(PoolRecord {
+        PoolRecord {
             pool,
             ports,
             state,
             holders,
             opaque,
             anomalies,
-        })
+        }
     }
 
     pub fn name(&self) -> &str {

@@ -1,0 +1,354 @@
+//! A sharded pool as read: the PortPool plus its `PortPoolShard` records, viewed as one record
+//! for planning, and a decided `Holdings` cut back into the per-shard writes that commit it.
+//! Pure: built from one read of the pool and one LIST of its shards.
+//!
+//! Each shard is loaded as a [`PoolRecord`] over the shard's ports (its window intersected with
+//! the pool's ports), so everything that works on one record (decoding, anomalies, the bytes
+//! of other holders' entries) works on a shard unchanged.
+//!
+//! An owner may hold ports in several shards (a spanning owner, or a block cut at a window
+//! edge): its entries there share its UID, and a slot whose block crosses a window edge appears
+//! in each shard with the piece of the block that lies there. [`ShardedRecord::holdings_of`]
+//! joins the pieces again; [`split_by_shard`] cuts them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::api::{PortPool, PortPoolShard, PortPoolShardStatus, SpecError};
+use crate::core::{Holdings, PortBlock, PortSet, SlotKey, StaticBand};
+
+use super::pool_record::{Anomaly, PoolRecord};
+use super::shard_layout::{ShardLayout, shard_index_of, shard_name, window};
+
+/// Something in the shards that should not be there; as with [`Anomaly`], such ports are
+/// never handed out again by us and `repair` reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShardAnomaly {
+    /// What one shard's record reports on its own: an undecodable entry, a port listed twice in
+    /// the shard, or a port that is not in the pool at all.
+    InShard { shard: u16, anomaly: Anomaly },
+    /// A pool port listed in a shard whose window does not contain it.
+    WrongShard {
+        shard: u16,
+        uid: String,
+        owner: String,
+        slot: SlotKey,
+        port: u16,
+    },
+    /// A port listed in two shards (one of them is then also the wrong shard).
+    HeldInTwoShards {
+        port: u16,
+        first: (u16, String),
+        second: (u16, String),
+    },
+    /// An owner's slot listed in several shards whose pieces do not join into one block; the
+    /// piece in the lowest shard is what [`ShardedRecord::holdings_of`] returns.
+    SlotApart {
+        uid: String,
+        slot: SlotKey,
+        shards: Vec<u16>,
+    },
+    /// A shard object not loaded: it names another pool or pool UID, its window is not 0-255,
+    /// its ranges are not its window, or a shard for its window was already loaded.
+    NotLoaded { name: String, reason: String },
+}
+
+/// One loaded shard.
+#[derive(Clone, Debug)]
+pub struct ShardRecord {
+    pub index: u16,
+    /// The shard's metadata (name, resourceVersion: the CAS) and status, the pool's spec, and
+    /// the shard's ports.
+    pub record: PoolRecord,
+}
+
+/// One write of the per-shard compare-and-swap that commits an owner's decided holdings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShardWrite {
+    pub index: u16,
+    pub name: String,
+    /// `None`: the shard does not exist yet and is created with this status.
+    pub resource_version: Option<String>,
+    pub status: PortPoolShardStatus,
+}
+
+/// The pool and all of its shards, ready for planning.
+#[derive(Clone, Debug)]
+pub struct ShardedRecord {
+    pub pool: PortPool,
+    pub ports: PortSet,
+    pub layout: ShardLayout,
+    /// By window index, ascending.
+    pub shards: BTreeMap<u16, ShardRecord>,
+    pub anomalies: Vec<ShardAnomaly>,
+}
+
+impl ShardedRecord {
+    pub fn load(pool: PortPool, shards: Vec<PortPoolShard>) -> Result<ShardedRecord, SpecError> {
+        let ports = pool.spec.port_set()?;
+        let layout = ShardLayout::new(&ports, pool.spec.core_static_band());
+        let pool_name = pool.metadata.name.clone().unwrap_or_default();
+        let mut anomalies = Vec::new();
+        let mut loaded: BTreeMap<u16, ShardRecord> = BTreeMap::new();
+        let mut sorted = shards;
+        // Deterministic choice when two objects claim one window: the lower name wins.
+        sorted.sort_by(|a, b| {
+            (a.spec.index, &a.metadata.name).cmp(&(b.spec.index, &b.metadata.name))
+        });
+        for shard in sorted {
+            let name = shard.metadata.name.clone().unwrap_or_default();
+            let index = shard.spec.index;
+            let refusal = if shard.spec.pool != pool_name {
+                Some(format!("it belongs to pool {:?}", shard.spec.pool))
+            } else if pool
+                .metadata
+                .uid
+                .as_deref()
+                .is_some_and(|uid| uid != shard.spec.pool_uid)
+            {
+                Some(format!(
+                    "it belongs to an earlier pool {pool_name:?} (UID {})",
+                    shard.spec.pool_uid
+                ))
+            } else if index > 255 {
+                Some(format!("window {index} is past 255"))
+            } else if shard.spec.ranges.len() != 1
+                || shard.spec.ranges[0].as_str() != window(index).to_string()
+            {
+                Some(format!("its ranges are not its window {}", window(index)))
+            } else if loaded.contains_key(&index) {
+                Some(format!("window {index} already has a shard"))
+            } else {
+                None
+            };
+            if let Some(reason) = refusal {
+                anomalies.push(ShardAnomaly::NotLoaded { name, reason });
+                continue;
+            }
+            let record = load_shard(&pool, &layout, index, shard);
+            loaded.insert(index, ShardRecord { index, record });
+        }
+        anomalies.extend(cross_shard_anomalies(&ports, &loaded));
+        Ok(ShardedRecord {
+            pool,
+            ports,
+            layout,
+            shards: loaded,
+            anomalies,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        self.pool.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// Everything `uid` holds in any shard, the pieces of a block cut at a window edge joined.
+    pub fn holdings_of(&self, uid: &str) -> Holdings {
+        union_of(
+            self.shards
+                .values()
+                .map(|s| (s.index, s.record.holdings_of(uid))),
+        )
+        .0
+    }
+
+    /// The writes that make `uid`'s holdings exactly `decided`, one per shard whose part
+    /// changes, in ascending shard order (the order the per-shard CAS goes in). Entries of
+    /// other holders are kept byte for byte, as in a one-object record.
+    pub fn writes_for(&self, uid: &str, owner: &str, decided: &Holdings) -> Vec<ShardWrite> {
+        let mut parts = split_by_shard(decided);
+        for (index, shard) in &self.shards {
+            if !shard.record.holdings_of(uid).is_empty() {
+                parts.entry(*index).or_default();
+            }
+        }
+        let mut writes = Vec::new();
+        for (index, part) in parts {
+            let empty;
+            let record = match self.shards.get(&index) {
+                Some(shard) => &shard.record,
+                None => {
+                    empty = load_shard(&self.pool, &self.layout, index, self.new_shard(index));
+                    &empty
+                }
+            };
+            let before = record.holdings_of(uid);
+            if before == part {
+                continue;
+            }
+            let mut state = record.state.clone();
+            for (_, block) in before.iter() {
+                state.release_block(block);
+            }
+            for (_, block) in part.iter() {
+                // A port outside this shard's ports cannot be marked; the count then says so.
+                let _ = state.mark_block_held(block);
+            }
+            writes.push(ShardWrite {
+                index,
+                name: shard_name(self.name(), index),
+                resource_version: self
+                    .shards
+                    .get(&index)
+                    .and_then(|s| s.record.pool.metadata.resource_version.clone()),
+                status: record.status_with(&state, uid, owner, &part).into(),
+            });
+        }
+        writes
+    }
+
+    /// A shard object for window `index` of this pool, with an empty record.
+    pub fn new_shard(&self, index: u16) -> PortPoolShard {
+        new_shard(&self.pool, index)
+    }
+}
+
+/// The shard object for window `index` of `pool`, with no status yet.
+pub fn new_shard(pool: &PortPool, index: u16) -> PortPoolShard {
+    let name = pool.metadata.name.clone().unwrap_or_default();
+    PortPoolShard::new(
+        &shard_name(&name, index),
+        crate::api::PortPoolShardSpec {
+            pool: name,
+            pool_uid: pool.metadata.uid.clone().unwrap_or_default(),
+            index,
+            ranges: vec![window(index).to_string().as_str().into()],
+        },
+    )
+}
+
+/// Loads one shard object as a record over its window's pool ports.
+pub(crate) fn load_shard(
+    pool: &PortPool,
+    layout: &ShardLayout,
+    index: u16,
+    shard: PortPoolShard,
+) -> PoolRecord {
+    let (ports, static_band) = layout
+        .get(index)
+        .map(|span| (span.ports.clone(), span.static_band()))
+        .unwrap_or((PortSet::empty(), StaticBand::None));
+    let as_pool = PortPool {
+        metadata: shard.metadata,
+        spec: pool.spec.clone(),
+        status: shard.status.map(Into::into),
+    };
+    PoolRecord::load_ports(as_pool, ports, static_band)
+}
+
+/// `holdings` cut by window: each slot's block goes to the shard of its ports, a block that
+/// crosses a window edge in pieces, one per window. Ascending by shard.
+pub fn split_by_shard(holdings: &Holdings) -> BTreeMap<u16, Holdings> {
+    let mut parts: BTreeMap<u16, Holdings> = BTreeMap::new();
+    for (slot, block) in holdings.iter() {
+        let mut first = block.first;
+        loop {
+            let index = shard_index_of(first);
+            let last = window(index).last.min(block.last());
+            let piece = PortBlock::spanning(first, last).expect("first <= last, both ports");
+            parts
+                .entry(index)
+                .or_default()
+                .insert_block(slot.clone(), piece);
+            if last == block.last() {
+                break;
+            }
+            first = last + 1;
+        }
+    }
+    parts
+}
+
+/// The union of one owner's parts, in ascending shard order, and the slots whose pieces do not
+/// join (with the shards listing them).
+fn union_of(
+    parts: impl Iterator<Item = (u16, Holdings)>,
+) -> (Holdings, BTreeMap<SlotKey, Vec<u16>>) {
+    let mut union = Holdings::new();
+    let mut seen: BTreeMap<SlotKey, Vec<u16>> = BTreeMap::new();
+    let mut apart: BTreeSet<SlotKey> = BTreeSet::new();
+    for (index, part) in parts {
+        for (slot, piece) in part.iter() {
+            seen.entry(slot.clone()).or_default().push(index);
+            match union.block(slot) {
+                None => {
+                    union.insert_block(slot.clone(), piece);
+                }
+                Some(held) if u32::from(held.last()) + 1 == u32::from(piece.first) => {
+                    let joined = PortBlock::spanning(held.first, piece.last()).expect("adjacent");
+                    union.insert_block(slot.clone(), joined);
+                }
+                Some(_) => {
+                    apart.insert(slot.clone());
+                }
+            }
+        }
+    }
+    seen.retain(|slot, _| apart.contains(slot));
+    (union, seen)
+}
+
+/// Ports in the wrong shard, ports listed in two shards, and slots whose pieces do not join.
+fn cross_shard_anomalies(
+    ports: &PortSet,
+    shards: &BTreeMap<u16, ShardRecord>,
+) -> Vec<ShardAnomaly> {
+    let mut anomalies = Vec::new();
+    let mut first_listed: BTreeMap<u16, (u16, String)> = BTreeMap::new();
+    let mut uids: BTreeSet<&str> = BTreeSet::new();
+    for (&index, shard) in shards {
+        for anomaly in &shard.record.anomalies {
+            match anomaly {
+                Anomaly::OutsidePool {
+                    uid,
+                    owner,
+                    slot,
+                    port,
+                } if ports.contains(*port) => anomalies.push(ShardAnomaly::WrongShard {
+                    shard: index,
+                    uid: uid.clone(),
+                    owner: owner.clone(),
+                    slot: slot.clone(),
+                    port: *port,
+                }),
+                other => anomalies.push(ShardAnomaly::InShard {
+                    shard: index,
+                    anomaly: other.clone(),
+                }),
+            }
+        }
+        for (uid, entry) in &shard.record.holders {
+            uids.insert(uid);
+            for port in entry.holdings.ports() {
+                match first_listed.get(&port) {
+                    // Twice in one shard is that shard's own Duplicate anomaly.
+                    Some((first, _)) if *first == index => {}
+                    Some(first) => anomalies.push(ShardAnomaly::HeldInTwoShards {
+                        port,
+                        first: first.clone(),
+                        second: (index, entry.owner.clone()),
+                    }),
+                    None => {
+                        first_listed.insert(port, (index, entry.owner.clone()));
+                    }
+                }
+            }
+        }
+    }
+    for uid in uids {
+        let parts = shards
+            .values()
+            .map(|s| (s.index, s.record.holdings_of(uid)));
+        for (slot, shards) in union_of(parts).1 {
+            anomalies.push(ShardAnomaly::SlotApart {
+                uid: uid.to_string(),
+                slot,
+                shards,
+            });
+        }
+    }
+    anomalies
+}
+
+#[cfg(test)]
+#[path = "sharded_record_tests.rs"]
+mod tests;
