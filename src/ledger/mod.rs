@@ -25,6 +25,7 @@ mod refusal;
 mod repair_plan;
 mod repair_text;
 mod shard_layout;
+mod shard_upgrade;
 mod sharded_record;
 
 pub use allocation_status::{
@@ -40,6 +41,7 @@ pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_re
 pub use shard_layout::{
     SHARD_WINDOW, ShardLayout, ShardSpan, fnv1a, shard_index_of, shard_name, window,
 };
+pub use shard_upgrade::{UpgradedShard, upgrade_plan};
 pub use sharded_record::{
     ShardAnomaly, ShardRecord, ShardWrite, ShardedRecord, new_shard, split_by_shard,
 };
