@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{PortPool, PortPoolShard, PortPoolShardStatus, SpecError};
-use crate::core::{Holdings, PortBlock, PortSet, SlotKey, StaticBand};
+use crate::core::{Holdings, PoolState, PortBlock, PortSet, SlotKey, StaticBand};
 
 use super::pool_record::{Anomaly, PoolRecord};
 use super::shard_layout::{ShardLayout, shard_index_of, shard_name, window};
@@ -149,6 +149,23 @@ impl ShardedRecord {
                 .map(|s| (s.index, s.record.holdings_of(uid))),
         )
         .0
+    }
+
+    /// The state to plan shard `index` with: its own, plus every port of its window that
+    /// another shard lists (a `WrongShard` entry), so no anomaly is ever handed out twice.
+    pub fn state_for(&self, index: u16) -> Option<PoolState> {
+        let mut state = self.shards.get(&index)?.record.state.clone();
+        let elsewhere = self
+            .shards
+            .values()
+            .filter(|s| s.index != index)
+            .flat_map(|s| s.record.holders.values())
+            .flat_map(|entry| entry.holdings.ports());
+        for port in elsewhere.filter(|&p| shard_index_of(p) == index) {
+            // Already held here (a HeldInTwoShards anomaly) or outside the pool: nothing to add.
+            let _ = state.mark_held(port);
+        }
+        Some(state)
     }
 
     /// The writes that make `uid`'s holdings exactly `decided`, one per shard whose part

@@ -87,7 +87,7 @@ fn anomalies_across_shards_are_named() {
             // 117 but not in the pool.
             shard(
                 117,
-                vec![holder("c", "x.y=30300 x.z=29990 x.w=30100-30101")],
+                vec![holder("c", "x.y=30300 x.v=30301 x.z=29990 x.w=30100-30101")],
             ),
             shard(
                 118,
@@ -135,6 +135,15 @@ fn anomalies_across_shards_are_named() {
         record.shards.keys().copied().collect::<Vec<_>>(),
         vec![117, 118]
     );
+    // Shard 118 plans with the ports shard 117 wrongly lists as held.
+    assert!(!record.shards[&118].record.state.is_held(30301));
+    assert!(record.state_for(118).unwrap().is_held(30301));
+    assert!(!record.state_for(118).unwrap().is_held(30302));
+    assert_eq!(
+        record.state_for(118).unwrap().held_count(),
+        record.shards[&118].record.state.held_count() + 1
+    );
+    assert!(record.state_for(119).is_none());
     // The piece in the lowest shard is what the planner sees of a slot that does not join.
     assert_eq!(
         record.holdings_of("c").block(&slot("x", "w")),
