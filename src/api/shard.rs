@@ -48,7 +48,7 @@ pub struct PortPoolShardSpec {
     pub pool_uid: String,
     /// The window number: this shard covers ports `256*index .. 256*index+255` (port 0 excepted).
     #[schemars(range(min = 0, max = 255))]
-    pub index: u16,
+    pub index: i32,
     /// The window as port ranges, for humans and CEL; the ports the shard records are these
     /// ranges intersected with the pool's current ports.
     #[schemars(length(min = 1, max = 1))]
@@ -151,6 +151,12 @@ mod tests {
             .iter()
             .filter_map(Value::as_str)
             .collect();
+        let index = &spec["properties"]["index"];
+        assert_eq!(index["format"], "int32");
+        assert_eq!(
+            (index["minimum"].as_f64(), index["maximum"].as_f64()),
+            (Some(0.0), Some(255.0))
+        );
         for field in ["pool", "poolUID", "index", "ranges"] {
             assert!(required.contains(&field), "{field} missing in {required:?}");
         }

@@ -96,7 +96,8 @@ impl ShardedRecord {
         });
         for shard in sorted {
             let name = shard.metadata.name.clone().unwrap_or_default();
-            let index = shard.spec.index;
+            // 0..=255 by the schema; checked again, the schema being only what the server has.
+            let index = u16::try_from(shard.spec.index).unwrap_or(u16::MAX);
             let refusal = if shard.spec.pool != pool_name {
                 Some(format!("it belongs to pool {:?}", shard.spec.pool))
             } else if pool
@@ -110,7 +111,7 @@ impl ShardedRecord {
                     shard.spec.pool_uid
                 ))
             } else if index > 255 {
-                Some(format!("window {index} is past 255"))
+                Some(format!("window {} is not one of 0-255", shard.spec.index))
             } else if shard.spec.ranges.len() != 1
                 || shard.spec.ranges[0].as_str() != window(index).to_string()
             {
@@ -227,7 +228,7 @@ pub fn new_shard(pool: &PortPool, index: u16) -> PortPoolShard {
         crate::api::PortPoolShardSpec {
             pool: name,
             pool_uid: pool.metadata.uid.clone().unwrap_or_default(),
-            index,
+            index: i32::from(index),
             ranges: vec![window(index).to_string().as_str().into()],
         },
     )

@@ -80,6 +80,9 @@ fn anomalies_across_shards_are_named() {
     foreign.spec.pool = "other".into();
     let mut stale = shard(120, vec![]);
     stale.spec.pool_uid = "old-uid".into();
+    let mut past = shard(120, vec![]);
+    past.metadata.name = Some("p-256".into());
+    past.spec.index = 256;
     let record = ShardedRecord::load(
         pool(),
         vec![
@@ -95,6 +98,7 @@ fn anomalies_across_shards_are_named() {
             ),
             foreign,
             stale,
+            past,
         ],
     )
     .unwrap();
@@ -130,7 +134,7 @@ fn anomalies_across_shards_are_named() {
             _ => None,
         })
         .collect();
-    assert_eq!(not_loaded, vec!["p-119", "p-120"]);
+    assert_eq!(not_loaded, vec!["p-119", "p-120", "p-256"]);
     assert_eq!(
         record.shards.keys().copied().collect::<Vec<_>>(),
         vec![117, 118]
