@@ -201,13 +201,11 @@ impl ShardedRecord {
                 // A port outside this shard's ports cannot be marked; the count then says so.
                 let _ = state.mark_block_held(block);
             }
+            // The object read, by its own name and resourceVersion (the CAS); a new one by ours.
             writes.push(ShardWrite {
                 index,
-                name: shard_name(self.name(), index),
-                resource_version: self
-                    .shards
-                    .get(&index)
-                    .and_then(|s| s.record.pool.metadata.resource_version.clone()),
+                name: record.name().to_string(),
+                resource_version: record.pool.metadata.resource_version.clone(),
                 status: record.status_with(&state, uid, owner, &part).into(),
             });
         }

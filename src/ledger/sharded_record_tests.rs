@@ -170,6 +170,18 @@ fn a_second_object_for_one_window_is_not_loaded() {
         &record.anomalies[..],
         [ShardAnomaly::NotLoaded { name, .. }] if name == "p-117-twin"
     ));
+    // A write goes to the object read, whatever it is called.
+    let mut only = shard(117, vec![]);
+    only.metadata.name = Some("p-117-renamed".into());
+    let record = ShardedRecord::load(pool(), vec![only]).unwrap();
+    let writes = record.writes_for("a", "ns/a", &holdings("x.y=30001"));
+    assert_eq!(
+        (
+            writes[0].name.as_str(),
+            writes[0].resource_version.as_deref()
+        ),
+        ("p-117-renamed", Some("rv117"))
+    );
 }
 
 #[test]
