@@ -211,6 +211,13 @@ pub struct PortAllocationStatus {
     #[serde(rename = "poolUID")]
     pub pool_uid: Option<String>,
 
+    /// In a pool whose record is sharded: the windows (PortPoolShard indices) where this
+    /// object may have entries, written before any entry outside them, so a sync killed
+    /// half-way finds every part again (docs/record-at-scale.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub shards: Vec<i32>,
+
     /// The roles with their replicas, e.g. `router:1,prefill:2`, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roles: Option<String>,

@@ -43,7 +43,7 @@ pub const CATEGORY: &str = "portalloc";
 
 /// Every CRD this project installs, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![PortPool::crd(), PortAllocation::crd()]
+    vec![PortPool::crd(), PortAllocation::crd(), PortPoolShard::crd()]
 }
 
 /// Where the generated CRDs are checked in, relative to the repository root.

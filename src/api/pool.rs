@@ -90,7 +90,14 @@ impl std::fmt::Display for Protocol {
 /// read: that compare-and-swap is what keeps ports unique under concurrent clients.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(FORMAT_KEPT_RULE).message(FORMAT_KEPT_MESSAGE))]
+#[x_kube(validation = Rule::new(FROZEN_WHILE_MIGRATING_RULE).message(FROZEN_WHILE_MIGRATING_MESSAGE))]
 pub struct PortPoolStatus {
+    /// How the holders are recorded: absent for the one-object record (`holders` below),
+    /// `Migrating` while `kubectl portalloc pool upgrade` copies them into PortPoolShards,
+    /// `Sharded` once the shards are the record and `holders` is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<RecordFormat>,
     /// Ports in the pool after exclusions.
     #[serde(default)]
     pub size: i32,
@@ -111,6 +118,23 @@ pub struct PortPoolStatus {
     #[x_kube(merge_strategy = ListMerge::Atomic)]
     pub holders: Vec<PoolHolder>,
 }
+
+/// Where a pool's holders are recorded (docs/record-at-scale.md).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordFormat {
+    /// `holders` is frozen while its entries are copied into shards.
+    Migrating,
+    /// One PortPoolShard per 256-port window holds the entries; `holders` is empty.
+    Sharded,
+}
+
+// Transition rules (they see `oldSelf`, so they bind updates only): a client that does not know
+// `format` drops it when it writes the status back, and must be refused rather than write a
+// one-object record beside the shards. `holders` is omitted when empty, hence the `has` guards.
+pub const FORMAT_KEPT_RULE: &str = "!has(oldSelf.format) || (has(self.format) && (self.format == oldSelf.format || (oldSelf.format == 'Migrating' && self.format == 'Sharded')))";
+pub const FORMAT_KEPT_MESSAGE: &str = "this PortPool records its holders in PortPoolShards; this client is too old to write it: upgrade kubectl-portalloc (kubectl krew upgrade portalloc)";
+pub const FROZEN_WHILE_MIGRATING_RULE: &str = "!has(oldSelf.format) || oldSelf.format != 'Migrating' || (has(self.format) && self.format == 'Sharded') || (has(self.holders) == has(oldSelf.holders) && (!has(self.holders) || self.holders == oldSelf.holders))";
+pub const FROZEN_WHILE_MIGRATING_MESSAGE: &str = "this PortPool is being upgraded to PortPoolShards (status.format Migrating): its holders are frozen; retry in a moment, or finish it with kubectl portalloc pool upgrade";
 
 /// One PortAllocation's holdings in a pool.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

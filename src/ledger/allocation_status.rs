@@ -130,6 +130,8 @@ pub fn allocation_status(
         observed_generation: generation,
         phase: Some(phase),
         pool_uid: pool_uid.map(str::to_string).or(previous.pool_uid),
+        // Only the sharded allocator changes it, around its shard writes.
+        shards: previous.shards,
         roles: Some(
             pa.spec
                 .roles

@@ -218,6 +218,8 @@ impl PoolRecord {
 
 fn counted_status(state: &PoolState, holders: Vec<PoolHolder>) -> PortPoolStatus {
     PortPoolStatus {
+        // The one-object record: a sharded pool is never written from here.
+        format: None,
         size: state.size() as i32,
         allocated: state.held_count() as i32,
         available: state.free_count() as i32,
