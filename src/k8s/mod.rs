@@ -16,6 +16,7 @@ mod pools;
 mod repair;
 mod resources;
 mod retry;
+mod shards;
 mod watch;
 
 pub use allocations::{
@@ -32,8 +33,9 @@ pub use pools::{
     pool_ports,
 };
 pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
-pub use resources::{NAMESPACES, POOLS, Resource, SERVICES};
+pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
+pub use shards::ShardStore;
 pub use watch::{Readiness, WatchOptions, check_access, watch};
 
 /// The field manager name our writes are recorded under.

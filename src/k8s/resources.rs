@@ -25,6 +25,14 @@ pub const ALLOCATION_STATUS: Resource = Resource {
     plural: "portallocations.portalloc.dev/status",
     kind: "PortAllocation",
 };
+pub const SHARDS: Resource = Resource {
+    plural: "portpoolshards.portalloc.dev",
+    kind: "PortPoolShard",
+};
+pub const SHARD_STATUS: Resource = Resource {
+    plural: "portpoolshards.portalloc.dev/status",
+    kind: "PortPoolShard",
+};
 pub const CRDS: Resource = Resource {
     plural: "customresourcedefinitions.apiextensions.k8s.io",
     kind: "CustomResourceDefinition",

@@ -1,0 +1,86 @@
+//! Reads and writes of a sharded pool's `PortPoolShard` objects (docs/record-at-scale.md).
+//!
+//! Each shard's `resourceVersion` is the lock for its window's ports: a write replaces the
+//! shard's status with the version read, exactly as the one-object record's pool write does.
+//! A shard that does not exist yet is created (its spec) and then written (its status: the API
+//! server ignores the status of a create); a create that finds the shard already there is a
+//! conflict like any other, and the caller reads again.
+
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+
+use super::error::KubeError;
+use super::resources::{SHARD_STATUS, SHARDS};
+use crate::api::{PortPool, PortPoolShard};
+use crate::ledger::{ShardWrite, new_shard};
+
+/// The shards of pools, through one client.
+#[derive(Clone)]
+pub struct ShardStore {
+    api: Api<PortPoolShard>,
+}
+
+impl ShardStore {
+    pub fn new(client: Client) -> Self {
+        Self {
+            api: Api::all(client),
+        }
+    }
+
+    /// Every shard object of `pool` (by the selectable field `spec.pool`), in one consistent
+    /// list; foreign or malformed ones are sorted out by `ShardedRecord::load`.
+    pub async fn list(&self, pool: &str) -> Result<Vec<PortPoolShard>, KubeError> {
+        let params = ListParams::default().fields(&format!("spec.pool={pool}"));
+        self.api
+            .list(&params)
+            .await
+            .map(|list| list.items)
+            .map_err(|e| KubeError::from_kube(e, SHARDS.all("list", None)))
+    }
+
+    /// One shard by name; `None` when it does not exist (yet).
+    pub async fn get(&self, name: &str) -> Result<Option<PortPoolShard>, KubeError> {
+        self.api
+            .get_opt(name)
+            .await
+            .map_err(|e| KubeError::from_kube(e, SHARDS.on("get", name, None)))
+    }
+
+    /// Commit one shard write with the resourceVersion it carries, creating the shard first when
+    /// the write says it did not exist. Returns the shard as written. The raw error is returned
+    /// so the caller's retry loop can tell a conflict (409) from the rest.
+    pub async fn commit(
+        &self,
+        pool: &PortPool,
+        write: &ShardWrite,
+    ) -> Result<PortPoolShard, (kube::Error, super::error::Target)> {
+        let resource_version = match &write.resource_version {
+            Some(version) => version.clone(),
+            None => {
+                let created = self
+                    .api
+                    .create(&PostParams::default(), &new_shard(pool, write.index))
+                    .await
+                    .map_err(|e| (e, SHARDS.on("create", &write.name, None)))?;
+                created.resource_version().unwrap_or_default()
+            }
+        };
+        let mut shard = new_shard(pool, write.index);
+        shard.metadata.name = Some(write.name.clone());
+        shard.metadata.resource_version = Some(resource_version);
+        shard.status = Some(write.status.clone());
+        self.api
+            .replace_status(&write.name, &PostParams::default(), &shard)
+            .await
+            .map_err(|e| (e, SHARD_STATUS.on("update", &write.name, None)))
+    }
+
+    /// Delete one shard (pool deletion, and tests).
+    pub async fn delete(&self, name: &str) -> Result<(), KubeError> {
+        match self.api.delete(name, &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+            Err(e) => Err(KubeError::from_kube(e, SHARDS.on("delete", name, None))),
+        }
+    }
+}
