@@ -19,10 +19,11 @@ use kube::{Client, ResourceExt};
 
 use super::configmaps::{ConfigMapError, EnvConfigMap, keep_env_configmap};
 use super::error::{KubeError, Target, is_unknown_resource};
-use super::pool_cache::PoolCache;
+use super::pool_cache::{PoolCache, ShardCache};
 use super::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOL_STATUS, POOLS};
-use super::retry::{Attempts, Exhausted, RetryPolicy, Stop};
-use crate::api::{PortAllocation, PortPool};
+use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
+use super::shard_commit::POOL_SPEC_TTL;
+use crate::api::{PortAllocation, PortPool, RecordFormat};
 use crate::core::Holdings;
 use crate::ledger::{
     Decision, Operation, Outcome, PoolRecord, Refusal, allocation_status, decide, owner_of,
@@ -85,12 +86,14 @@ pub struct SyncReport {
 }
 
 /// What the pool step committed.
-struct Committed {
-    holdings: Holdings,
-    pool_uid: Option<String>,
-    allocated: usize,
-    released: usize,
-    written: bool,
+pub(super) struct Committed {
+    pub(super) holdings: Holdings,
+    pub(super) pool_uid: Option<String>,
+    pub(super) allocated: usize,
+    pub(super) released: usize,
+    pub(super) written: bool,
+    /// A sharded pool's: the shards where the owner's entries now are (`status.shards`).
+    pub(super) shards: Option<Vec<i32>>,
 }
 
 /// Allocates and releases ports for PortAllocations.
@@ -100,6 +103,8 @@ pub struct Allocator {
     pub policy: RetryPolicy,
     /// The last copy of each pool read or written, decided against instead of a new read.
     pub(super) pools: PoolCache,
+    /// The same for the shards of sharded pools.
+    pub(super) shards: ShardCache,
 }
 
 impl Allocator {
@@ -108,16 +113,17 @@ impl Allocator {
             client,
             policy: RetryPolicy::default(),
             pools: PoolCache::default(),
+            shards: ShardCache::default(),
         }
     }
 
     /// Whether to decide against the pool returned by the last write (default) or read the
     /// pool before every allocation (one more request each; for comparison).
     pub fn remember_pools(mut self, on: bool) -> Self {
-        self.pools = if on {
-            PoolCache::default()
+        (self.pools, self.shards) = if on {
+            (PoolCache::default(), ShardCache::default())
         } else {
-            PoolCache::disabled()
+            (PoolCache::disabled(), ShardCache::disabled())
         };
         self
     }
@@ -178,7 +184,15 @@ impl Allocator {
     ) -> Result<usize, AllocateError> {
         let mut attempts = Attempts::new(self.policy);
         let committed = self
-            .commit_to_pool(pool, owner, uid, None, &mut attempts, &Operation::Remove)
+            .commit_to_pool(
+                pool,
+                owner,
+                uid,
+                None,
+                None,
+                &mut attempts,
+                &Operation::Remove,
+            )
             .await?;
         Ok(committed.released)
     }
@@ -202,6 +216,8 @@ impl Allocator {
         let recorded_pool = pa.status.as_ref().and_then(|s| s.pool_uid.clone());
         let pools: Api<PortPool> = Api::all(self.client.clone());
         if let Ok(pool) = pools.get(&pa.spec.pool).await
+            // A sharded pool's own status lists no holders: the recorded ones stay.
+            && pool.status.as_ref().and_then(|s| s.format).is_none()
             && let Ok(record) = PoolRecord::load(pool)
             && record.uid().is_some()
             && record.uid().map(str::to_string) == recorded_pool
@@ -256,6 +272,7 @@ impl Allocator {
                     &owner,
                     &uid,
                     pool.take(),
+                    Some(&mut pa),
                     &mut attempts,
                     &operation,
                 )
@@ -269,12 +286,15 @@ impl Allocator {
             } else {
                 Outcome::Converged
             };
-            let status = allocation_status(
+            let mut status = allocation_status(
                 &pa,
                 &committed.holdings,
                 committed.pool_uid.as_deref(),
                 outcome,
             );
+            if let Some(shards) = &committed.shards {
+                status.shards.clone_from(shards);
+            }
             let report = |pa: PortAllocation, attempts: &Attempts, status_written| SyncReport {
                 namespace: namespace.clone(),
                 name: name.clone(),
@@ -329,13 +349,15 @@ impl Allocator {
         report
     }
 
-    /// The compare-and-swap loop on the pool object.
+    /// The compare-and-swap loop on the pool object (on its shards when it is sharded).
+    #[allow(clippy::too_many_arguments)]
     async fn commit_to_pool(
         &self,
         pool_name: &str,
         owner: &str,
         uid: &str,
         mut prefetched: Option<PortPool>,
+        pa: Option<&mut PortAllocation>,
         attempts: &mut Attempts,
         operation: &Operation,
     ) -> Result<Committed, AllocateError> {
@@ -374,6 +396,35 @@ impl Allocator {
                     },
                 },
             };
+            match pool.status.as_ref().and_then(|s| s.format) {
+                Some(RecordFormat::Sharded) => {
+                    if remembered
+                        && self
+                            .pools
+                            .get_younger_than(pool_name, POOL_SPEC_TTL)
+                            .is_none()
+                    {
+                        // No shard write checks the pool's spec: an old copy is read again.
+                        self.pools.forget(pool_name);
+                        continue;
+                    }
+                    return self
+                        .commit_to_shards(pool, pa, uid, owner, attempts, operation)
+                        .await;
+                }
+                Some(RecordFormat::Migrating) => {
+                    self.pools.forget(pool_name);
+                    let cause = RetryCause::Transient(format!(
+                        "PortPool {pool_name:?} is being upgraded to PortPoolShards"
+                    ));
+                    attempts
+                        .retry_after(cause, None)
+                        .await
+                        .map_err(|e| self.exhausted(e, pool_name, owner))?;
+                    continue;
+                }
+                None => {}
+            }
             let record = PoolRecord::load(pool.clone()).map_err(|error| Refusal::PoolSpec {
                 pool: pool_name.into(),
                 error,
@@ -395,6 +446,7 @@ impl Allocator {
                         allocated: 0,
                         released: 0,
                         written: false,
+                        shards: None,
                     });
                 }
                 Decision::Write {
@@ -425,6 +477,7 @@ impl Allocator {
                                 allocated,
                                 released,
                                 written: true,
+                                shards: None,
                             });
                         }
                         Err(kube::Error::Api(status)) if remembered && status.is_not_found() => {
@@ -444,7 +497,7 @@ impl Allocator {
     }
 
     /// Wait before the next round, or end the loop with the error the caller reports.
-    async fn backoff(
+    pub(super) async fn backoff(
         &self,
         attempts: &mut Attempts,
         err: kube::Error,
@@ -458,20 +511,25 @@ impl Allocator {
             .await
             .map_err(|stop| match stop {
                 Stop::Final(e) => AllocateError::Kube(e),
-                Stop::Exhausted(Exhausted {
-                    attempts,
-                    elapsed,
-                    conflicts,
-                    last,
-                }) => AllocateError::Exhausted {
-                    owner: owner.into(),
-                    pool: pool.into(),
-                    attempts,
-                    elapsed_ms: elapsed.as_millis(),
-                    conflicts,
-                    last: last.to_string(),
-                },
+                Stop::Exhausted(exhausted) => self.exhausted(exhausted, pool, owner),
             })
+    }
+
+    fn exhausted(&self, exhausted: Exhausted, pool: &str, owner: &str) -> AllocateError {
+        let Exhausted {
+            attempts,
+            elapsed,
+            conflicts,
+            last,
+        } = exhausted;
+        AllocateError::Exhausted {
+            owner: owner.into(),
+            pool: pool.into(),
+            attempts,
+            elapsed_ms: elapsed.as_millis(),
+            conflicts,
+            last: last.to_string(),
+        }
     }
 }
 

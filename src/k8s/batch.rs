@@ -45,6 +45,8 @@ enum PoolStep {
     Exhausted(Exhausted),
     /// The server refused the write or read for a reason no retry fixes: go one by one.
     OneByOne(KubeError),
+    /// The pool's record is sharded (or being upgraded): each item commits to its own shard.
+    Sharded,
 }
 
 impl Allocator {
@@ -141,6 +143,13 @@ impl Allocator {
                     })
                 })
                 .collect(),
+            PoolStep::Sharded => {
+                stream::iter(pas)
+                    .map(|pa| self.sync_or_record(pa, None))
+                    .buffered(concurrency)
+                    .collect()
+                    .await
+            }
             PoolStep::OneByOne(error) => {
                 tracing::info!(
                     "pool {pool:?}: the batch of {} failed ({error}); syncing them one by one",
@@ -194,6 +203,9 @@ impl Allocator {
                     Err(stop) => return stopped(stop),
                 },
             };
+            if pool.status.as_ref().is_some_and(|s| s.format.is_some()) {
+                return PoolStep::Sharded;
+            }
             let record = match PoolRecord::load(pool.clone()) {
                 Ok(record) => record,
                 Err(error) => {

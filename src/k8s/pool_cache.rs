@@ -8,40 +8,65 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use crate::api::PortPool;
+use kube::ResourceExt;
+
+use crate::api::{PortPool, PortPoolShard};
+
+/// The last pool objects; the shards of sharded pools are kept the same way.
+pub type PoolCache = ObjectCache<PortPool>;
+pub type ShardCache = ObjectCache<PortPoolShard>;
 
 /// Shared by the clones of one Allocator (the watcher's tasks, `sync --all`'s batches).
-#[derive(Clone, Debug, Default)]
-pub struct PoolCache {
-    pools: Arc<Mutex<HashMap<String, PortPool>>>,
+#[derive(Clone, Debug)]
+pub struct ObjectCache<T> {
+    objects: Arc<Mutex<HashMap<String, (T, Instant)>>>,
     /// Off: every allocation reads the pool first (the behaviour before the cache; the
     /// benchmark compares both).
     disabled: bool,
 }
 
-impl PoolCache {
-    pub fn disabled() -> PoolCache {
-        PoolCache {
+impl<T> Default for ObjectCache<T> {
+    fn default() -> Self {
+        ObjectCache {
+            objects: Arc::default(),
+            disabled: false,
+        }
+    }
+}
+
+impl<T: Clone + kube::Resource> ObjectCache<T> {
+    pub fn disabled() -> ObjectCache<T> {
+        ObjectCache {
             disabled: true,
             ..Default::default()
         }
     }
 
-    pub fn get(&self, name: &str) -> Option<PortPool> {
+    pub fn get(&self, name: &str) -> Option<T> {
+        self.get_younger_than(name, Duration::MAX)
+    }
+
+    /// The copy of `name` if it was remembered less than `age` ago.
+    pub fn get_younger_than(&self, name: &str, age: Duration) -> Option<T> {
         if self.disabled {
             return None;
         }
-        self.lock().get(name).cloned()
+        self.lock()
+            .get(name)
+            .filter(|(_, at)| at.elapsed() < age)
+            .map(|(object, _)| object.clone())
     }
 
-    /// Keep `pool` as the latest copy of its name.
-    pub fn remember(&self, pool: &PortPool) {
+    /// Keep `object` as the latest copy of its name.
+    pub fn remember(&self, object: &T) {
         if self.disabled {
             return;
         }
-        if let Some(name) = pool.metadata.name.clone() {
-            self.lock().insert(name, pool.clone());
+        let name = object.name_any();
+        if !name.is_empty() {
+            self.lock().insert(name, (object.clone(), Instant::now()));
         }
     }
 
@@ -49,9 +74,9 @@ impl PoolCache {
         self.lock().remove(name);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PortPool>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (T, Instant)>> {
         // A panic elsewhere while holding the lock leaves a map that is still just a cache.
-        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+        self.objects.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -85,5 +110,12 @@ mod tests {
         let off = PoolCache::disabled();
         off.remember(&pool("p", "3"));
         assert_eq!(version(&off), None);
+        cache.remember(&pool("p", "4"));
+        assert!(
+            cache
+                .get_younger_than("p", Duration::from_secs(60))
+                .is_some()
+        );
+        assert!(cache.get_younger_than("p", Duration::ZERO).is_none());
     }
 }

@@ -9,12 +9,13 @@
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use super::error::KubeError;
+use super::error::{KubeError, Target};
 use super::resources::{SHARD_STATUS, SHARDS};
 use crate::api::{PortPool, PortPoolShard};
 use crate::ledger::{ShardWrite, new_shard};
 
-/// The shards of pools, through one client.
+/// The shards of pools, through one client. Reads and writes return the raw error with the
+/// request, for the callers' retry loops; `KubeError::from_kube` makes the message.
 #[derive(Clone)]
 pub struct ShardStore {
     api: Api<PortPoolShard>,
@@ -29,21 +30,21 @@ impl ShardStore {
 
     /// Every shard object of `pool` (by the selectable field `spec.pool`), in one consistent
     /// list; foreign or malformed ones are sorted out by `ShardedRecord::load`.
-    pub async fn list(&self, pool: &str) -> Result<Vec<PortPoolShard>, KubeError> {
+    pub async fn list(&self, pool: &str) -> Result<Vec<PortPoolShard>, (kube::Error, Target)> {
         let params = ListParams::default().fields(&format!("spec.pool={pool}"));
         self.api
             .list(&params)
             .await
             .map(|list| list.items)
-            .map_err(|e| KubeError::from_kube(e, SHARDS.all("list", None)))
+            .map_err(|e| (e, SHARDS.all("list", None)))
     }
 
     /// One shard by name; `None` when it does not exist (yet).
-    pub async fn get(&self, name: &str) -> Result<Option<PortPoolShard>, KubeError> {
+    pub async fn get(&self, name: &str) -> Result<Option<PortPoolShard>, (kube::Error, Target)> {
         self.api
             .get_opt(name)
             .await
-            .map_err(|e| KubeError::from_kube(e, SHARDS.on("get", name, None)))
+            .map_err(|e| (e, SHARDS.on("get", name, None)))
     }
 
     /// Commit one shard write with the resourceVersion it carries, creating the shard first when
@@ -53,7 +54,7 @@ impl ShardStore {
         &self,
         pool: &PortPool,
         write: &ShardWrite,
-    ) -> Result<PortPoolShard, (kube::Error, super::error::Target)> {
+    ) -> Result<PortPoolShard, (kube::Error, Target)> {
         let resource_version = match &write.resource_version {
             Some(version) => version.clone(),
             None => {
@@ -61,7 +62,7 @@ impl ShardStore {
                     .api
                     .create(&PostParams::default(), &new_shard(pool, write.index))
                     .await
-                    .map_err(|e| (e, SHARDS.on("create", &write.name, None)))?;
+                    .map_err(|e| (created_meanwhile(e), SHARDS.on("create", &write.name, None)))?;
                 created.resource_version().unwrap_or_default()
             }
         };
@@ -82,5 +83,17 @@ impl ShardStore {
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
             Err(e) => Err(KubeError::from_kube(e, SHARDS.on("delete", name, None))),
         }
+    }
+}
+
+/// Another client created the shard first: for the caller that is a lost compare-and-swap like
+/// any other (read again and decide again), so it is reported as a conflict.
+fn created_meanwhile(e: kube::Error) -> kube::Error {
+    match e {
+        kube::Error::Api(mut status) if status.is_already_exists() => {
+            status.reason = "Conflict".into();
+            kube::Error::Api(status)
+        }
+        other => other,
     }
 }

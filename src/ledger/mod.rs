@@ -25,6 +25,7 @@ mod refusal;
 mod repair_plan;
 mod repair_text;
 mod shard_layout;
+mod shard_placement;
 mod shard_upgrade;
 mod sharded_record;
 
@@ -41,9 +42,10 @@ pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_re
 pub use shard_layout::{
     SHARD_WINDOW, ShardLayout, ShardSpan, fnv1a, shard_index_of, shard_name, window,
 };
+pub use shard_placement::{home_shard, known_shards, single_shard};
 pub use shard_upgrade::{UpgradedShard, upgrade_plan};
 pub use sharded_record::{
-    ShardAnomaly, ShardRecord, ShardWrite, ShardedRecord, new_shard, split_by_shard,
+    ShardAnomaly, ShardRecord, ShardWrite, ShardedRecord, load_shard, new_shard, split_by_shard,
 };
 
 use kube::ResourceExt;

@@ -13,7 +13,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::api::{PortPool, PortPoolShard, PortPoolShardStatus, SpecError};
+use crate::api::{
+    PoolHolder, PortPool, PortPoolShard, PortPoolShardStatus, PortPoolStatus, SpecError,
+};
 use crate::core::{Holdings, PoolState, PortBlock, PortSet, SlotKey, StaticBand};
 
 use super::pool_record::{Anomaly, PoolRecord};
@@ -212,6 +214,60 @@ impl ShardedRecord {
         writes
     }
 
+    /// The whole pool as one record, for deciding an owner whose ports do not fit one shard:
+    /// every owner's parts joined into one entry, undecodable entries kept verbatim (their ports
+    /// stay unknown, as in a one-object record). Decide on it, then cut the owner's decided
+    /// holdings back into shards with [`ShardedRecord::writes_for`].
+    pub fn union_record(&self) -> PoolRecord {
+        let mut holders: BTreeMap<String, PoolHolder> = BTreeMap::new();
+        for shard in self.shards.values() {
+            for (uid, raw) in &shard.record.opaque {
+                holders.entry(uid.clone()).or_insert_with(|| raw.clone());
+            }
+        }
+        for shard in self.shards.values() {
+            for (uid, entry) in &shard.record.holders {
+                if holders.contains_key(uid) {
+                    continue;
+                }
+                holders.insert(
+                    uid.clone(),
+                    PoolHolder {
+                        uid: uid.clone(),
+                        owner: entry.owner.clone(),
+                        ports: self.holdings_of(uid).encode(),
+                    },
+                );
+            }
+        }
+        let mut pool = self.pool.clone();
+        pool.status = Some(PortPoolStatus {
+            holders: holders.into_values().collect(),
+            ..Default::default()
+        });
+        PoolRecord::load_ports(pool, self.ports.clone(), self.pool.spec.core_static_band())
+    }
+
+    /// The record of shard `index` alone (an empty one when the shard does not exist yet), to
+    /// decide an owner that lives in that shard only.
+    pub fn shard_record(&self, index: u16) -> PoolRecord {
+        match self.shards.get(&index) {
+            Some(shard) => shard.record.clone(),
+            None => load_shard(&self.pool, &self.layout, index, self.new_shard(index)),
+        }
+    }
+
+    /// The shards where `uid` has an entry, ascending.
+    pub fn shards_of(&self, uid: &str) -> Vec<u16> {
+        self.shards
+            .iter()
+            .filter(|(_, s)| {
+                s.record.holders.contains_key(uid) || s.record.opaque.contains_key(uid)
+            })
+            .map(|(index, _)| *index)
+            .collect()
+    }
+
     /// A shard object for window `index` of this pool, with an empty record.
     pub fn new_shard(&self, index: u16) -> PortPoolShard {
         new_shard(&self.pool, index)
@@ -233,7 +289,7 @@ pub fn new_shard(pool: &PortPool, index: u16) -> PortPoolShard {
 }
 
 /// Loads one shard object as a record over its window's pool ports.
-pub(crate) fn load_shard(
+pub fn load_shard(
     pool: &PortPool,
     layout: &ShardLayout,
     index: u16,

@@ -65,10 +65,26 @@ fn conflicts_of(outcome: &Outcome) -> u32 {
 /// 24 processes, 2 ports each, 40 ports in the pool: exactly 20 win, 4 fail cleanly.
 #[tokio::test]
 async fn concurrent_processes_never_share_a_port_and_losers_leave_nothing() {
+    race_to_a_full_pool(false).await;
+}
+
+/// The same race into a sharded pool whose 40 ports lie 20 and 20 in two shards: owners fill
+/// their home shard, move to the other, and the last ones span both.
+#[tokio::test]
+async fn concurrent_processes_never_share_a_port_in_a_sharded_pool() {
+    race_to_a_full_pool(true).await;
+}
+
+async fn race_to_a_full_pool(sharded: bool) {
     let client = support::client().await;
     let ns = support::namespace(&client, "race").await;
     let pool = support::unique_name("race");
-    support::create_pool(&pool, "32000-32039");
+    if sharded {
+        // 32236-32255 is window 125, 32256-32275 window 126.
+        support::create_sharded_pool(&client, &pool, "32236-32275").await;
+    } else {
+        support::create_pool(&pool, "32000-32039");
+    }
     let manifests: Vec<String> = (0..24)
         .map(|i| support::simple_allocation(&format!("job-{i}"), &pool, "worker", 2, &["rpc"]))
         .collect();
@@ -113,10 +129,24 @@ async fn concurrent_processes_never_share_a_port_and_losers_leave_nothing() {
 /// 16 processes, 8 ports each, plenty of room: all win, all distinct, both objects agree.
 #[tokio::test]
 async fn sixteen_concurrent_eight_port_allocations_all_succeed_without_duplicates() {
+    sixteen_by_eight(false).await;
+}
+
+#[tokio::test]
+async fn sixteen_concurrent_eight_port_allocations_into_a_sharded_pool() {
+    sixteen_by_eight(true).await;
+}
+
+async fn sixteen_by_eight(sharded: bool) {
     let client = support::client().await;
     let ns = support::namespace(&client, "race16").await;
     let pool = support::unique_name("race16");
-    support::create_pool(&pool, "32100-32299");
+    if sharded {
+        // Three shards: windows 125 (32100-32255), 126 and 127 (to 32767).
+        support::create_sharded_pool(&client, &pool, "32100-32767").await;
+    } else {
+        support::create_pool(&pool, "32100-32299");
+    }
     let manifests: Vec<String> = (0..16)
         .map(|i| {
             support::simple_allocation(&format!("group-{i}"), &pool, "worker", 4, &["http", "rpc"])

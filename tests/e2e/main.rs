@@ -20,6 +20,7 @@ mod pool_cache;
 mod rbac;
 mod repair;
 mod restart;
+mod sharded;
 mod simulation;
 mod verbs;
 mod watch;

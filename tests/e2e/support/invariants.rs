@@ -6,12 +6,44 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 use portalloc::api::{Phase, PortAllocation, PortPool};
 use portalloc::core::{Holdings, SlotKey};
-use portalloc::ledger::{PoolRecord, recorded_holdings};
+use portalloc::k8s::ShardStore;
+use portalloc::ledger::{PoolRecord, ShardAnomaly, ShardedRecord, recorded_holdings};
 
-/// The pool as the allocator sees it.
+/// The pool as the allocator sees it: a sharded pool's shards joined into one record, after
+/// checking that no shard has a cross-shard anomaly and every shard's counts are current.
 pub async fn pool_record(client: &Client, pool: &str) -> PoolRecord {
     let pools: Api<PortPool> = Api::all(client.clone());
-    PoolRecord::load(pools.get(pool).await.expect("pool exists")).expect("pool spec is valid")
+    let object = pools.get(pool).await.expect("pool exists");
+    if object.status.as_ref().and_then(|s| s.format).is_none() {
+        return PoolRecord::load(object).expect("pool spec is valid");
+    }
+    let shards = ShardStore::new(client.clone())
+        .list(pool)
+        .await
+        .expect("list the pool's shards");
+    let sharded = ShardedRecord::load(object, shards).expect("pool spec is valid");
+    let cross: Vec<_> = sharded
+        .anomalies
+        .iter()
+        .filter(|a| !matches!(a, ShardAnomaly::InShard { .. }))
+        .collect();
+    assert!(
+        cross.is_empty(),
+        "pool {pool}: cross-shard anomalies {cross:?}"
+    );
+    for shard in sharded.shards.values() {
+        let counted = shard.record.current_status();
+        let stored = shard.record.pool.status.clone().unwrap_or_default();
+        assert_eq!(
+            (stored.allocated, stored.available, stored.holder_count),
+            (counted.allocated, counted.available, counted.holder_count),
+            "shard {} of pool {pool}: stale counts",
+            shard.record.name()
+        );
+    }
+    let mut union = sharded.union_record();
+    union.pool.status = Some(union.current_status());
+    union
 }
 
 /// Every PortAllocation (all namespaces) that names `pool`, by UID.
