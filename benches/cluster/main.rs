@@ -26,13 +26,16 @@
 //! - 2i: bytes per holder of the pool record, today's encoding and compact ones, against etcd's
 //!   request limit (pure arithmetic on real encodings, no server).
 //!
+//! - 2k: a sharded pool holding every port of 1-65535 by one-port holders: bytes per held port,
+//!   and the cost of one more allocation (refused when full; placed when a port is free).
+//!
 //! - 2j: the fine-grained compare-and-swap lever (JSON Patch `test` of one block) against a
 //!   whole-object compare-and-swap, on a ConfigMap stand-in of a pool record's size.
 //!
 //! `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
 //! 2b/2c cells); `PORTALLOC_BENCH_ROUNDS=1` shortens the throughput cells;
 //! `PORTALLOC_BENCH_SHARDS=1` runs the shard experiment even when its condition does not hold;
-//! `PORTALLOC_BENCH_HOLDERS=256,1000` sets the holder counts of 2f. Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
+//! `PORTALLOC_BENCH_HOLDERS=256,1000` sets the holder counts of 2f; `PORTALLOC_BENCH_RECORD=sharded` makes every pool of the cells sharded. Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
 //! `--bench` flag that `cargo bench` passes (so `cargo test --benches` never runs the full size).
 
 mod baseline;
@@ -42,6 +45,7 @@ mod cli;
 #[path = "../../tests/common/control_plane.rs"]
 mod controlplane;
 mod encodings;
+mod full_pool;
 mod group_commit;
 mod levers;
 mod metrics;
@@ -236,6 +240,10 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
     if scale.wants("2f") {
         eprintln!("2f: scale limits of one pool object");
         rows.extend(scale_limits(&admin, scale).await?);
+    }
+    if scale.wants("2k") {
+        eprintln!("2k: a sharded pool holding every port of 1-65535");
+        rows.extend(full_pool::measure(&admin, scale.quick).await?);
     }
     if !scale.wants("2g") {
         return Ok((rows, version));
@@ -1047,6 +1055,15 @@ fn table(
     );
     let _ = writeln!(out, "machine: {}  ", machine());
     let _ = writeln!(out, "source: {}  ", tree_state());
+    let _ = writeln!(
+        out,
+        "pool record (PORTALLOC_BENCH_RECORD): {}  ",
+        if workload::sharded_record() {
+            "sharded (PortPoolShards of 256 ports)"
+        } else {
+            "one object (the pool's status)"
+        }
+    );
     if let Some(cells) = &scale.cells {
         let _ = writeln!(
             out,

@@ -136,11 +136,33 @@ pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Re
             static_band: StaticBandSetting::Auto,
         },
     );
-    pools
+    let created = pools
         .create(&PostParams::default(), &pool)
         .await
         .with_context(|| format!("create PortPool {name}"))?;
+    if sharded_record() {
+        mark_sharded(&pools, created).await?;
+    }
     Ok(())
+}
+
+/// `PORTALLOC_BENCH_RECORD=sharded`: every pool the cells create records its holders in
+/// PortPoolShards (what `pool create --sharded` makes), instead of its own status.
+pub fn sharded_record() -> bool {
+    std::env::var("PORTALLOC_BENCH_RECORD").is_ok_and(|v| v == "sharded")
+}
+
+/// Turn a new, empty pool into a sharded one (its shards are created by the first writes).
+pub async fn mark_sharded(pools: &Api<PortPool>, mut pool: PortPool) -> anyhow::Result<PortPool> {
+    let name = pool.metadata.name.clone().unwrap_or_default();
+    pool.status = Some(portalloc::api::PortPoolStatus {
+        format: Some(portalloc::api::RecordFormat::Sharded),
+        ..Default::default()
+    });
+    pools
+        .replace_status(&name, &PostParams::default(), &pool)
+        .await
+        .with_context(|| format!("mark PortPool {name} sharded"))
 }
 
 /// One role `worker` of `replicas` pods, each with `ports_per_pod` PodScoped ports `p0..`.
