@@ -118,7 +118,10 @@ pub async fn measure(admin: &Client, quick: bool) -> anyhow::Result<Vec<Row>> {
         .filter_map(|s| s.status.as_ref())
         .map(|s| s.allocated)
         .sum();
-    ensure!(held as u32 == last, "{held} of {last} ports held after the fill");
+    ensure!(
+        held as u32 == last,
+        "{held} of {last} ports held after the fill"
+    );
 
     let allocator = Allocator::new(admin.clone());
     let api: Api<PortAllocation> = Api::namespaced(admin.clone(), NS);

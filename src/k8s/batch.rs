@@ -45,8 +45,8 @@ enum PoolStep {
     Exhausted(Exhausted),
     /// The server refused the write or read for a reason no retry fixes: go one by one.
     OneByOne(KubeError),
-    /// The pool's record is sharded (or being upgraded): each item commits to its own shard.
-    Sharded,
+    /// The pool's record is sharded (or being upgraded): shard by shard.
+    Sharded(Box<PortPool>),
 }
 
 impl Allocator {
@@ -101,7 +101,9 @@ impl Allocator {
                 let record = &record;
                 stream::iter(pas.into_iter().zip(outcomes))
                     .map(|(pa, outcome)| async move {
-                        let mut report = self.finish(pa, record, outcome, written).await?;
+                        let mut report = self
+                            .finish(pa, Some(record), record.uid(), None, outcome, written)
+                            .await?;
                         report.attempts = attempts;
                         report.conflicts = conflicts;
                         Ok(report)
@@ -143,13 +145,7 @@ impl Allocator {
                     })
                 })
                 .collect(),
-            PoolStep::Sharded => {
-                stream::iter(pas)
-                    .map(|pa| self.sync_or_record(pa, None))
-                    .buffered(concurrency)
-                    .collect()
-                    .await
-            }
+            PoolStep::Sharded(pool) => self.sync_sharded_pool(*pool, pas, concurrency).await,
             PoolStep::OneByOne(error) => {
                 tracing::info!(
                     "pool {pool:?}: the batch of {} failed ({error}); syncing them one by one",
@@ -204,7 +200,7 @@ impl Allocator {
                 },
             };
             if pool.status.as_ref().is_some_and(|s| s.format.is_some()) {
-                return PoolStep::Sharded;
+                return PoolStep::Sharded(Box::new(pool));
             }
             let record = match PoolRecord::load(pool.clone()) {
                 Ok(record) => record,
@@ -277,17 +273,21 @@ impl Allocator {
     }
 
     /// Write one committed item's status. A status write that fails goes the one-object way,
-    /// which re-reads and retries (the pool step is then a no-op for it).
-    async fn finish(
+    /// which re-reads and retries (the pool step is then a no-op for it). `record` is the
+    /// one-object record decided against (for a refusal's holdings), `shards` a sharded
+    /// owner's `status.shards`.
+    pub(super) async fn finish(
         &self,
         pa: PortAllocation,
-        record: &PoolRecord,
+        record: Option<&PoolRecord>,
+        pool_uid: Option<&str>,
+        shards: Option<Vec<i32>>,
         outcome: ItemOutcome,
         pool_written: bool,
     ) -> ItemResult {
         let (holdings, allocated, released) = match outcome {
             ItemOutcome::Refused(refusal) => {
-                self.record_refusal(&pa, Some(record), &refusal).await;
+                self.record_refusal(&pa, record, &refusal).await;
                 return Err(refusal.into());
             }
             ItemOutcome::Unchanged(holdings) => (holdings, 0, 0),
@@ -297,7 +297,10 @@ impl Allocator {
                 released,
             } => (holdings, allocated, released),
         };
-        let status = allocation_status(&pa, &holdings, record.uid(), Outcome::Converged);
+        let mut status = allocation_status(&pa, &holdings, pool_uid, Outcome::Converged);
+        if let Some(shards) = shards {
+            status.shards = shards;
+        }
         let report = |allocation, status_written| SyncReport {
             namespace: pa.namespace().unwrap_or_default(),
             name: pa.name_any(),

@@ -16,6 +16,7 @@ mod pools;
 mod repair;
 mod resources;
 mod retry;
+mod shard_batch;
 mod shard_commit;
 mod shards;
 mod watch;

@@ -208,29 +208,20 @@ impl Allocator {
         let present = sharded.shards_of(round.uid);
         let decided = match one_shard_of(&sharded, &present, round)? {
             Some(decided) => decided,
-            None => {
-                let union = sharded.union_record();
-                match decide(
-                    &union,
-                    round.uid,
-                    round.owner,
-                    round.operation,
-                    &mut rand::rng(),
-                )? {
-                    Decision::Unchanged(holdings) => Decided::Unchanged(holdings),
-                    Decision::Write {
-                        holdings,
-                        allocated,
-                        released,
-                        ..
-                    } => Decided::Writes {
-                        writes: sharded.writes_for(round.uid, round.owner, &holdings),
-                        holdings,
-                        allocated,
-                        released,
-                    },
-                }
-            }
+            None => match spanning(&sharded, &present, round)? {
+                Decision::Unchanged(holdings) => Decided::Unchanged(holdings),
+                Decision::Write {
+                    holdings,
+                    allocated,
+                    released,
+                    ..
+                } => Decided::Writes {
+                    writes: sharded.writes_for(round.uid, round.owner, &holdings),
+                    holdings,
+                    allocated,
+                    released,
+                },
+            },
         };
         let (writes, holdings, allocated, released) = match decided {
             Decided::Unchanged(holdings) => {
@@ -413,6 +404,43 @@ fn one_shard_of(
         }
     }
     Ok(None)
+}
+
+/// The decision for an owner no single shard can serve, on as few shards as it fits: its own
+/// shards plus the first 2, 4, 8, ... of its home order, then the whole pool (whose refusal,
+/// if any, is the answer). Each try is one decision in memory; nothing is read again.
+fn spanning(
+    sharded: &ShardedRecord,
+    present: &[u16],
+    round: &Round<'_>,
+) -> Result<Decision, Refusal> {
+    let order = round.layout.home_order(round.uid);
+    let mut take = 2;
+    while take < order.len() {
+        let windows: BTreeSet<u16> = present
+            .iter()
+            .chain(order.iter().take(take))
+            .copied()
+            .collect();
+        let record = sharded.union_record_of(&windows);
+        match decide(
+            &record,
+            round.uid,
+            round.owner,
+            round.operation,
+            &mut rand::rng(),
+        ) {
+            Err(Refusal::Core { .. }) => take *= 2,
+            other => return other,
+        }
+    }
+    decide(
+        &sharded.union_record(),
+        round.uid,
+        round.owner,
+        round.operation,
+        &mut rand::rng(),
+    )
 }
 
 fn is_not_found(e: &kube::Error) -> bool {

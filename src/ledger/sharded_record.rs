@@ -219,13 +219,25 @@ impl ShardedRecord {
     /// stay unknown, as in a one-object record). Decide on it, then cut the owner's decided
     /// holdings back into shards with [`ShardedRecord::writes_for`].
     pub fn union_record(&self) -> PoolRecord {
+        self.union_of_windows(None)
+    }
+
+    /// [`ShardedRecord::union_record`] restricted to the windows in `only` (their ports, and the
+    /// entries of their shards): a spanning owner is placed in as few shards as it can be.
+    pub fn union_record_of(&self, only: &BTreeSet<u16>) -> PoolRecord {
+        self.union_of_windows(Some(only))
+    }
+
+    fn union_of_windows(&self, only: Option<&BTreeSet<u16>>) -> PoolRecord {
+        let inside = |index: &u16| only.is_none_or(|only| only.contains(index));
+        let shards = || self.shards.values().filter(|s| inside(&s.index));
         let mut holders: BTreeMap<String, PoolHolder> = BTreeMap::new();
-        for shard in self.shards.values() {
+        for shard in shards() {
             for (uid, raw) in &shard.record.opaque {
                 holders.entry(uid.clone()).or_insert_with(|| raw.clone());
             }
         }
-        for shard in self.shards.values() {
+        for shard in shards() {
             for (uid, entry) in &shard.record.holders {
                 if holders.contains_key(uid) {
                     continue;
@@ -235,7 +247,9 @@ impl ShardedRecord {
                     PoolHolder {
                         uid: uid.clone(),
                         owner: entry.owner.clone(),
-                        ports: self.holdings_of(uid).encode(),
+                        ports: union_of(shards().map(|s| (s.index, s.record.holdings_of(uid))))
+                            .0
+                            .encode(),
                     },
                 );
             }
@@ -245,7 +259,26 @@ impl ShardedRecord {
             holders: holders.into_values().collect(),
             ..Default::default()
         });
-        PoolRecord::load_ports(pool, self.ports.clone(), self.pool.spec.core_static_band())
+        let (ports, static_band) = match only {
+            None => (self.ports.clone(), self.pool.spec.core_static_band()),
+            Some(only) => {
+                let spans: Vec<_> = self
+                    .layout
+                    .shards()
+                    .iter()
+                    .filter(|span| only.contains(&span.index))
+                    .collect();
+                let ports = PortSet::from_ranges(
+                    spans
+                        .iter()
+                        .flat_map(|span| span.ports.ranges().iter().copied()),
+                );
+                // The pool's static ports are its lowest, so they are the lowest of any windows.
+                let statics: u32 = spans.iter().map(|span| span.static_ports).sum();
+                (ports, StaticBand::Count(statics))
+            }
+        };
+        PoolRecord::load_ports(pool, ports, static_band)
     }
 
     /// The record of shard `index` alone (an empty one when the shard does not exist yet), to

@@ -282,3 +282,41 @@ proptest! {
         prop_assert_eq!(union, decided);
     }
 }
+
+#[test]
+fn a_union_of_some_windows_has_their_ports_and_only_their_entries_joined() {
+    let record = ShardedRecord::load(
+        pool(),
+        vec![
+            shard(117, vec![holder("a", "big.blk=30200-30207")]),
+            shard(
+                118,
+                vec![
+                    holder("a", "big.blk=30208-30215"),
+                    holder("b", "db.sql=30300"),
+                ],
+            ),
+            shard(119, vec![holder("c", "web.http=30500")]),
+        ],
+    )
+    .unwrap();
+    let some = record.union_record_of(&[117, 118].into());
+    assert_eq!(some.ports.len(), 208 + 256);
+    assert!(!some.ports.contains(30500));
+    assert_eq!(
+        some.holdings_of("a"),
+        holdings("big.blk=30200-30215"),
+        "the block cut at the window edge is one slot again"
+    );
+    assert_eq!(some.holdings_of("b"), holdings("db.sql=30300"));
+    assert!(
+        some.holdings_of("c").is_empty(),
+        "window 119 is not in the union"
+    );
+    assert_eq!(some.state.held_count(), 17);
+    assert!(some.anomalies.is_empty(), "{:?}", some.anomalies);
+    let all = record.union_record();
+    assert_eq!(all.ports.len(), 768);
+    assert_eq!(all.state.held_count(), 18);
+    assert_eq!(all.holdings_of("c"), holdings("web.http=30500"));
+}

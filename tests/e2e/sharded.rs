@@ -145,3 +145,50 @@ async fn delete_frees_every_shard() {
     assert!(record.shards_of(&uid).is_empty(), "delete left entries");
     assert_eq!(record.union_record().state.held_count(), 0);
 }
+
+/// `PUT .../portpoolshards/<name>/status` lines of a `-v 2` request log.
+fn shard_writes(stderr: &str, pool: &str) -> usize {
+    let put = format!("PUT /apis/portalloc.dev/v1alpha1/portpoolshards/{pool}-");
+    stderr
+        .lines()
+        .filter(|l| l.contains(&put) && l.contains("/status "))
+        .count()
+}
+
+/// `sync --all` of 120 fresh PortAllocations into an 11-shard pool writes each shard at most
+/// once for all the owners that live in it; one owner of 300 ports (more than a shard) goes
+/// its own way across shards. A second run writes nothing.
+#[tokio::test]
+async fn sync_all_writes_each_shard_once_for_its_owners() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "shardbatch").await;
+    let pool = support::unique_name("shardbatch");
+    support::create_sharded_pool(&client, &pool, "30000-32767").await;
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
+    let mut yamls: Vec<String> = (0..120)
+        .map(|i| {
+            support::simple_allocation(&format!("job-{i:03}"), &pool, "w", 1, &["http", "rpc"])
+        })
+        .collect();
+    yamls.push(support::simple_allocation("big", &pool, "w", 300, &["rpc"]));
+    for yaml in &yamls {
+        let pa: PortAllocation = serde_yaml::from_str(yaml).unwrap();
+        api.create(&Default::default(), &pa).await.unwrap();
+    }
+    let run = cli::run(&["sync", "--all", "-n", &ns, "-v", "2"]);
+    assert!(run.ok(), "{run}");
+    let writes = shard_writes(&run.stderr, &pool);
+    let held = assert_consistent(&client, &pool).await;
+    assert_eq!(held.len(), 121);
+    assert_eq!(held.values().map(|h| h.len()).sum::<usize>(), 120 * 2 + 300);
+    eprintln!("sync --all of 121 into 11 shards: {writes} shard writes");
+    // Each of the 11 shards once for the batch, plus the spanning owner's parts (at most 3
+    // windows for 300 ports, 2 writes each if a retry is needed).
+    assert!(writes <= 11 + 6, "{writes} shard writes:\n{}", run.stderr);
+
+    let before = shard_versions(&client, &pool).await;
+    let again = cli::run(&["sync", "--all", "-n", &ns, "-v", "2"]);
+    assert!(again.ok(), "{again}");
+    assert_eq!(shard_writes(&again.stderr, &pool), 0);
+    assert_eq!(shard_versions(&client, &pool).await, before);
+}
