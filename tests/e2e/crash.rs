@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use kube::Client;
 use kube::api::Api;
-use portalloc::api::{PortAllocation, PortPool};
+use portalloc::api::PortAllocation;
 use portalloc::ledger::{Anomaly, PoolRecord, recorded_holdings};
 use rand::Rng;
 
@@ -21,7 +21,8 @@ use crate::support::cli::BIN;
 use crate::support::invariants::assert_consistent;
 use crate::support::private_cluster::PrivateCluster;
 
-const TRIALS: usize = 200;
+/// 100 per pool: the two pools in today's one-object record and two sharded ones.
+const TRIALS: usize = 400;
 const PROCESSES_PER_TRIAL: usize = 4;
 /// Trials run this many at a time.
 const PARALLEL_TRIALS: usize = 4;
@@ -35,14 +36,17 @@ struct PoolUnderTest {
     namespace: &'static str,
     /// Ports requested by fixed-port roles, chosen to collide.
     fixed: [u16; 2],
+    /// Created with `--sharded`: its record is PortPoolShards.
+    sharded: bool,
 }
 
-const POOLS: [PoolUnderTest; 2] = [
+const POOLS: [PoolUnderTest; 4] = [
     PoolUnderTest {
         name: "roomy",
         range: "21000-21199",
         namespace: "crash-roomy",
         fixed: [21005, 21006],
+        sharded: false,
     },
     // Small enough to fill up: refusals while others crash.
     PoolUnderTest {
@@ -50,6 +54,23 @@ const POOLS: [PoolUnderTest; 2] = [
         range: "21200-21229",
         namespace: "crash-tight",
         fixed: [21201, 21202],
+        sharded: false,
+    },
+    // The same two, sharded, each across a window edge (21504, 21760): owners fill a shard,
+    // move to the next, and span both when neither has room alone.
+    PoolUnderTest {
+        name: "split-roomy",
+        range: "21400-21599",
+        namespace: "crash-split-roomy",
+        fixed: [21405, 21406],
+        sharded: true,
+    },
+    PoolUnderTest {
+        name: "split-tight",
+        range: "21745-21774",
+        namespace: "crash-split-tight",
+        fixed: [21758, 21761],
+        sharded: true,
     },
 ];
 
@@ -176,7 +197,11 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     let started = Instant::now();
     let client = cluster.client().await;
     for pool in &POOLS {
-        let run = cluster.run(&["pool", "create", pool.name, "--range", pool.range]);
+        let mut args = vec!["pool", "create", pool.name, "--range", pool.range];
+        if pool.sharded {
+            args.push("--sharded");
+        }
+        let run = cluster.run(&args);
         assert!(run.ok(), "{run}");
         let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": pool.namespace}});
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
@@ -222,10 +247,10 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     let trials_wall = started.elapsed();
 
     // Straight after the crashes: the pools' records hold no port twice.
-    let pools: Api<PortPool> = Api::all(client.clone());
     let mut stale_before = 0;
     for pool in &POOLS {
-        let record = PoolRecord::load(pools.get(pool.name).await.unwrap()).unwrap();
+        // A sharded pool's shards joined (and checked for ports in two shards).
+        let record = crate::support::invariants::pool_record(&client, pool.name).await;
         assert!(
             pool_duplicates(&record).is_empty(),
             "pool {} after the kills: {:?}",
