@@ -263,10 +263,24 @@ fn run_all(kubeconfig: &std::path::Path, commands: Vec<Vec<String>>) -> Vec<Outc
 /// and no port is ever held twice.
 #[tokio::test]
 async fn dropped_connections_and_truncated_responses_never_corrupt_the_pool() {
+    flaky(false).await;
+}
+
+/// The same against a sharded pool (two shards: 34300-34303 and 34304-34499).
+#[tokio::test]
+async fn dropped_connections_and_truncated_responses_never_corrupt_a_sharded_pool() {
+    flaky(true).await;
+}
+
+async fn flaky(sharded: bool) {
     let client = support::client().await;
     let ns = support::namespace(&client, "fault-flaky").await;
     let pool = support::unique_name("fault-flaky");
-    support::create_pool(&pool, "34300-34499");
+    if sharded {
+        support::create_sharded_pool(&client, &pool, "34300-34499").await;
+    } else {
+        support::create_pool(&pool, "34300-34499");
+    }
     let proxy = FaultProxy::start(
         &support::cluster().kubeconfig,
         Fault::Flaky {
