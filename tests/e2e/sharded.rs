@@ -192,3 +192,54 @@ async fn sync_all_writes_each_shard_once_for_its_owners() {
     assert_eq!(shard_writes(&again.stderr, &pool), 0);
     assert_eq!(shard_versions(&client, &pool).await, before);
 }
+
+/// A pool in today's format with live owners is upgraded in place: every owner keeps every port
+/// (a sync afterwards writes nothing), new owners never take an upgraded holding, and deleting an
+/// upgraded owner frees its entries from the shards.
+#[tokio::test]
+async fn owners_of_an_upgraded_pool_keep_their_ports_and_new_ones_fit_around_them() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "upgraded").await;
+    let pool = support::unique_name("upgraded");
+    // Windows 117 (30000-30207 here) and 118 (30208-30463): 464 ports.
+    support::create_pool(&pool, "30000-30463");
+    for i in 0..10 {
+        apply(
+            &ns,
+            &support::simple_allocation(&format!("old-{i}"), &pool, "web", 4, &["http", "rpc"]),
+        );
+    }
+    let before = assert_consistent(&client, &pool).await;
+    assert_eq!(before.values().map(|h| h.len()).sum::<usize>(), 80);
+
+    let run = cli::run(&["pool", "upgrade", &pool]);
+    assert!(run.ok(), "{run}");
+    let pools: Api<PortPool> = Api::all(client.clone());
+    let status = pools.get(&pool).await.unwrap().status.unwrap();
+    assert_eq!(status.format, Some(portalloc::api::RecordFormat::Sharded));
+    assert_eq!(assert_consistent(&client, &pool).await, before, "the upgrade moved a port");
+
+    let versions = shard_versions(&client, &pool).await;
+    let run = cli::run(&["sync", "--all", "-n", &ns]);
+    assert!(run.ok(), "{run}");
+    assert_eq!(shard_versions(&client, &pool).await, versions, "a sync after the upgrade wrote");
+
+    for i in 0..10 {
+        apply(
+            &ns,
+            &support::simple_allocation(&format!("new-{i}"), &pool, "web", 4, &["http", "rpc"]),
+        );
+    }
+    let after = assert_consistent(&client, &pool).await;
+    assert_eq!(after.len(), 20);
+    for (uid, held) in &before {
+        assert_eq!(after.get(uid), Some(held), "an upgraded owner lost a port");
+    }
+
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
+    let uid = api.get("old-3").await.unwrap().uid().unwrap();
+    let run = cli::run(&["delete", "old-3", "-n", &ns]);
+    assert!(run.ok(), "{run}");
+    assert!(sharded_record(&client, &pool).await.shards_of(&uid).is_empty());
+    assert_eq!(assert_consistent(&client, &pool).await.len(), 19);
+}
