@@ -47,8 +47,13 @@ pub async fn group_commit(
     let after = metrics::scrape(admin).await?;
     let (requests, breakdown) = metrics::delta(&before, &after);
     let log = String::from_utf8_lossy(&output.stderr);
+    // A sharded pool's writes are those of its shards (`<pool>-<window>`).
     let put = format!("PUT /apis/portalloc.dev/v1alpha1/portpools/{pool}/status ");
-    let pool_writes = log.lines().filter(|l| l.contains(&put)).count();
+    let shard_put = format!("PUT /apis/portalloc.dev/v1alpha1/portpoolshards/{pool}-");
+    let pool_writes = log
+        .lines()
+        .filter(|l| l.contains(&put) || (l.contains(&shard_put) && l.contains("/status ")))
+        .count();
     ensure_allocated(admin, ns, count).await?;
 
     // Before group commit: the same objects synced one compare-and-swap at a time, in process.

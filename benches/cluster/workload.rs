@@ -152,6 +152,22 @@ pub fn sharded_record() -> bool {
     std::env::var("PORTALLOC_BENCH_RECORD").is_ok_and(|v| v == "sharded")
 }
 
+/// The pool's record as the allocator sees it: its status, or its shards joined into one.
+pub async fn pool_record(
+    client: &Client,
+    pool: &PortPool,
+) -> anyhow::Result<portalloc::ledger::PoolRecord> {
+    if pool.status.as_ref().and_then(|s| s.format).is_none() {
+        return Ok(portalloc::ledger::PoolRecord::load(pool.clone())?);
+    }
+    let name = pool.metadata.name.clone().unwrap_or_default();
+    let shards = portalloc::k8s::ShardStore::new(client.clone())
+        .list(&name)
+        .await
+        .map_err(|(e, _)| e)?;
+    Ok(portalloc::ledger::ShardedRecord::load(pool.clone(), shards)?.union_record())
+}
+
 /// Turn a new, empty pool into a sharded one (its shards are created by the first writes).
 pub async fn mark_sharded(pools: &Api<PortPool>, mut pool: PortPool) -> anyhow::Result<PortPool> {
     let name = pool.metadata.name.clone().unwrap_or_default();
