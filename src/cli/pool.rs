@@ -13,7 +13,7 @@ use super::pool_flags::{ProtocolFlag, StaticBandParser};
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::api::{PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
 use crate::core::{Band, hazards};
-use crate::k8s::{self, error_chain, get_pool};
+use crate::k8s::{self, PoolView, error_chain, get_pool};
 use crate::ledger::{Anomaly, PoolRecord};
 
 #[derive(Args, Debug)]
@@ -172,7 +172,9 @@ struct PoolRow {
     age: String,
 }
 
-fn row(pool: &PortPool) -> PoolRow {
+/// One table row; `view` is the pool's record as readers see it (the shards' union for a
+/// sharded pool), `None` when the spec is unusable.
+fn row(pool: &PortPool, view: Option<&PoolView>) -> PoolRow {
     let ranges = pool
         .spec
         .ranges
@@ -190,15 +192,15 @@ fn row(pool: &PortPool) -> PoolRow {
         holders: 0,
         age: age(pool.metadata.creation_timestamp.as_ref()),
     };
-    match PoolRecord::load(pool.clone()) {
-        Ok(record) => PoolRow {
+    match view.map(|v| &v.record) {
+        Some(record) => PoolRow {
             size: record.state.size(),
             allocated: record.state.held_count(),
             available: record.state.free_count(),
             holders: record.holders.len() + record.opaque.len(),
             ..base
         },
-        Err(_) => base,
+        None => base,
     }
 }
 
@@ -221,17 +223,27 @@ async fn get(client: &Client, args: GetArgs) -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            print_rows(items.iter().map(row).collect())
+            let mut rows = Vec::new();
+            for pool in &items {
+                let view = k8s::pool_view(client, pool.clone()).await?.ok();
+                rows.push(row(pool, view.as_ref()));
+            }
+            print_rows(rows)
         }
     }
 }
 
 async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
     let pool = get_pool(client, &args.name).await?;
-    let record = PoolRecord::load(pool)
+    let view = k8s::pool_view(client, pool)
+        .await?
         .map_err(|e| CliError::new(Exit::Invalid, format!("PortPool {:?}: {e}", args.name)))?;
-    let node_ports = node_port_conflicts(client, &record).await;
-    print!("{}", describe_text(&record, &node_ports));
+    let mut warnings = view.warnings.clone();
+    warnings.extend(node_port_conflicts(client, &view.record).await);
+    print!(
+        "{}",
+        describe_text(&view.record, &view.record_kind(), &warnings)
+    );
     Ok(())
 }
 
@@ -315,8 +327,9 @@ fn service_conflicts(service: &Service, record: &PoolRecord) -> Vec<String> {
     found
 }
 
-/// The `pool describe` page. Pure, so it is tested without a cluster.
-pub fn describe_text(record: &PoolRecord, node_ports: &[String]) -> String {
+/// The `pool describe` page. Pure, so it is tested without a cluster. `kind` says how the
+/// record is stored; `extra` are warnings found outside the record (node ports, shards).
+pub fn describe_text(record: &PoolRecord, kind: &str, extra: &[String]) -> String {
     let spec = &record.pool.spec;
     let state = &record.state;
     let mut out = String::new();
@@ -341,6 +354,7 @@ pub fn describe_text(record: &PoolRecord, node_ports: &[String]) -> String {
             .join(", ")
     };
     let _ = writeln!(out, "Exclude:      {excluded}");
+    let _ = writeln!(out, "Record:       {kind}");
     let _ = writeln!(out, "Size:         {} ports", state.size());
     let _ = writeln!(
         out,
@@ -403,7 +417,7 @@ pub fn describe_text(record: &PoolRecord, node_ports: &[String]) -> String {
         .into_iter()
         .map(|h| h.message)
         .collect();
-    warnings.extend(node_ports.iter().cloned());
+    warnings.extend(extra.iter().cloned());
     for anomaly in &record.anomalies {
         warnings.push(match anomaly {
             Anomaly::Undecodable { owner, error, .. } => format!("holder {owner} has an unreadable entry ({error}): run `kubectl portalloc repair`"),
@@ -460,7 +474,7 @@ mod tests {
             ..Default::default()
         });
         let record = PoolRecord::load(pool).unwrap();
-        let text = describe_text(&record, &[]);
+        let text = describe_text(&record, "one object", &[]);
         assert!(
             text.contains("  ml/ray  (17 ports, uid u1)\n    ray.head=20099 ray.workers=20000-20007,20008-20015\n"),
             "{text}"

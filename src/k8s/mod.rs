@@ -12,12 +12,15 @@ mod configmaps;
 mod crds;
 mod error;
 mod pool_cache;
+mod pool_view;
 mod pools;
 mod repair;
 mod resources;
 mod retry;
 mod shard_batch;
 mod shard_commit;
+mod shard_pools;
+mod shard_repair;
 mod shards;
 mod watch;
 
@@ -30,6 +33,7 @@ pub use client::{ClientOptions, connect};
 pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};
 pub use crds::install_crds;
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
+pub use pool_view::{PoolView, pool_view};
 pub use pools::{
     Applied, DeletedPool, PoolError, apply_pool, create_pool, delete_pool, get_pool, list_pools,
     pool_ports,

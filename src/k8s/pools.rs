@@ -180,6 +180,9 @@ pub async fn delete_pool(
 ) -> Result<DeletedPool, PoolError> {
     let pools: Api<PortPool> = Api::all(client.clone());
     let pool = get_pool(client, name).await?;
+    if crate::ledger::is_sharded(&pool) {
+        return super::shard_pools::delete_sharded_pool(client, pool, force).await;
+    }
     let holders: Vec<String> = PoolRecord::load(pool.clone())
         .map(|r| {
             r.holders

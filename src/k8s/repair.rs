@@ -5,12 +5,17 @@
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
+use std::collections::BTreeMap;
+
 use super::allocator::{AllocateError, Allocator, SyncReport};
 use super::error::{KubeError, Target};
-use super::resources::{ALLOCATIONS, POOL_STATUS, POOLS};
+use super::resources::{ALLOCATIONS, POOL_STATUS, POOLS, SHARDS};
 use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
+use super::shard_repair::list_shards;
 use crate::api::{PortAllocation, PortPool, SpecError};
-use crate::ledger::{Change, FreeReason, PoolRecord, RepairPlan, Restored, plan_repair};
+use crate::ledger::{
+    Change, FreeReason, PoolRecord, RepairPlan, Restored, is_sharded, plan_repair,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RepairError {
@@ -61,7 +66,7 @@ pub struct PoolRepair {
 
 /// Reads, plans and (with `apply`) writes, one pool at a time.
 pub struct Repairer {
-    client: Client,
+    pub(super) client: Client,
     allocator: Allocator,
     pub policy: RetryPolicy,
 }
@@ -104,6 +109,15 @@ impl Repairer {
             }
         };
         objects.sort_by_key(|p| p.name_any());
+        // A sharded pool's shards are listed before the PortAllocations, as a pool is read.
+        let mut shards = BTreeMap::new();
+        for object in objects.iter().filter(|p| is_sharded(p)) {
+            let name = object.name_any();
+            let listed = list_shards(&self.client, &name)
+                .await
+                .map_err(|e| KubeError::from_kube(e, SHARDS.all("list", None)))?;
+            shards.insert(name, listed);
+        }
         let shared = match only {
             Some(_) => None,
             None => Some(
@@ -114,7 +128,14 @@ impl Repairer {
         };
         let count = objects.len();
         for object in objects {
-            each(self.repair_pool(object, shared.as_deref(), apply).await?);
+            let repair = match shards.remove(&object.name_any()) {
+                Some(listed) => {
+                    self.repair_sharded(object, Some(listed), shared.as_deref(), apply)
+                        .await?
+                }
+                None => self.repair_pool(object, shared.as_deref(), apply).await?,
+            };
+            each(repair);
         }
         Ok(count)
     }
@@ -231,7 +252,7 @@ impl Repairer {
     /// PortAllocations of one pool (by a field selector on `spec.pool`, served by CRDs installed
     /// by this version), or of every pool. A consistent list: no resourceVersion is given, so it
     /// is served at a revision after any read made before it.
-    async fn list_allocations(
+    pub(super) async fn list_allocations(
         &self,
         pool: Option<&str>,
     ) -> Result<Vec<PortAllocation>, kube::Error> {
@@ -252,7 +273,7 @@ impl Repairer {
 
     /// Sync every PortAllocation whose holdings were restored, so its status names the pool's
     /// current UID. One deleted meanwhile gets its restored entry freed again.
-    async fn follow_up(&self, pool: &str, restored: &[Restored]) -> Vec<FollowUp> {
+    pub(super) async fn follow_up(&self, pool: &str, restored: &[Restored]) -> Vec<FollowUp> {
         let mut out = Vec::new();
         for r in restored {
             let owner = format!("{}/{}", r.namespace, r.name);
@@ -292,7 +313,7 @@ impl Repairer {
     }
 
     /// Sleep before the next round if the failure is worth retrying, else say what failed.
-    async fn backoff(
+    pub(super) async fn backoff(
         &self,
         attempts: &mut Attempts,
         err: kube::Error,

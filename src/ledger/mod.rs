@@ -12,7 +12,8 @@
 //! - [`overlapping_pool`]: whether a new pool would share ports with an existing one.
 //! - Sharded record (groundwork, not used by the Kubernetes layer yet): [`ShardLayout`] (which
 //!   `PortPoolShard` records which port), [`ShardedRecord`] (a pool's shards as one record),
-//!   [`upgrade_plan`] (today's one-object record cut into shards).
+//!   [`upgrade_plan`] (today's one-object record cut into shards), [`plan_sharded_repair`]
+//!   (repair per shard), [`union_record`] (the shards as one record, for readers).
 //!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
@@ -26,7 +27,9 @@ mod repair_plan;
 mod repair_text;
 mod shard_layout;
 mod shard_placement;
+mod shard_repair;
 mod shard_upgrade;
+mod shard_view;
 mod sharded_record;
 
 pub use allocation_status::{
@@ -43,7 +46,9 @@ pub use shard_layout::{
     SHARD_WINDOW, ShardLayout, ShardSpan, fnv1a, shard_index_of, shard_name, window,
 };
 pub use shard_placement::{home_shard, known_shards, single_shard};
+pub use shard_repair::{ShardRepairPlan, StaleShard, plan_sharded_repair};
 pub use shard_upgrade::{UpgradedShard, upgrade_plan};
+pub use shard_view::{is_sharded, shard_warnings, union_record};
 pub use sharded_record::{
     ShardAnomaly, ShardRecord, ShardWrite, ShardedRecord, load_shard, new_shard, split_by_shard,
 };

@@ -50,7 +50,7 @@ use super::allocation_status::recorded_holdings;
 use super::owner_of;
 use super::pool_record::{Anomaly, HolderEntry, PoolRecord};
 use crate::api::{PoolHolder, PortAllocation, PortPoolStatus, SpecError};
-use crate::core::{Holdings, desired_slots};
+use crate::core::{Holdings, PortBlock, PortRange, StaticBand, desired_slots};
 
 /// Why an entry is freed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -147,6 +147,35 @@ pub enum Finding {
         port: u16,
         why: String,
     },
+    /// Sharded pool: a pool port listed in a shard whose window does not contain it.
+    #[serde(rename_all = "camelCase")]
+    WrongShard {
+        shard: String,
+        uid: String,
+        owner: String,
+        slot: String,
+        port: u16,
+    },
+    /// Sharded pool: one port listed in two shards.
+    #[serde(rename_all = "camelCase")]
+    HeldInTwoShards {
+        port: u16,
+        first: String,
+        first_shard: String,
+        second: String,
+        second_shard: String,
+    },
+    /// Sharded pool: an owner's slot listed in several shards in pieces that do not join.
+    #[serde(rename_all = "camelCase")]
+    SlotApart {
+        uid: String,
+        slot: String,
+        shards: Vec<String>,
+    },
+    /// Sharded pool: a shard object that is not part of the record (another pool's, an earlier
+    /// pool object's, a malformed one, or a second one for a window).
+    #[serde(rename_all = "camelCase")]
+    NotLoaded { shard: String, reason: String },
 }
 
 /// A PortAllocation whose holdings a plan restores; it is synced after the write.
@@ -186,6 +215,40 @@ impl RepairPlan {
 /// The diff for one pool. `allocations` is every PortAllocation in the cluster, listed *after*
 /// the pool was read (see the module docs for why that order matters). Pure.
 pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> RepairPlan {
+    plan_repair_scoped(record, allocations, &RepairScope::default())
+}
+
+/// What part of a pool `record` is: the whole one-object record (the default), or one shard of
+/// a sharded pool (`record` then carries the pool's name and UID, the shard's version).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RepairScope {
+    /// The shard's window: only the pieces of recorded holdings inside it are this record's.
+    pub window: Option<PortRange>,
+    /// The shard was missing: restore what statuses naming this very pool object record (the
+    /// shard's entries were lost, not released).
+    pub restore_own: bool,
+    /// Ports of the window that other shards list (owner): never restored over.
+    pub held_elsewhere: BTreeMap<u16, String>,
+}
+
+impl RepairScope {
+    /// The piece of `block` this record covers, if any.
+    fn piece(&self, block: PortBlock) -> Option<PortBlock> {
+        let Some(window) = self.window else {
+            return Some(block);
+        };
+        let first = block.first.max(window.first);
+        let last = block.last().min(window.last);
+        PortBlock::spanning(first, last).filter(|_| first <= last)
+    }
+}
+
+/// [`plan_repair`] over one part of a pool (see [`RepairScope`]).
+pub(crate) fn plan_repair_scoped(
+    record: &PoolRecord,
+    allocations: &[PortAllocation],
+    scope: &RepairScope,
+) -> RepairPlan {
     let pool_name = record.name().to_string();
     let pool_uid = record.uid().unwrap_or_default().to_string();
     let by_uid: BTreeMap<String, &PortAllocation> = allocations
@@ -283,6 +346,11 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
         }
     }
 
+    // Ports other shards list are taken as far as restoring goes (their anomaly is reported).
+    for (port, owner) in &scope.held_elsewhere {
+        held.entry(*port).or_insert_with(|| owner.clone());
+    }
+
     // 3. Holdings the pool lost, oldest PortAllocation first so the outcome is deterministic.
     let mut live: Vec<&PortAllocation> = allocations
         .iter()
@@ -306,11 +374,17 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
             continue;
         };
         let recorded = recorded_holdings(status);
-        if recorded.is_empty() {
+        // The part of the recorded holdings this record covers (all of it for a whole pool).
+        let here: Holdings = recorded
+            .iter()
+            .filter_map(|(slot, block)| scope.piece(block).map(|piece| (slot.clone(), piece)))
+            .collect();
+        if here.is_empty() {
             continue;
         }
         let owner = owner_of(pa);
         let why = match status.pool_uid.as_deref() {
+            Some(recorded_uid) if recorded_uid == pool_uid && scope.restore_own => None,
             Some(recorded_uid) if recorded_uid == pool_uid => Some(
                 "its status names this pool object, which has no entry for it: a release or \
                  scale-down was interrupted after its pool write",
@@ -321,7 +395,7 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
         if let Some(why) = why {
             findings.push(Finding::StaleStatus {
                 owner,
-                recorded: recorded.encode(),
+                recorded: here.encode(),
                 why: why.to_string(),
             });
             continue;
@@ -329,7 +403,7 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
         let desired = match pa.spec.demands() {
             Ok(demands) => desired_slots(&demands),
             Err(SpecError { field, message }) => {
-                for (slot, block) in recorded.iter() {
+                for (slot, block) in here.iter() {
                     findings.push(Finding::RestoreSkipped {
                         owner: owner.clone(),
                         slot: slot.to_string(),
@@ -341,7 +415,11 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
             }
         };
         let mut holdings = Holdings::new();
-        for (slot, block) in recorded.iter() {
+        for (slot, whole) in recorded.iter() {
+            // The spec is checked against the whole block; only its piece here is restored.
+            let Some(block) = scope.piece(whole) else {
+                continue;
+            };
             let skip = |why: String| Finding::RestoreSkipped {
                 owner: owner.clone(),
                 slot: slot.to_string(),
@@ -353,14 +431,14 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
                     findings.push(skip("its spec no longer asks for this slot".into()));
                     continue;
                 }
-                Some(want) if u32::from(block.count) != want.count => {
+                Some(want) if u32::from(whole.count) != want.count => {
                     findings.push(skip(format!(
-                        "it records {block} ({} ports) but its spec now asks for {}",
-                        block.count, want.count
+                        "it records {whole} ({} ports) but its spec now asks for {}",
+                        whole.count, want.count
                     )));
                     continue;
                 }
-                Some(want) if want.requested.is_some_and(|r| r != block.first) => {
+                Some(want) if want.requested.is_some_and(|r| r != whole.first) => {
                     let requested = want.requested.unwrap_or_default();
                     findings.push(skip(format!("its spec now requests port {requested}")));
                     continue;
@@ -384,6 +462,11 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
                 .ports()
                 .find_map(|p| held.get(&p).map(|holder| (p, holder)))
             {
+                // Only another shard's entry can name this owner here: it holds the port already
+                // (in the wrong shard, reported as such).
+                if *holder == owner {
+                    continue;
+                }
                 findings.push(Finding::RestoreConflict {
                     owner: owner.clone(),
                     slot: slot.to_string(),
@@ -435,10 +518,12 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
         holders: holders.clone(),
         ..Default::default()
     });
-    let recounted = PoolRecord::load(after)
-        .map(|r| r.current_status())
-        .unwrap_or_else(|_| record.current_status());
+    // Counted over the record's own ports (a shard's are its window's); bands do not count.
+    let mut recounted =
+        PoolRecord::load_ports(after, record.ports.clone(), StaticBand::None).current_status();
     let stored = record.pool.status.clone().unwrap_or_default();
+    // The format is not repair's to change (a pool being upgraded stays so).
+    recounted.format = stored.format;
     if changes.is_empty() && counts(&recounted) != counts(&stored) {
         changes.push(Change::Recount {
             size: recounted.size,

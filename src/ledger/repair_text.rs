@@ -39,7 +39,11 @@ impl Finding {
         match self {
             Finding::Duplicate { .. }
             | Finding::OutsidePool { .. }
-            | Finding::Undecodable { .. } => "warning",
+            | Finding::Undecodable { .. }
+            | Finding::WrongShard { .. }
+            | Finding::HeldInTwoShards { .. }
+            | Finding::SlotApart { .. }
+            | Finding::NotLoaded { .. } => "warning",
             Finding::StaleStatus { .. } => "stale",
             Finding::RestoreConflict { .. } => "conflict",
             Finding::RestoreSkipped { .. } => "skip",
@@ -162,6 +166,49 @@ impl fmt::Display for Finding {
             } => write!(
                 f,
                 "{owner}: port {port} ({slot}) recorded in its status is not restored: {why}"
+            ),
+            Finding::WrongShard {
+                shard,
+                owner,
+                slot,
+                port,
+                ..
+            } => {
+                let (name, ns) = name_and_namespace(owner);
+                write!(
+                    f,
+                    "{owner} holds port {port} ({slot}) in shard {shard}, whose window does not \
+                     contain it; it stays held there until moved: `kubectl portalloc release {name} \
+                     -n {ns} --role {}` then `kubectl portalloc sync {name} -n {ns}`",
+                    role_of(slot)
+                )
+            }
+            Finding::HeldInTwoShards {
+                port,
+                first,
+                first_shard,
+                second,
+                second_shard,
+            } => {
+                let (name, ns) = name_and_namespace(second);
+                write!(
+                    f,
+                    "port {port} is held by {first} in shard {first_shard} and by {second} in shard \
+                     {second_shard}: repair never moves a live workload's port; to move one, \
+                     `kubectl portalloc release {name} -n {ns} --role ROLE` then \
+                     `kubectl portalloc sync {name} -n {ns}`"
+                )
+            }
+            Finding::SlotApart { uid, slot, shards } => write!(
+                f,
+                "uid {uid} holds {slot} in pieces that do not join, in shards {}; \
+                 `kubectl portalloc release` and `sync` of its PortAllocation rewrite it",
+                shards.join(", ")
+            ),
+            Finding::NotLoaded { shard, reason } => write!(
+                f,
+                "shard {shard} is not part of this pool's record: {reason}; it is left as it is \
+                 (delete it with `kubectl delete portpoolshard {shard}` once nothing needs it)"
             ),
         }
     }

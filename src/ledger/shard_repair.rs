@@ -1,0 +1,256 @@
+//! `repair` of a sharded pool (docs/record-at-scale.md, section 5): today's [`plan_repair`]
+//! run once per shard, each shard being one record of its window's ports.
+//!
+//! The one-pass argument holds per shard: the shards are listed (one LIST, at revision `R`),
+//! then the PortAllocations (served after `R`). Every entry in a shard at `R` was written for an
+//! object that existed before `R`, so a UID missing from the later list is a leak. A spanning
+//! owner is live or gone as a whole, so its parts are freed together or kept together. Each
+//! changed shard is written with a compare-and-swap on the version listed; a shard that was
+//! missing is created, which fails if anyone created it meanwhile.
+//!
+//! Each shard is given only the pieces of PortAllocation statuses that lie in its window, so an
+//! owner holding ports in two shards is never "outside the pool" in the other one. Two restore
+//! cases exist besides the one-object record's "pool recreated" (statuses naming an earlier
+//! pool UID are restored into the current shards): a shard missing for a window where statuses
+//! naming this very pool object record ports is recreated with those holdings. Cross-shard
+//! anomalies are reported, never moved.
+//!
+//! [`plan_repair`]: super::plan_repair
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::ResourceExt;
+
+use super::allocation_status::recorded_holdings;
+use super::repair_plan::{Change, Finding, RepairPlan, RepairScope, Restored, plan_repair_scoped};
+use super::shard_layout::{shard_index_of, shard_name, window};
+use super::sharded_record::{ShardAnomaly, ShardWrite, ShardedRecord, load_shard, new_shard};
+use crate::api::{PortAllocation, PortPoolShard};
+
+/// A shard object left by an earlier pool object of the same name, in the way of a shard repair
+/// must create: deleted first (with its UID as precondition). A garbage collector would have
+/// deleted it with its pool; the local control plane runs none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaleShard {
+    pub name: String,
+    pub uid: String,
+}
+
+/// What repair does to a sharded pool.
+#[derive(Clone, Debug)]
+pub struct ShardRepairPlan {
+    /// Every shard's changes and findings, plus the cross-shard findings; `status` is `None`
+    /// (the PortPool's status is not written; the shards are).
+    pub plan: RepairPlan,
+    /// One write per changed shard, ascending by window.
+    pub writes: Vec<ShardWrite>,
+    /// Earlier pool objects' shards to delete before the writes create theirs.
+    pub replace: Vec<StaleShard>,
+}
+
+/// The repair of a sharded pool: `sharded` from one LIST of its shards (`listed`, the same
+/// objects, loaded or not), `allocations` listed after it. Pure.
+pub fn plan_sharded_repair(
+    sharded: &ShardedRecord,
+    listed: &[PortPoolShard],
+    allocations: &[PortAllocation],
+) -> ShardRepairPlan {
+    let pool_name = sharded.name().to_string();
+    let pool_uid = sharded.pool.uid().unwrap_or_default();
+
+    // Windows without a loaded shard where a live PortAllocation of the pool records ports.
+    let mut missing: BTreeSet<u16> = BTreeSet::new();
+    for pa in allocations.iter().filter(|pa| pa.spec.pool == pool_name) {
+        let Some(status) = pa.status.as_ref() else {
+            continue;
+        };
+        missing.extend(
+            recorded_holdings(status)
+                .ports()
+                .map(shard_index_of)
+                .filter(|k| !sharded.shards.contains_key(k)),
+        );
+    }
+    let mut replace = Vec::new();
+    missing.retain(|&k| {
+        let name = shard_name(&pool_name, k);
+        match listed.iter().find(|s| s.name_any() == name) {
+            None => true,
+            // An earlier pool object's shard: make way for this pool's.
+            Some(old) if old.spec.pool == pool_name && old.spec.pool_uid != pool_uid => {
+                replace.push(StaleShard {
+                    name,
+                    uid: old.uid().unwrap_or_default(),
+                });
+                true
+            }
+            // Something else holds the name (reported as not loaded): leave the window alone.
+            Some(_) => false,
+        }
+    });
+
+    let mut changes = Vec::new();
+    let mut findings = Vec::new();
+    let mut writes = Vec::new();
+    let mut restored: Vec<Restored> = Vec::new();
+    let mut freed: BTreeSet<(u16, String)> = BTreeSet::new();
+    let mut freed_uids: BTreeSet<String> = BTreeSet::new();
+    let mut holders_after: BTreeSet<String> = BTreeSet::new();
+    let mut held_after: u32 = 0;
+
+    let windows: BTreeSet<u16> = sharded.shards.keys().copied().chain(missing).collect();
+    for k in windows {
+        let loaded = sharded.shards.get(&k);
+        let mut record = match loaded {
+            Some(shard) => shard.record.clone(),
+            None => load_shard(
+                &sharded.pool,
+                &sharded.layout,
+                k,
+                new_shard(&sharded.pool, k),
+            ),
+        };
+        let name = record.name().to_string();
+        let resource_version = loaded.and_then(|_| record.pool.resource_version());
+        // Planned under the pool's name and UID: that is what statuses and specs name.
+        record.pool.metadata.name = Some(pool_name.clone());
+        record.pool.metadata.uid = Some(pool_uid.clone());
+        let scope = RepairScope {
+            window: Some(window(k)),
+            restore_own: loaded.is_none(),
+            held_elsewhere: held_elsewhere(sharded, k),
+        };
+        let mut plan = plan_repair_scoped(&record, allocations, &scope);
+        if loaded.is_none() {
+            // An absent shard is an empty record: counts alone never create it.
+            plan.changes
+                .retain(|c| !matches!(c, Change::Recount { .. }));
+        }
+        for change in &plan.changes {
+            if let Change::Free { uid, owner, .. } = change {
+                freed.insert((k, owner.clone()));
+                freed_uids.insert(uid.clone());
+            }
+        }
+        for finding in plan.findings {
+            findings.push(match finding {
+                Finding::OutsidePool {
+                    uid,
+                    owner,
+                    slot,
+                    port,
+                } if sharded.ports.contains(port) => Finding::WrongShard {
+                    shard: name.clone(),
+                    uid,
+                    owner,
+                    slot,
+                    port,
+                },
+                other => other,
+            });
+        }
+        let after = match plan.status.take().filter(|_| !plan.changes.is_empty()) {
+            Some(status) => {
+                writes.push(ShardWrite {
+                    index: k,
+                    name: name.clone(),
+                    resource_version,
+                    status: status.clone().into(),
+                });
+                Some(status)
+            }
+            None => loaded.map(|_| record.current_status()),
+        };
+        if let Some(after) = after {
+            holders_after.extend(after.holders.iter().map(|h| h.uid.clone()));
+            held_after += after.allocated.max(0) as u32;
+        }
+        changes.append(&mut plan.changes);
+        for r in plan.restored {
+            if !restored.iter().any(|seen| seen.uid == r.uid) {
+                restored.push(r);
+            }
+        }
+    }
+
+    findings.extend(cross_shard_findings(sharded, &freed, &freed_uids));
+    ShardRepairPlan {
+        plan: RepairPlan {
+            pool: pool_name,
+            pool_uid,
+            resource_version: sharded.pool.resource_version().unwrap_or_default(),
+            changes,
+            findings,
+            holders: holders_after.len(),
+            held_ports: held_after,
+            status: None,
+            restored,
+        },
+        writes,
+        replace,
+    }
+}
+
+/// Ports of window `k` that other shards list, with their owners.
+fn held_elsewhere(sharded: &ShardedRecord, k: u16) -> BTreeMap<u16, String> {
+    let mut held = BTreeMap::new();
+    for shard in sharded.shards.values().filter(|s| s.index != k) {
+        for entry in shard.record.holders.values() {
+            for port in entry.holdings.ports().filter(|&p| shard_index_of(p) == k) {
+                held.entry(port).or_insert_with(|| entry.owner.clone());
+            }
+        }
+    }
+    held
+}
+
+/// The anomalies only the view of all shards sees, minus those that freeing dead entries
+/// resolves. Per-shard ones (and `WrongShard`) come from each shard's own plan.
+fn cross_shard_findings(
+    sharded: &ShardedRecord,
+    freed: &BTreeSet<(u16, String)>,
+    freed_uids: &BTreeSet<String>,
+) -> Vec<Finding> {
+    let name_of = |k: u16| {
+        sharded
+            .shards
+            .get(&k)
+            .map(|s| s.record.name().to_string())
+            .unwrap_or_else(|| shard_name(sharded.name(), k))
+    };
+    let mut findings = Vec::new();
+    for anomaly in &sharded.anomalies {
+        match anomaly {
+            ShardAnomaly::HeldInTwoShards {
+                port,
+                first,
+                second,
+            } if !freed.contains(first) && !freed.contains(second) => {
+                findings.push(Finding::HeldInTwoShards {
+                    port: *port,
+                    first: first.1.clone(),
+                    first_shard: name_of(first.0),
+                    second: second.1.clone(),
+                    second_shard: name_of(second.0),
+                });
+            }
+            ShardAnomaly::SlotApart { uid, slot, shards } if !freed_uids.contains(uid) => {
+                findings.push(Finding::SlotApart {
+                    uid: uid.clone(),
+                    slot: slot.to_string(),
+                    shards: shards.iter().map(|&k| name_of(k)).collect(),
+                });
+            }
+            ShardAnomaly::NotLoaded { name, reason } => findings.push(Finding::NotLoaded {
+                shard: name.clone(),
+                reason: reason.clone(),
+            }),
+            _ => {}
+        }
+    }
+    findings
+}
+
+#[cfg(test)]
+#[path = "shard_repair_tests.rs"]
+mod tests;
