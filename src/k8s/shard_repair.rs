@@ -77,6 +77,20 @@ impl Repairer {
                     follow_ups: Vec::new(),
                 });
             }
+            if !planned.replace.is_empty() {
+                // Shards naming another pool UID are an earlier pool's only if this pool object
+                // still exists after the LIST: it existed before it too, and a name has one live
+                // object at a time. Otherwise they may be a newer pool's: start again.
+                let pools: Api<PortPool> = Api::all(self.client.clone());
+                let current = pools
+                    .get(&pool)
+                    .await
+                    .map_err(|e| KubeError::from_kube(e, POOLS.on("get", &pool, None)))?;
+                if current.uid() != object.uid() {
+                    object = current;
+                    continue;
+                }
+            }
             match self.write_shards(&store, &object, &planned).await {
                 Ok(()) => {
                     tracing::info!(
@@ -148,7 +162,7 @@ impl Repairer {
         Ok(plan_sharded_repair(sharded, listed, &all))
     }
 
-    /// Delete the earlier pool objects' shards in the way, then commit each shard write in
+    /// Delete the earlier pool objects' shards, then commit each shard write in
     /// ascending order, each a compare-and-swap (or a create) on what was listed.
     async fn write_shards(
         &self,

@@ -86,6 +86,10 @@ pub enum Change {
         ports: String,
         count: usize,
     },
+    /// Sharded pool: delete a shard object left by an earlier pool object of the same name (it
+    /// would block this pool's shard for its window; statuses restore what it held).
+    #[serde(rename_all = "camelCase")]
+    RemoveShard { shard: String, pool_uid: String },
     /// Only the counts (size, allocated, available, holderCount) were wrong.
     #[serde(rename_all = "camelCase")]
     Recount {

@@ -23,12 +23,13 @@ fn role_of(slot: &str) -> &str {
 }
 
 impl Change {
-    /// The first word of the change's line: `free`, `restore` or `recount`.
+    /// The first word of the change's line: `free`, `restore`, `recount` or `remove`.
     pub fn verb(&self) -> &'static str {
         match self {
             Change::Free { .. } => "free",
             Change::Restore { .. } => "restore",
             Change::Recount { .. } => "recount",
+            Change::RemoveShard { .. } => "remove",
         }
     }
 }
@@ -86,6 +87,12 @@ impl fmt::Display for Change {
                 f,
                 "{owner} (uid {uid})  {}: {ports}  (recorded in its status; the pool lost them)",
                 count_ports(*count)
+            ),
+            Change::RemoveShard { shard, pool_uid } => write!(
+                f,
+                "shard {shard}: it is the record of an earlier pool object (UID {pool_uid}) and \
+                 would block this pool's shard for its window; PortAllocation statuses restore \
+                 what it held"
             ),
             Change::Recount {
                 size,

@@ -13,7 +13,8 @@
 //! cases exist besides the one-object record's "pool recreated" (statuses naming an earlier
 //! pool UID are restored into the current shards): a shard missing for a window where statuses
 //! naming this very pool object record ports is recreated with those holdings. Cross-shard
-//! anomalies are reported, never moved.
+//! anomalies are reported, never moved. Shards of an earlier pool object of the same name are
+//! deleted (a garbage collector would have; none may run): they would block this pool's.
 //!
 //! [`plan_repair`]: super::plan_repair
 
@@ -27,13 +28,15 @@ use super::shard_layout::{shard_index_of, shard_name, window};
 use super::sharded_record::{ShardAnomaly, ShardWrite, ShardedRecord, load_shard, new_shard};
 use crate::api::{PortAllocation, PortPoolShard};
 
-/// A shard object left by an earlier pool object of the same name, in the way of a shard repair
-/// must create: deleted first (with its UID as precondition). A garbage collector would have
-/// deleted it with its pool; the local control plane runs none.
+/// A shard object left by an earlier pool object of the same name: deleted before the writes
+/// (with its UID as precondition). A garbage collector would have deleted it with its pool; the
+/// local control plane runs none, and the shard would block this pool's shard of its window.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StaleShard {
     pub name: String,
     pub uid: String,
+    /// The earlier pool object's UID, as the shard names it.
+    pub pool_uid: String,
 }
 
 /// What repair does to a sharded pool.
@@ -44,7 +47,7 @@ pub struct ShardRepairPlan {
     pub plan: RepairPlan,
     /// One write per changed shard, ascending by window.
     pub writes: Vec<ShardWrite>,
-    /// Earlier pool objects' shards to delete before the writes create theirs.
+    /// Earlier pool objects' shards to delete before the writes (each also a `RemoveShard`).
     pub replace: Vec<StaleShard>,
 }
 
@@ -71,25 +74,33 @@ pub fn plan_sharded_repair(
                 .filter(|k| !sharded.shards.contains_key(k)),
         );
     }
-    let mut replace = Vec::new();
+    // Shards of earlier pool objects of this name: a garbage collector would have deleted them
+    // with their pool (none may run); they would block this pool's shards, so they go.
+    let mut replace: Vec<StaleShard> = listed
+        .iter()
+        .filter(|s| s.spec.pool == pool_name && s.spec.pool_uid != pool_uid)
+        .map(|s| StaleShard {
+            name: s.name_any(),
+            uid: s.uid().unwrap_or_default(),
+            pool_uid: s.spec.pool_uid.clone(),
+        })
+        .collect();
+    replace.sort_by(|a, b| a.name.cmp(&b.name));
     missing.retain(|&k| {
         let name = shard_name(&pool_name, k);
-        match listed.iter().find(|s| s.name_any() == name) {
-            None => true,
-            // An earlier pool object's shard: make way for this pool's.
-            Some(old) if old.spec.pool == pool_name && old.spec.pool_uid != pool_uid => {
-                replace.push(StaleShard {
-                    name,
-                    uid: old.uid().unwrap_or_default(),
-                });
-                true
-            }
-            // Something else holds the name (reported as not loaded): leave the window alone.
-            Some(_) => false,
-        }
+        // Something else holds the name (reported as not loaded): leave the window alone.
+        !listed
+            .iter()
+            .any(|s| s.name_any() == name && !replace.iter().any(|r| r.name == name))
     });
 
-    let mut changes = Vec::new();
+    let mut changes: Vec<Change> = replace
+        .iter()
+        .map(|r| Change::RemoveShard {
+            shard: r.name.clone(),
+            pool_uid: r.pool_uid.clone(),
+        })
+        .collect();
     let mut findings = Vec::new();
     let mut writes = Vec::new();
     let mut restored: Vec<Restored> = Vec::new();
@@ -173,7 +184,7 @@ pub fn plan_sharded_repair(
         }
     }
 
-    findings.extend(cross_shard_findings(sharded, &freed, &freed_uids));
+    findings.extend(cross_shard_findings(sharded, &freed, &freed_uids, &replace));
     ShardRepairPlan {
         plan: RepairPlan {
             pool: pool_name,
@@ -210,6 +221,7 @@ fn cross_shard_findings(
     sharded: &ShardedRecord,
     freed: &BTreeSet<(u16, String)>,
     freed_uids: &BTreeSet<String>,
+    replace: &[StaleShard],
 ) -> Vec<Finding> {
     let name_of = |k: u16| {
         sharded
@@ -241,10 +253,14 @@ fn cross_shard_findings(
                     shards: shards.iter().map(|&k| name_of(k)).collect(),
                 });
             }
-            ShardAnomaly::NotLoaded { name, reason } => findings.push(Finding::NotLoaded {
-                shard: name.clone(),
-                reason: reason.clone(),
-            }),
+            ShardAnomaly::NotLoaded { name, reason }
+                if !replace.iter().any(|r| &r.name == name) =>
+            {
+                findings.push(Finding::NotLoaded {
+                    shard: name.clone(),
+                    reason: reason.clone(),
+                })
+            }
             _ => {}
         }
     }

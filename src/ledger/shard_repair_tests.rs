@@ -204,20 +204,28 @@ fn a_dead_spanning_owner_is_freed_in_every_shard_and_a_live_one_kept() {
 #[test]
 fn a_recreated_pool_gets_every_holding_back_in_new_shards() {
     let old = pool_with_uid("old-uid");
-    let listed = shards(&old, &[("a", &[30001, 30300]), ("b", &[30500])]);
+    let mut listed = shards(&old, &[("a", &[30001, 30300]), ("b", &[30500])]);
+    // The old pool's empty shard of window 120 goes too: it would block the new pool's.
+    listed.push(shard_object(&old, 120, vec![]));
     let live = [
         pa("a", &[30001, 30300], "old-uid", 0),
         pa("b", &[30500], "old-uid", 1),
     ];
     let p = pool();
     let planned = plan(p.clone(), &listed, &live);
-    let not_loaded = planned
+    // Reported as removed, not as "not loaded".
+    assert!(
+        planned.plan.findings.is_empty(),
+        "{:?}",
+        planned.plan.findings
+    );
+    let removed = planned
         .plan
-        .findings
+        .changes
         .iter()
-        .filter(|f| matches!(f, Finding::NotLoaded { .. }))
+        .filter(|c| matches!(c, Change::RemoveShard { pool_uid, .. } if pool_uid == "old-uid"))
         .count();
-    assert_eq!(not_loaded, 3, "{:?}", planned.plan.findings);
+    assert_eq!(removed, 4, "{:?}", planned.plan.changes);
     let writes: Vec<(u16, Option<&str>)> = planned
         .writes
         .iter()
@@ -226,7 +234,7 @@ fn a_recreated_pool_gets_every_holding_back_in_new_shards() {
     assert_eq!(writes, vec![(117, None), (118, None), (119, None)]);
     assert_eq!(entries(&planned.writes[2]), vec![("b", "web.http=30500")]);
     let replaced: Vec<&str> = planned.replace.iter().map(|r| r.name.as_str()).collect();
-    assert_eq!(replaced, vec!["p-117", "p-118", "p-119"]);
+    assert_eq!(replaced, vec!["p-117", "p-118", "p-119", "p-120"]);
     assert_eq!(planned.replace[0].uid, "old-uid-shard-117");
     let restored: Vec<&str> = planned
         .plan
@@ -383,6 +391,22 @@ fn a_port_in_two_shards_is_reported_until_one_side_is_freed() {
         "{:?}",
         planned.plan.findings
     );
+}
+
+#[test]
+fn a_window_whose_name_another_object_holds_is_left_alone() {
+    let p = pool();
+    let mut listed = shards(&p, &[("a", &[30001])]);
+    // An object named p-118 that is no proper shard of window 118 (same pool UID).
+    let mut odd = shard_object(&p, 118, vec![]);
+    odd.spec.ranges = vec!["30208-30300".into()];
+    listed.push(odd);
+    let live = [pa("a", &[30001, 30300], POOL_UID, 0)];
+    let planned = plan(p, &listed, &live);
+    assert!(planned.writes.is_empty(), "{:?}", planned.writes);
+    assert!(planned.replace.is_empty());
+    let kinds: Vec<&str> = planned.plan.findings.iter().map(kind).collect();
+    assert_eq!(kinds, vec!["NotLoaded"], "{:?}", planned.plan.findings);
 }
 
 fn kind(f: &Finding) -> &'static str {
