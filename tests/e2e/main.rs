@@ -21,6 +21,7 @@ mod rbac;
 mod repair;
 mod restart;
 mod sharded;
+mod shard_repair;
 mod simulation;
 mod verbs;
 mod watch;
