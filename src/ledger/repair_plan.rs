@@ -468,7 +468,7 @@ pub(crate) fn plan_repair_scoped(
             {
                 // Only another shard's entry can name this owner here: it holds the port already
                 // (in the wrong shard, reported as such).
-                if *holder == owner {
+                if scope.held_elsewhere.get(&port) == Some(&owner) {
                     continue;
                 }
                 findings.push(Finding::RestoreConflict {

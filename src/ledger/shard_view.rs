@@ -36,7 +36,7 @@ pub fn union_record(sharded: &ShardedRecord) -> Result<PoolRecord, SpecError> {
         }
     }
     let mut pool = sharded.pool.clone();
-    let format = pool.status.as_ref().and_then(|s| s.format.clone());
+    let format = pool.status.as_ref().and_then(|s| s.format);
     pool.status = Some(PortPoolStatus {
         format,
         holders: entries.into_values().collect(),
