@@ -132,6 +132,28 @@ async fn holdings_in_shards(client: &Client, pool: &str) -> BTreeMap<String, Hol
         .collect()
 }
 
+/// `place`, reading again after a conflict on any shard (parts committed before it are then
+/// part of what is read).
+async fn place_retrying(client: &Client, pool: &str, pa: &PortAllocation, holdings: &Holdings) {
+    let pools: Api<PortPool> = Api::all(client.clone());
+    let object = pools.get(pool).await.unwrap();
+    let store = ShardStore::new(client.clone());
+    let owner = format!("{}/{}", pa.namespace().unwrap(), pa.name_any());
+    let uid = pa.uid().unwrap();
+    'read: loop {
+        let sharded = ShardedRecord::load(object.clone(), store.list(pool).await.unwrap()).unwrap();
+        for write in sharded.writes_for(&uid, &owner, holdings) {
+            match store.commit(&object, &write).await {
+                Ok(_) => {}
+                Err((kube::Error::Api(s), _)) if s.code == 409 => continue 'read,
+                Err((e, target)) => panic!("{target:?}: {e}"),
+            }
+        }
+        break;
+    }
+    place(client, pool, pa, holdings).await;
+}
+
 async fn repair(client: &Client, pool: &str, apply: bool) -> PoolRepair {
     let repairer = Repairer::new(client.clone(), Allocator::new(client.clone()));
     let mut out = Vec::new();
@@ -373,4 +395,68 @@ async fn describe_sums_the_shards_and_delete_refuses_while_held() {
     assert!(pools.get_opt(&pool).await.unwrap().is_none());
     let run = cli::run(&["pool", "delete", &plain]);
     assert!(run.ok(), "{run}");
+}
+
+#[tokio::test]
+async fn repairs_racing_placements_never_take_their_ports() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "shard-repair-race").await;
+    let pool = support::unique_name("shard-repair-race");
+    support::create_pool(&pool, RANGE);
+    make_sharded(&client, &pool, true).await;
+    let mut live = Vec::new();
+    for i in 0..12u16 {
+        live.push(create_allocation(&client, &ns, &format!("live-{i}"), &pool, 2).await);
+    }
+    // Each placement is followed by a leak in both windows, so repair passes keep having
+    // shard writes to race with.
+    let placer = {
+        let (client, pool, ns, live) = (client.clone(), pool.clone(), ns.clone(), live.clone());
+        tokio::spawn(async move {
+            for (i, pa) in live.iter().enumerate() {
+                let i = i as u16;
+                place_retrying(&client, &pool, pa, &web(&[45030 + i, 45230 + i])).await;
+                let name = format!("gone-{i}");
+                let gone = create_allocation(&client, &ns, &name, &pool, 2).await;
+                place_retrying(&client, &pool, &gone, &web(&[45010 + i, 45210 + i])).await;
+                delete_allocation(&client, &ns, &name).await;
+            }
+        })
+    };
+    let repairer = Repairer::new(client.clone(), Allocator::new(client.clone()));
+    let (mut passes, mut writing, mut conflicts) = (0, 0, 0);
+    while !placer.is_finished() || passes == 0 {
+        // Exhausted retries under contention are a legitimate outcome; anything else is not.
+        let outcome = repairer
+            .repair(Some(&pool), true, |r| {
+                writing += usize::from(r.applied);
+                conflicts += r.conflicts;
+            })
+            .await;
+        match outcome {
+            Ok(_) | Err(portalloc::k8s::RepairError::Exhausted { .. }) => {}
+            Err(e) => panic!("repair: {e}"),
+        }
+        passes += 1;
+    }
+    eprintln!("{passes} repair passes, {writing} wrote shards, {conflicts} conflicts");
+    assert!(writing > 1, "repair wrote in {writing} of {passes} passes");
+    placer.await.unwrap();
+    let final_pass = repair(&client, &pool, true).await;
+    assert!(
+        final_pass.plan.findings.is_empty(),
+        "{:?}",
+        final_pass.plan.findings
+    );
+
+    let held = holdings_in_shards(&client, &pool).await;
+    let expected: BTreeMap<String, Holdings> = live
+        .iter()
+        .enumerate()
+        .map(|(i, pa)| {
+            let i = i as u16;
+            (pa.uid().unwrap(), web(&[45030 + i, 45230 + i]))
+        })
+        .collect();
+    assert_eq!(held, expected, "after {passes} repair passes");
 }
