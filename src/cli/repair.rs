@@ -16,6 +16,12 @@ use crate::ledger::RepairPlan;
 /// again) are restored where the port is still in the pool, still asked for and free. Ports held
 /// twice, ports outside the pool and stale statuses are reported, never moved.
 ///
+/// A sharded pool (status.format Sharded) is repaired shard by shard: its shards are listed, then
+/// its PortAllocations, and each shard is planned as above with the parts of statuses in its
+/// window. A shard that is missing where statuses record ports is recreated with those holdings;
+/// shards of an earlier pool object of the same name are removed. Ports listed in the wrong
+/// shard or in two shards are reported, never moved.
+///
 /// Without --apply nothing is written and the exit code is 10 when there is anything to report.
 /// With --apply the pool's status is replaced with a compare-and-swap on the version read, so a
 /// concurrent allocation is never lost: if the pool changed meanwhile, repair reads it again.
