@@ -6,7 +6,7 @@ use kube::{Client, ResourceExt};
 use super::error::KubeError;
 use super::shards::ShardStore;
 use crate::api::{PortPool, SpecError};
-use crate::ledger::{PoolRecord, ShardedRecord, is_sharded, shard_warnings, union_record};
+use crate::ledger::{PoolRecord, ShardedRecord, is_sharded, shard_warnings};
 
 /// A pool as `pool describe` and `pool get` show it.
 #[derive(Clone, Debug)]
@@ -43,12 +43,11 @@ pub async fn pool_view(
     }
     let shards = ShardStore::new(client.clone())
         .list(&pool.name_any())
-        .await?;
-    Ok(ShardedRecord::load(pool, shards).and_then(|sharded| {
-        Ok(PoolView {
-            record: union_record(&sharded)?,
-            shards: Some(sharded.shards.len()),
-            warnings: shard_warnings(&sharded),
-        })
+        .await
+        .map_err(|(e, target)| KubeError::from_kube(e, target))?;
+    Ok(ShardedRecord::load(pool, shards).map(|sharded| PoolView {
+        record: sharded.union_record(),
+        shards: Some(sharded.shards.len()),
+        warnings: shard_warnings(&sharded),
     }))
 }

@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use super::allocator::{AllocateError, Allocator, SyncReport};
 use super::error::{KubeError, Target};
-use super::resources::{ALLOCATIONS, POOL_STATUS, POOLS, SHARDS};
+use super::resources::{ALLOCATIONS, POOL_STATUS, POOLS};
 use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
-use super::shard_repair::list_shards;
+use super::shards::ShardStore;
 use crate::api::{PortAllocation, PortPool, SpecError};
 use crate::ledger::{
     Change, FreeReason, PoolRecord, RepairPlan, Restored, is_sharded, plan_repair,
@@ -113,9 +113,10 @@ impl Repairer {
         let mut shards = BTreeMap::new();
         for object in objects.iter().filter(|p| is_sharded(p)) {
             let name = object.name_any();
-            let listed = list_shards(&self.client, &name)
+            let listed = ShardStore::new(self.client.clone())
+                .list(&name)
                 .await
-                .map_err(|e| KubeError::from_kube(e, SHARDS.all("list", None)))?;
+                .map_err(|(e, target)| KubeError::from_kube(e, target))?;
             shards.insert(name, listed);
         }
         let shared = match only {

@@ -7,12 +7,16 @@ use std::collections::BTreeMap;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::{Client, ResourceExt};
 
-use super::error::KubeError;
+use super::error::{KubeError, Target};
 use super::pools::{DeletedPool, PoolError};
 use super::resources::{POOLS, SHARDS};
 use super::shards::ShardStore;
 use crate::api::{PortPool, PortPoolShard};
 use crate::core::Holdings;
+
+fn kube_error((e, target): (kube::Error, Target)) -> KubeError {
+    KubeError::from_kube(e, target)
+}
 
 /// `owner (N ports)` for every holder listed in the pool's own shards (by UID, the parts of a
 /// spanning owner added up), sorted.
@@ -49,7 +53,7 @@ pub(super) async fn delete_sharded_pool(
     let name = pool.name_any();
     let pool_uid = pool.uid().unwrap_or_default();
     let store = ShardStore::new(client.clone());
-    let holders = holders_of(&pool_uid, &store.list(&name).await?);
+    let holders = holders_of(&pool_uid, &store.list(&name).await.map_err(kube_error)?);
     if !holders.is_empty() && !force {
         return Err(PoolError::Held {
             pool: name,
@@ -73,7 +77,8 @@ pub(super) async fn delete_sharded_pool(
     }
     let shards: Vec<PortPoolShard> = store
         .list(&name)
-        .await?
+        .await
+        .map_err(kube_error)?
         .into_iter()
         .filter(|s| s.spec.pool_uid == pool_uid)
         .collect();
@@ -102,7 +107,7 @@ pub(super) async fn delete_sharded_pool(
             Err(kube::Error::Api(s)) if s.is_not_found() => {}
             // Written since the list: someone's ports are in it now; keep it.
             Err(kube::Error::Api(s)) if s.is_conflict() => {
-                if let Some(current) = store.get(&shard_name).await? {
+                if let Some(current) = store.get(&shard_name).await.map_err(kube_error)? {
                     kept.push(current);
                 }
             }

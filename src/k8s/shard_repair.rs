@@ -4,7 +4,7 @@
 //! from the LIST: the shards already written hold what was planned for them, and the new
 //! plan sees them as they now are.
 
-use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::api::{Api, DeleteParams, Preconditions};
 use kube::{Client, ResourceExt};
 
 use super::error::KubeError;
@@ -16,17 +16,6 @@ use crate::api::{PortAllocation, PortPool, PortPoolShard};
 use crate::ledger::{
     Change, FreeReason, ShardRepairPlan, ShardedRecord, StaleShard, plan_sharded_repair,
 };
-
-/// Every shard object of `pool` (field selector `spec.pool`), one consistent list; the raw
-/// error, so the retry loop can tell what is worth retrying.
-pub(super) async fn list_shards(
-    client: &Client,
-    pool: &str,
-) -> Result<Vec<PortPoolShard>, kube::Error> {
-    let api: Api<PortPoolShard> = Api::all(client.clone());
-    let params = ListParams::default().fields(&format!("spec.pool={pool}"));
-    Ok(api.list(&params).await?.items)
-}
 
 impl Repairer {
     /// The repair of one sharded pool. `shards` and `listed`, when given, are a LIST of its
@@ -45,10 +34,9 @@ impl Repairer {
             // 1. The shards (at R), 2. then the PortAllocations (after R).
             let listed_shards = match shards.take() {
                 Some(shards) => shards,
-                None => match list_shards(&self.client, &pool).await {
+                None => match store.list(&pool).await {
                     Ok(shards) => shards,
-                    Err(e) => {
-                        let target = SHARDS.all("list", None);
+                    Err((e, target)) => {
                         self.backoff(&mut attempts, e, target, &pool).await?;
                         continue;
                     }

@@ -13,7 +13,7 @@
 //! - Sharded record (groundwork, not used by the Kubernetes layer yet): [`ShardLayout`] (which
 //!   `PortPoolShard` records which port), [`ShardedRecord`] (a pool's shards as one record),
 //!   [`upgrade_plan`] (today's one-object record cut into shards), [`plan_sharded_repair`]
-//!   (repair per shard), [`union_record`] (the shards as one record, for readers).
+//!   (repair per shard), [`is_sharded`] and [`shard_warnings`] (for readers).
 //!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
@@ -48,7 +48,7 @@ pub use shard_layout::{
 pub use shard_placement::{home_shard, known_shards, single_shard};
 pub use shard_repair::{ShardRepairPlan, StaleShard, plan_sharded_repair};
 pub use shard_upgrade::{UpgradedShard, upgrade_plan};
-pub use shard_view::{is_sharded, shard_warnings, union_record};
+pub use shard_view::{is_sharded, shard_warnings};
 pub use sharded_record::{
     ShardAnomaly, ShardRecord, ShardWrite, ShardedRecord, load_shard, new_shard, split_by_shard,
 };
