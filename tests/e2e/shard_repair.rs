@@ -9,9 +9,9 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use portalloc::api::{PortAllocation, PortPool, PortPoolShard, RecordFormat};
 use portalloc::core::{Holdings, SlotKey};
-use portalloc::k8s::{Allocator, PoolRepair, Repairer, ShardStore};
+use portalloc::k8s::{Allocator, FollowUp, PoolRepair, Repairer, ShardStore};
 use portalloc::ledger::{
-    Change, Outcome, ShardWrite, ShardedRecord, allocation_status, shard_index_of, upgrade_plan,
+    Outcome, ShardWrite, ShardedRecord, allocation_status, shard_index_of, upgrade_plan,
 };
 
 use crate::support::{self, cli};
@@ -249,17 +249,11 @@ async fn a_pool_deleted_and_created_again_gets_every_holding_back_in_its_shards(
     assert_eq!(run.stdout.matches("remove   pool/").count(), 4, "{run}");
     assert_eq!(versions(&shards_of(&client, &pool).await), versions(&old));
 
-    // The follow-up sync is the allocator's, whatever it makes of a sharded pool: the
-    // holdings are checked in the shards.
-    let repaired = repair(&client, &pool, true).await;
-    assert!(repaired.applied, "{:?}", repaired.plan);
-    let restores = repaired
-        .plan
-        .changes
-        .iter()
-        .filter(|c| matches!(c, Change::Restore { .. }))
-        .count();
-    assert_eq!(restores, 3, "{:?}", repaired.plan.changes);
+    let run = cli::run(&["repair", "--pool", &pool, "--apply"]);
+    assert!(run.ok(), "{run}");
+    assert!(run.stdout.contains("applied 7 changes"), "{run}");
+    // Each restored PortAllocation is synced, and nothing moves.
+    assert_eq!(run.stdout.matches("(unchanged)").count(), 2, "{run}");
     assert_eq!(holdings_in_shards(&client, &pool).await, before);
     let new_uid = pools.get(&pool).await.unwrap().uid().unwrap();
     let shards = shards_of(&client, &pool).await;
@@ -270,10 +264,18 @@ async fn a_pool_deleted_and_created_again_gets_every_holding_back_in_its_shards(
         expected.iter().map(String::as_str).collect::<Vec<_>>()
     );
     assert!(shards.values().all(|s| s.spec.pool_uid == new_uid));
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
+    for name in ["a", "b"] {
+        let status = api.get(name).await.unwrap().status.unwrap();
+        assert_eq!(status.pool_uid.as_deref(), Some(new_uid.as_str()), "{name}");
+    }
 
-    let again = repair(&client, &pool, true).await;
-    assert!(again.plan.is_clean(), "{:?}", again.plan);
-    assert!(!again.applied);
+    let run = cli::run(&["repair", "--pool", &pool]);
+    assert!(run.ok(), "{run}");
+    assert!(
+        run.stdout.contains("consistent (2 holders, 3 ports held)"),
+        "{run}"
+    );
     assert_eq!(
         versions(&shards_of(&client, &pool).await),
         versions(&shards)
@@ -313,6 +315,15 @@ async fn a_deleted_shard_is_recreated_with_its_holdings() {
         "{:?}",
         repaired.plan.findings
     );
+    // Their follow-up sync finds every port where the status says.
+    for follow_up in &repaired.follow_ups {
+        match follow_up {
+            FollowUp::Synced(report) => {
+                assert_eq!((report.allocated, report.released), (0, 0), "{report:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
     assert_eq!(holdings_in_shards(&client, &pool).await, before);
     let shards = shards_of(&client, &pool).await;
     let recreated = shards[&lost].status.clone().unwrap();
@@ -439,8 +450,8 @@ async fn repairs_racing_placements_never_take_their_ports() {
         }
         passes += 1;
     }
+    // How much racing happened depends on timing; what is asserted below does not.
     eprintln!("{passes} repair passes, {writing} wrote shards, {conflicts} conflicts");
-    assert!(writing > 1, "repair wrote in {writing} of {passes} passes");
     placer.await.unwrap();
     let final_pass = repair(&client, &pool, true).await;
     assert!(
