@@ -471,3 +471,30 @@ async fn repairs_racing_placements_never_take_their_ports() {
         .collect();
     assert_eq!(held, expected, "after {passes} repair passes");
 }
+
+#[tokio::test]
+async fn a_forced_delete_removes_the_shards_and_repair_brings_the_holdings_back() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "shard-force").await;
+    let pool = support::unique_name("shard-force");
+    support::create_pool(&pool, RANGE);
+    make_sharded(&client, &pool, true).await;
+    let a = create_allocation(&client, &ns, "a", &pool, 2).await;
+    place(&client, &pool, &a, &web(&[45050, 45100])).await;
+    let before = holdings_in_shards(&client, &pool).await;
+
+    let run = cli::run(&["pool", "delete", &pool, "--force"]);
+    assert!(run.ok(), "{run}");
+    assert!(
+        run.stderr.contains("1 PortAllocations still record ports"),
+        "{run}"
+    );
+    assert!(shards_of(&client, &pool).await.is_empty());
+
+    support::create_pool(&pool, RANGE);
+    make_sharded(&client, &pool, false).await;
+    let run = cli::run(&["repair", "--pool", &pool, "--apply"]);
+    assert!(run.ok(), "{run}");
+    assert_eq!(run.stdout.matches("restore  pool/").count(), 2, "{run}");
+    assert_eq!(holdings_in_shards(&client, &pool).await, before);
+}
