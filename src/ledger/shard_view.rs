@@ -51,3 +51,67 @@ pub fn shard_warnings(sharded: &ShardedRecord) -> Vec<String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        PoolHolder, PortPoolShardStatus, PortPoolSpec, PortPoolStatus, StaticBandSetting,
+    };
+    use crate::ledger::new_shard;
+
+    fn pool(format: Option<RecordFormat>) -> PortPool {
+        let mut pool = PortPool::new(
+            "p",
+            PortPoolSpec {
+                ranges: vec!["30000-30767".into()],
+                exclude: vec![],
+                protocol: Default::default(),
+                static_band: StaticBandSetting::None,
+            },
+        );
+        pool.metadata.uid = Some("pool-uid".into());
+        pool.status = Some(PortPoolStatus {
+            format,
+            ..Default::default()
+        });
+        pool
+    }
+
+    #[test]
+    fn only_a_pool_marked_sharded_is_read_from_shards() {
+        assert!(is_sharded(&pool(Some(RecordFormat::Sharded))));
+        assert!(!is_sharded(&pool(Some(RecordFormat::Migrating))));
+        assert!(!is_sharded(&pool(None)));
+    }
+
+    #[test]
+    fn warnings_name_the_shard_and_what_is_wrong() {
+        let p = pool(Some(RecordFormat::Sharded));
+        let mut wrong = new_shard(&p, 117);
+        // 30300 is window 118's port.
+        wrong.status = Some(PortPoolShardStatus {
+            holders: vec![PoolHolder {
+                uid: "u".into(),
+                owner: "ns/a".into(),
+                ports: "web.http=30300".into(),
+            }],
+            ..Default::default()
+        });
+        let mut old = new_shard(&p, 119);
+        old.spec.pool_uid = "old-uid".into();
+        let sharded = ShardedRecord::load(p, vec![wrong, old]).unwrap();
+        let warnings = shard_warnings(&sharded);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[1].starts_with("ns/a holds port 30300 (web.http[0]) in shard p-117,"),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings[0].starts_with(
+                "shard p-119 is not part of the record: it belongs to an earlier pool"
+            ),
+            "{warnings:?}"
+        );
+    }
+}
