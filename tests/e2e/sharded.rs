@@ -217,12 +217,20 @@ async fn owners_of_an_upgraded_pool_keep_their_ports_and_new_ones_fit_around_the
     let pools: Api<PortPool> = Api::all(client.clone());
     let status = pools.get(&pool).await.unwrap().status.unwrap();
     assert_eq!(status.format, Some(portalloc::api::RecordFormat::Sharded));
-    assert_eq!(assert_consistent(&client, &pool).await, before, "the upgrade moved a port");
+    assert_eq!(
+        assert_consistent(&client, &pool).await,
+        before,
+        "the upgrade moved a port"
+    );
 
     let versions = shard_versions(&client, &pool).await;
     let run = cli::run(&["sync", "--all", "-n", &ns]);
     assert!(run.ok(), "{run}");
-    assert_eq!(shard_versions(&client, &pool).await, versions, "a sync after the upgrade wrote");
+    assert_eq!(
+        shard_versions(&client, &pool).await,
+        versions,
+        "a sync after the upgrade wrote"
+    );
 
     for i in 0..10 {
         apply(
@@ -240,6 +248,11 @@ async fn owners_of_an_upgraded_pool_keep_their_ports_and_new_ones_fit_around_the
     let uid = api.get("old-3").await.unwrap().uid().unwrap();
     let run = cli::run(&["delete", "old-3", "-n", &ns]);
     assert!(run.ok(), "{run}");
-    assert!(sharded_record(&client, &pool).await.shards_of(&uid).is_empty());
+    assert!(
+        sharded_record(&client, &pool)
+            .await
+            .shards_of(&uid)
+            .is_empty()
+    );
     assert_eq!(assert_consistent(&client, &pool).await.len(), 19);
 }
