@@ -22,6 +22,7 @@ mod repair;
 mod restart;
 mod shard_repair;
 mod sharded;
+mod shard_upgrade;
 mod simulation;
 mod verbs;
 mod watch;
