@@ -136,6 +136,7 @@ fn upgrade_exit(e: &UpgradeError) -> Exit {
         UpgradeError::Invalid { .. } => Exit::Invalid,
         UpgradeError::ForeignShard { .. } => Exit::Refused,
         UpgradeError::Exhausted { .. } => Exit::Unavailable,
+        UpgradeError::OutdatedCrds { .. } => Exit::CrdsMissing,
         UpgradeError::Kube(e) => kube_exit(e),
     }
 }

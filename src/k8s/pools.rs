@@ -134,6 +134,10 @@ pub async fn create_pool(
     let store = ShardStore::new(client.clone());
     write_shards(&store, &created, &plan_for(&created)?).await?;
     match initialize_status(&pools, created, Some(RecordFormat::Sharded)).await {
+        // A PortPool CRD from before sharded pools drops `format` without a word.
+        Ok(written) if written.status.as_ref().and_then(|s| s.format).is_none() => {
+            Err(UpgradeError::OutdatedCrds { pool: name }.into())
+        }
         Ok(written) => Ok(written),
         // A client allocated into the new pool (today's record) before its status said Sharded:
         // upgrade it in place instead, holders and all.

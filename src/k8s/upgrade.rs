@@ -54,6 +54,13 @@ pub enum UpgradeError {
         exhausted: Exhausted,
     },
 
+    #[error(
+        "PortPool {pool:?}: the API server dropped status.format, so its PortPool CRD predates \
+         sharded pools (the pool stays in the one-object format): run `kubectl portalloc install` \
+         to update the CRDs, then `kubectl portalloc pool upgrade {pool}`"
+    )]
+    OutdatedCrds { pool: String },
+
     #[error(transparent)]
     Kube(#[from] KubeError),
 }
@@ -103,7 +110,7 @@ pub async fn upgrade_pool(client: &Client, name: &str) -> Result<UpgradeReport, 
     let (mut shards, mut shards_written, mut holders_copied) = (0, 0, 0);
     loop {
         let pool = get_pool(client, name).await?;
-        let format = pool.status.as_ref().and_then(|s| s.format);
+        let format = format_of(&pool);
         let first = *start.get_or_insert(match format {
             None => UpgradeStart::OneObject,
             Some(RecordFormat::Migrating) => UpgradeStart::Resumed,
@@ -122,16 +129,31 @@ pub async fn upgrade_pool(client: &Client, name: &str) -> Result<UpgradeReport, 
                 });
             }
             Some(RecordFormat::Migrating) => pool,
-            None => match write_format(&pools, pool, RecordFormat::Migrating).await {
-                Ok(frozen) => {
-                    tracing::info!("PortPool {name}: frozen (format Migrating)");
-                    frozen
+            None => {
+                // Shards readable before anything is written: a missing CRD or a missing right
+                // must not leave the pool frozen.
+                store
+                    .list(name)
+                    .await
+                    .map_err(|(err, target)| KubeError::from_kube(err, target))?;
+                match write_format(&pools, pool, RecordFormat::Migrating).await {
+                    // A CRD without `format` prunes it silently; flipping such a pool would
+                    // empty its holders with nothing to say where they went.
+                    Ok(frozen) if format_of(&frozen) != Some(RecordFormat::Migrating) => {
+                        return Err(UpgradeError::OutdatedCrds {
+                            pool: name.to_string(),
+                        });
+                    }
+                    Ok(frozen) => {
+                        tracing::info!("PortPool {name}: frozen (format Migrating)");
+                        frozen
+                    }
+                    Err((err, target)) => {
+                        retry(&mut attempts, err, target, name, "freeze").await?;
+                        continue;
+                    }
                 }
-                Err((err, target)) => {
-                    retry(&mut attempts, err, target, name, "freeze").await?;
-                    continue;
-                }
-            },
+            }
         };
         let plan = plan_for(&frozen)?;
         holders_copied = frozen.status.as_ref().map_or(0, |s| s.holders.len());
@@ -218,6 +240,10 @@ pub fn plan_for(pool: &PortPool) -> Result<Vec<UpgradedShard>, UpgradeError> {
         pool: pool.name_any(),
         error,
     })
+}
+
+fn format_of(pool: &PortPool) -> Option<RecordFormat> {
+    pool.status.as_ref().and_then(|s| s.format)
 }
 
 /// Why an existing shard object cannot be this pool's shard `planned` (its spec is immutable).

@@ -4,12 +4,15 @@
 //! what old clients would write.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
-use kube::{Client, ResourceExt};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, CustomResourceExt, ResourceExt};
 use portalloc::api::{
-    FORMAT_KEPT_MESSAGE, FROZEN_WHILE_MIGRATING_MESSAGE, PoolHolder, PortPool, PortPoolShard,
-    RecordFormat,
+    FORMAT_KEPT_MESSAGE, FROZEN_WHILE_MIGRATING_MESSAGE, PoolHolder, PortAllocation, PortPool,
+    PortPoolShard, RecordFormat,
 };
 use portalloc::core::Holdings;
 use portalloc::k8s::{ShardStore, UpgradeStart, upgrade_pool};
@@ -18,6 +21,7 @@ use portalloc::ledger::{
     upgrade_plan, window,
 };
 
+use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self, cli};
 
 const RANGES: &str = "30000-32767";
@@ -474,6 +478,118 @@ async fn upgrading_a_missing_pool_says_so() {
     assert!(
         run.stderr
             .contains(&format!("PortPool \"{name}\" not found")),
+        "{run}"
+    );
+}
+
+/// Create (or replace) these CRDs and wait until the API server serves them.
+async fn put_crds(client: &Client, crds: Vec<CustomResourceDefinition>) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds {
+        let name = crd.name_any();
+        api.create(&PostParams::default(), &crd).await.unwrap();
+        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .expect("CRD established in 30 s")
+            .unwrap();
+    }
+}
+
+/// The PortPool CRD of a release before sharded pools: no `status.format`, no rules on it.
+fn portpool_crd_without_format() -> CustomResourceDefinition {
+    let mut crd = serde_json::to_value(PortPool::crd()).unwrap();
+    let status =
+        &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+    let object = status.as_object_mut().unwrap();
+    object.remove("x-kubernetes-validations");
+    object["properties"]
+        .as_object_mut()
+        .unwrap()
+        .remove("format");
+    serde_json::from_value(crd).unwrap()
+}
+
+/// A cluster whose CRDs predate sharded pools: the upgrade refuses before changing anything
+/// (first the PortPoolShard kind is missing, then the PortPool CRD drops `format`), and after
+/// `kubectl portalloc install` it upgrades.
+#[tokio::test]
+async fn an_upgrade_on_outdated_crds_changes_nothing_and_says_to_install() {
+    let Some(cluster) = PrivateCluster::start("upgrade-old-crds", false) else {
+        return;
+    };
+    let client = cluster.client().await;
+    put_crds(
+        &client,
+        vec![portpool_crd_without_format(), PortAllocation::crd()],
+    )
+    .await;
+    let name = "old-crds";
+    let run = cluster.run(&["pool", "create", name, "--range", RANGES]);
+    assert!(run.ok(), "{run}");
+    let pools: Api<PortPool> = Api::all(client.clone());
+    let mut object = pools.get(name).await.unwrap();
+    object.status.get_or_insert_with(Default::default).holders = old_holders();
+    object.status = Some(PoolRecord::load(object.clone()).unwrap().current_status());
+    let before = pools
+        .replace_status(name, &PostParams::default(), &object)
+        .await
+        .unwrap();
+
+    let run = cluster.run(&["pool", "upgrade", name]);
+    assert_eq!(run.code, 8, "{run}");
+    assert!(run.stderr.contains("portpoolshards.portalloc.dev"), "{run}");
+    assert!(run.stderr.contains("kubectl portalloc install"), "{run}");
+    let untouched = pools.get(name).await.unwrap();
+    assert_eq!(untouched.resource_version(), before.resource_version());
+
+    put_crds(&client, vec![PortPoolShard::crd()]).await;
+    let run = cluster.run(&["pool", "upgrade", name]);
+    assert_eq!(run.code, 8, "{run}");
+    assert!(
+        run.stderr.contains("dropped status.format") && run.stderr.contains("install"),
+        "{run}"
+    );
+    let status = pools.get(name).await.unwrap().status.unwrap();
+    assert_eq!(status, before.status.clone().unwrap(), "holders kept");
+    assert!(shards_of(&client, name).await.is_empty());
+    // Nor is a pool created sharded there left looking sharded while it is not.
+    let created = "created-on-old-crds";
+    let run = cluster.run(&[
+        "pool",
+        "create",
+        created,
+        "--range",
+        "40000-40511",
+        "--sharded",
+    ]);
+    assert_eq!(run.code, 8, "{run}");
+    assert!(run.stderr.contains("dropped status.format"), "{run}");
+
+    let run = cluster.run(&["install"]);
+    assert!(run.ok(), "{run}");
+    // The API server takes a moment to serve a changed schema; a refusal meanwhile is the same
+    // safe refusal as above, and a rerun is what a user would do.
+    let mut upgraded = cluster.run(&["pool", "upgrade", name]);
+    for _ in 0..20 {
+        if upgraded.code != 8 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        upgraded = cluster.run(&["pool", "upgrade", name]);
+    }
+    assert!(upgraded.ok(), "{upgraded}");
+    assert!(
+        upgraded.stdout.contains(" upgraded: 6 holders"),
+        "{upgraded}"
+    );
+    assert_upgraded(&client, &before).await;
+    // The pool created sharded is finished by an upgrade: its empty shards are already right.
+    let run = cluster.run(&["pool", "upgrade", created]);
+    assert!(run.ok(), "{run}");
+    assert!(
+        run.stdout
+            .contains("upgraded: 0 holders copied into 3 PortPoolShards (0 written)"),
         "{run}"
     );
 }
