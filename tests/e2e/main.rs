@@ -23,6 +23,7 @@ mod restart;
 mod shard_repair;
 mod sharded;
 mod shard_upgrade;
+mod shard_upgrade_kill;
 mod simulation;
 mod verbs;
 mod watch;

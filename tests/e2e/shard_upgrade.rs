@@ -24,7 +24,7 @@ use portalloc::ledger::{
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self, cli};
 
-const RANGES: &str = "30000-32767";
+pub(crate) const RANGES: &str = "30000-32767";
 /// Windows 117 (29952-30207) to 127 (32512-32767).
 const WINDOWS: std::ops::RangeInclusive<u16> = 117..=127;
 
@@ -39,7 +39,7 @@ fn holder(uid: &str, ports: &str) -> PoolHolder {
 /// The list a pool in today's format might hold: several owners, a block, an entry spanning
 /// two windows (a block across the 30207/30208 edge), one spanning two far windows, and an
 /// entry no client can decode.
-fn old_holders() -> Vec<PoolHolder> {
+pub(crate) fn old_holders() -> Vec<PoolHolder> {
     vec![
         holder("uid-a", "web.http=30001 web.metrics=30002"),
         holder("uid-b", "ray.workers=30100-30115"),
@@ -52,7 +52,11 @@ fn old_holders() -> Vec<PoolHolder> {
 
 /// A pool created by the plugin in today's format, whose status then gets `holders` written
 /// raw (counts recomputed, as any client's write does). Returns the pool as written.
-async fn old_format_pool(client: &Client, prefix: &str, holders: Vec<PoolHolder>) -> PortPool {
+pub(crate) async fn old_format_pool(
+    client: &Client,
+    prefix: &str,
+    holders: Vec<PoolHolder>,
+) -> PortPool {
     let name = support::unique_name(prefix);
     support::create_pool(&name, RANGES);
     let pools: Api<PortPool> = Api::all(client.clone());
@@ -77,7 +81,7 @@ async fn freeze_by_hand(client: &Client, pool: &PortPool) -> PortPool {
         .unwrap()
 }
 
-async fn shards_of(client: &Client, pool: &str) -> Vec<PortPoolShard> {
+pub(crate) async fn shards_of(client: &Client, pool: &str) -> Vec<PortPoolShard> {
     let mut shards = ShardStore::new(client.clone()).list(pool).await.unwrap();
     shards.sort_by_key(|s| s.spec.index);
     shards
@@ -96,7 +100,7 @@ async fn versions(client: &Client, pool: &str) -> BTreeMap<String, String> {
 }
 
 /// The pool `before` (today's format) is now sharded, and its shards hold exactly its list.
-async fn assert_upgraded(client: &Client, before: &PortPool) {
+pub(crate) async fn assert_upgraded(client: &Client, before: &PortPool) {
     let name = before.name_any();
     let pools: Api<PortPool> = Api::all(client.clone());
     let pool = pools.get(&name).await.unwrap();
