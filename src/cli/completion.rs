@@ -239,7 +239,7 @@ async fn positionals(path: &[String], before: &[String]) -> Vec<String> {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["pool", "get" | "describe" | "delete"] => pools(before).await,
+        ["pool", "get" | "describe" | "delete" | "upgrade"] => pools(before).await,
         ["get" | "describe" | "sync" | "release" | "delete" | "resolve"] => {
             allocations(before).await
         }
@@ -349,7 +349,10 @@ mod tests {
         let Slot::Subcommand(names) = slot else {
             panic!("{slot:?}")
         };
-        assert_eq!(names, vec!["create", "get", "describe", "delete"]);
+        assert_eq!(
+            names,
+            vec!["create", "get", "describe", "delete", "upgrade"]
+        );
 
         assert_eq!(
             locate(&words("pool describe"), "").1,

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::api::ResolveError;
 use crate::k8s::{
     AllocateError, ApiErrorKind, ApplyError, ConfigMapError, DeleteError, KubeError, PoolError,
-    RepairError,
+    RepairError, UpgradeError,
 };
 use crate::ledger::Refusal;
 
@@ -89,8 +89,12 @@ pub fn exit_for(err: &anyhow::Error) -> Exit {
                 | PoolError::AlreadyExists { .. }
                 | PoolError::Held { .. } => Exit::Refused,
                 PoolError::Changed { .. } => Exit::Unavailable,
+                PoolError::Shards(e) => upgrade_exit(e),
                 PoolError::Kube(e) => kube_exit(e),
             };
+        }
+        if let Some(e) = cause.downcast_ref::<UpgradeError>() {
+            return upgrade_exit(e);
         }
         if let Some(e) = cause.downcast_ref::<RepairError>() {
             return match e {
@@ -124,6 +128,16 @@ fn allocate_exit(e: &AllocateError) -> Exit {
         AllocateError::Refused(refusal) => refusal_exit(refusal),
         AllocateError::Exhausted { .. } => Exit::Unavailable,
         AllocateError::Kube(e) => kube_exit(e),
+    }
+}
+
+fn upgrade_exit(e: &UpgradeError) -> Exit {
+    match e {
+        UpgradeError::Invalid { .. } => Exit::Invalid,
+        UpgradeError::ForeignShard { .. } => Exit::Refused,
+        UpgradeError::Exhausted { .. } => Exit::Unavailable,
+        UpgradeError::OutdatedCrds { .. } => Exit::CrdsMissing,
+        UpgradeError::Kube(e) => kube_exit(e),
     }
 }
 

@@ -17,6 +17,7 @@ mod manifest;
 mod output;
 mod pool;
 mod pool_flags;
+mod pool_upgrade;
 mod probes;
 mod release;
 mod repair;
@@ -70,11 +71,12 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     Install(install::InstallArgs),
-    /// Create, list, inspect and delete PortPools.
+    /// Create, list, inspect, delete and upgrade PortPools.
     #[command(after_help = "Examples:
   kubectl portalloc pool create default --range 20000-29999
   kubectl portalloc pool get
-  kubectl portalloc pool describe default")]
+  kubectl portalloc pool describe default
+  kubectl portalloc pool upgrade default")]
     Pool(pool::PoolArgs),
     Create(create::CreateArgs),
     Sync(sync::SyncArgs),

@@ -1,4 +1,4 @@
-//! `kubectl portalloc pool create|get|describe|delete`.
+//! `kubectl portalloc pool create|get|describe|delete` (and `upgrade`, in pool_upgrade.rs).
 
 use std::fmt::Write as _;
 
@@ -28,6 +28,7 @@ pub enum PoolCommand {
     Get(GetArgs),
     Describe(DescribeArgs),
     Delete(DeleteArgs),
+    Upgrade(super::pool_upgrade::UpgradeArgs),
 }
 
 /// Create a PortPool.
@@ -66,6 +67,10 @@ pub struct CreateArgs {
     /// Create the pool even if it overlaps another pool of the same protocol.
     #[arg(long)]
     pub allow_overlap: bool,
+    /// Record holders in PortPoolShards (one per 256-port window) from the start, as
+    /// `pool upgrade` does for an existing pool.
+    #[arg(long)]
+    pub sharded: bool,
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<OutputFormat>,
 }
@@ -109,6 +114,7 @@ pub async fn run(global: &GlobalArgs, args: PoolArgs) -> anyhow::Result<()> {
         PoolCommand::Get(args) => get(&session.client, args).await,
         PoolCommand::Describe(args) => describe(&session.client, args).await,
         PoolCommand::Delete(args) => delete(&session.client, args).await,
+        PoolCommand::Upgrade(args) => super::pool_upgrade::upgrade(&session.client, args).await,
     }
 }
 
@@ -127,8 +133,8 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         protocol: args.protocol.into(),
         static_band: args.static_band,
     };
-    let written =
-        k8s::create_pool(client, PortPool::new(&args.name, spec), args.allow_overlap).await?;
+    let pool = PortPool::new(&args.name, spec);
+    let written = k8s::create_pool(client, pool, args.allow_overlap, args.sharded).await?;
     let record = PoolRecord::load(written.clone())?;
     for hazard in hazards(&record.ports) {
         eprintln!("warning: PortPool {:?}: {}", args.name, hazard.message);
@@ -140,12 +146,13 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         Some(OutputFormat::Name) => print_names("portpool.portalloc.dev", [args.name]),
         _ => {
             println!(
-                "portpool.portalloc.dev/{} created: {} {} ports ({}), static band {}",
+                "portpool.portalloc.dev/{} created: {} {} ports ({}), static band {}{}",
                 args.name,
                 record.state.size(),
                 record.pool.spec.protocol,
                 record.ports,
-                record.state.bands().static_len
+                record.state.bands().static_len,
+                if args.sharded { ", sharded" } else { "" }
             );
             Ok(())
         }

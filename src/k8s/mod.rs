@@ -22,6 +22,7 @@ mod shard_commit;
 mod shard_pools;
 mod shard_repair;
 mod shards;
+mod upgrade;
 mod watch;
 
 pub use allocations::{
@@ -42,6 +43,9 @@ pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 pub use shards::ShardStore;
+pub use upgrade::{
+    ShardsWritten, UpgradeError, UpgradeReport, UpgradeStart, plan_for, upgrade_pool, write_shards,
+};
 pub use watch::{Readiness, WatchOptions, check_access, watch};
 
 /// The field manager name our writes are recorded under.

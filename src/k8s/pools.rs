@@ -1,12 +1,14 @@
-//! PortPools: reading, creating (with the status counts written from the start), applying from
-//! a manifest, and deleting only while nobody holds a port.
+//! PortPools: reading, creating (with the status counts written from the start; sharded on
+//! request), applying from a manifest, and deleting only while nobody holds a port.
 
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 
-use super::error::KubeError;
+use super::error::{ApiErrorKind, KubeError};
 use super::resources::{POOL_STATUS, POOLS};
-use crate::api::{PortPool, Protocol, SpecError};
+use super::shards::ShardStore;
+use super::upgrade::{UpgradeError, plan_for, upgrade_pool, write_shards};
+use crate::api::{PortPool, PortPoolStatus, Protocol, RecordFormat, SpecError};
 use crate::core::PortSet;
 use crate::ledger::{PoolOverlap, PoolRecord, overlapping_pool};
 
@@ -45,6 +47,10 @@ pub enum PoolError {
         "PortPool {pool:?} changed while deleting it (a new allocation?): run the command again"
     )]
     Changed { pool: String },
+
+    /// Writing the shards of a pool created sharded.
+    #[error(transparent)]
+    Shards(#[from] UpgradeError),
 
     #[error(transparent)]
     Kube(#[from] KubeError),
@@ -93,11 +99,13 @@ pub fn pool_ports(pool: &PortPool) -> Result<PortSet, PoolError> {
 }
 
 /// Create a pool, refusing one that overlaps a pool of the same protocol unless
-/// `allow_overlap`. Returns the pool as written, with its status counts.
+/// `allow_overlap`. Returns the pool as written, with its status counts. A `sharded` pool
+/// records its holders in PortPoolShards from the start (docs/record-at-scale.md).
 pub async fn create_pool(
     client: &Client,
     pool: PortPool,
     allow_overlap: bool,
+    sharded: bool,
 ) -> Result<PortPool, PoolError> {
     let name = pool.name_any();
     let ports = pool_ports(&pool)?;
@@ -119,24 +127,45 @@ pub async fn create_pool(
         Err(e) => return Err(KubeError::from_kube(e, POOLS.on("create", &name, None)).into()),
     };
     tracing::info!("created PortPool {name}: {ports}");
-    Ok(initialize_status(&pools, created).await?)
+    if !sharded {
+        return Ok(initialize_status(&pools, created, None).await?);
+    }
+    // Every shard exists, empty, before the pool says Sharded, as after an upgrade's copy.
+    let store = ShardStore::new(client.clone());
+    write_shards(&store, &created, &plan_for(&created)?).await?;
+    match initialize_status(&pools, created, Some(RecordFormat::Sharded)).await {
+        // A PortPool CRD from before sharded pools drops `format` without a word.
+        Ok(written) if written.status.as_ref().and_then(|s| s.format).is_none() => {
+            Err(UpgradeError::OutdatedCrds { pool: name }.into())
+        }
+        Ok(written) => Ok(written),
+        // A client allocated into the new pool (today's record) before its status said Sharded:
+        // upgrade it in place instead, holders and all.
+        Err(e) if e.kind() == ApiErrorKind::Conflict => Ok(upgrade_pool(client, &name).await?.pool),
+        Err(e) => Err(e.into()),
+    }
 }
 
-/// Counts for the printer columns from the start, not only after the first allocation.
+/// Counts for the printer columns from the start, not only after the first allocation; the
+/// record's `format` for a pool created sharded.
 async fn initialize_status(
     pools: &Api<PortPool>,
     created: PortPool,
+    format: Option<RecordFormat>,
 ) -> Result<PortPool, KubeError> {
     let name = created.name_any();
     let record = PoolRecord::load(created.clone()).map_err(|error| {
         KubeError::new(
-            super::error::ApiErrorKind::Invalid,
+            ApiErrorKind::Invalid,
             POOLS.on("create", &name, None),
             format!("PortPool {name:?}: {error}"),
         )
     })?;
     let mut initialized = created;
-    initialized.status = Some(record.current_status());
+    initialized.status = Some(PortPoolStatus {
+        format,
+        ..record.current_status()
+    });
     pools
         .replace_status(&name, &PostParams::default(), &initialized)
         .await
@@ -149,7 +178,7 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Kube
     let name = pool.name_any();
     match api.create(&PostParams::default(), &pool).await {
         Ok(created) => {
-            initialize_status(&api, created).await?;
+            initialize_status(&api, created, None).await?;
             Ok(Applied::Created)
         }
         Err(kube::Error::Api(s)) if s.is_already_exists() => {

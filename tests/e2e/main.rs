@@ -21,6 +21,8 @@ mod rbac;
 mod repair;
 mod restart;
 mod shard_repair;
+mod shard_upgrade;
+mod shard_upgrade_races;
 mod sharded;
 mod simulation;
 mod verbs;

@@ -592,6 +592,7 @@ async fn every_subcommand_has_help_with_examples() {
         vec!["pool", "get"],
         vec!["pool", "describe"],
         vec!["pool", "delete"],
+        vec!["pool", "upgrade"],
         vec!["create"],
         vec!["sync"],
         vec!["get"],
