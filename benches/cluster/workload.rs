@@ -126,7 +126,6 @@ pub async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()>
 }
 
 pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Result<()> {
-    let pools: Api<PortPool> = Api::all(client.clone());
     let pool = PortPool::new(
         name,
         PortPoolSpec {
@@ -136,13 +135,18 @@ pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Re
             static_band: StaticBandSetting::Auto,
         },
     );
-    let created = pools
+    if sharded_record() {
+        // As `pool create --sharded`: every window's shard, empty, then the pool says Sharded.
+        portalloc::k8s::create_pool(client, pool, true, true)
+            .await
+            .with_context(|| format!("create sharded PortPool {name}"))?;
+        return Ok(());
+    }
+    let pools: Api<PortPool> = Api::all(client.clone());
+    pools
         .create(&PostParams::default(), &pool)
         .await
         .with_context(|| format!("create PortPool {name}"))?;
-    if sharded_record() {
-        mark_sharded(&pools, created).await?;
-    }
     Ok(())
 }
 

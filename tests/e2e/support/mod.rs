@@ -129,18 +129,19 @@ pub fn create_pool(name: &str, ranges: &str) {
     assert!(run.ok(), "pool create {name}: {run}");
 }
 
-/// Create a pool whose record is sharded (PortPoolShards, one per 256-port window).
-pub async fn create_sharded_pool(client: &Client, name: &str, ranges: &str) {
-    create_pool(name, ranges);
-    let pools: Api<portalloc::api::PortPool> = Api::all(client.clone());
-    let mut pool = pools.get(name).await.expect("pool just created");
-    let mut status = pool.status.take().unwrap_or_default();
-    status.format = Some(portalloc::api::RecordFormat::Sharded);
-    pool.status = Some(status);
-    pools
-        .replace_status(name, &PostParams::default(), &pool)
-        .await
-        .expect("mark the new pool sharded");
+/// Create a pool whose record is sharded (PortPoolShards, one per 256-port window), as
+/// `pool create --sharded` does.
+pub async fn create_sharded_pool(_client: &Client, name: &str, ranges: &str) {
+    let run = cli::run(&[
+        "pool",
+        "create",
+        name,
+        "--range",
+        ranges,
+        "--allow-overlap",
+        "--sharded",
+    ]);
+    assert!(run.ok(), "pool create --sharded {name}: {run}");
 }
 
 /// A PortAllocation with one role of `replicas` pods, each with the given PodScoped ports.
