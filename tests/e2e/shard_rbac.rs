@@ -2,7 +2,8 @@
 //! control plane's unprivileged certificate identities: tenant A (`portalloc-user` in tenant-a,
 //! `portalloc-pool-user` cluster-wide) and an administrator (`portalloc-admin`). Shard writes are
 //! built by the pure ledger (`ShardedRecord::writes_for`) and committed by `ShardStore::commit`,
-//! the allocator's own path: a lazy create of the window's shard, then its status CAS.
+//! the allocator's own path: a lazy create of the window's shard, then its status CAS. Last, the
+//! tenant runs the plugin itself on the sharded pool, under the policies.
 //!
 //! A control plane of its own: the policies would change what the other tests may do.
 
@@ -20,6 +21,7 @@ use portalloc::k8s::ShardStore;
 use portalloc::ledger::{ShardedRecord, new_shard, shard_name};
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
+use crate::support::invariants::assert_consistent;
 use crate::support::private_cluster::{PrivateCluster, client_from};
 use crate::support::{self, USER_CONTEXT};
 
@@ -356,6 +358,14 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         .to_string();
     assert_holders_refusal(&err, &gpu93, "tenant-b/b3");
     assert_eq!(owners(&root, 93).await, Vec::<String>::new());
+    // A status write that changes no entry (the new shard's counts) passes.
+    let counted = read(&tenant).await.shards[&93].record.current_status();
+    let mut counts = shards_as_tenant.get(&gpu93).await.unwrap();
+    counts.status = Some(counted.into());
+    shards_as_tenant
+        .replace_status(&gpu93, &PostParams::default(), &counts)
+        .await
+        .expect("no entry changed");
     // The shard policy binds administrators too: a misnamed shard is wrong for every reader.
     let mut misnamed = new_shard(&pool, 93);
     misnamed.metadata.name = Some("a-rival".into());
@@ -396,6 +406,42 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         .expect("admin removes");
     assert_eq!(owners(&root, 91).await, Vec::<String>::new());
     assert_eq!(owners(&root, 92).await, ["tenant-a/a2"]);
+    set_holdings(&tenant, "ua2", "tenant-a/a2", "")
+        .await
+        .expect("a tenant removes its own entry");
+
+    // The plugin's sharded path as the tenant, under the policies: an owner of 300 ports (more
+    // than a window, so it spans shards) created, resynced, released and deleted.
+    let manifest = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        manifest.path(),
+        support::simple_allocation("big", POOL, "worker", 300, &["rpc"]),
+    )
+    .unwrap();
+    let path = manifest.path().to_str().unwrap();
+    for args in [
+        vec!["create", "-n", "tenant-a", "-f", path],
+        vec!["sync", "big", "-n", "tenant-a"],
+    ] {
+        let run = cluster.run(&[&["--context", USER_CONTEXT], &args[..]].concat());
+        assert!(run.ok(), "{args:?}: {run}");
+    }
+    let held = assert_consistent(&root, POOL).await;
+    assert_eq!(held.values().map(|h| h.len()).sum::<usize>(), 300);
+    let record = read(&root).await;
+    let (uid, _) = held.iter().next().unwrap();
+    let parts = record.shards_of(uid);
+    assert!(parts.len() >= 2, "300 ports in windows {parts:?}");
+    for args in [
+        vec!["release", "big", "-n", "tenant-a"],
+        vec!["sync", "big", "-n", "tenant-a"],
+        vec!["delete", "big", "-n", "tenant-a"],
+    ] {
+        let run = cluster.run(&[&["--context", USER_CONTEXT], &args[..]].concat());
+        assert!(run.ok(), "{args:?}: {run}");
+    }
+    assert!(read(&root).await.shards_of(uid).is_empty());
+    assert!(assert_consistent(&root, POOL).await.is_empty());
 
     // The watcher's ServiceAccount has on shards exactly what an allocating user has.
     apply_yaml(&root, &file("deploy", "watcher.yaml"), None).await;
