@@ -20,6 +20,7 @@ mod pool_cache;
 mod rbac;
 mod repair;
 mod restart;
+mod shard_rbac;
 mod shard_repair;
 mod shard_upgrade;
 mod shard_upgrade_races;

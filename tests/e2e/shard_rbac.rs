@@ -1,0 +1,518 @@
+//! The roles and the tenancy policies of rbac/ over a sharded pool's PortPoolShards, with the
+//! control plane's unprivileged certificate identities: tenant A (`portalloc-user` in tenant-a,
+//! `portalloc-pool-user` cluster-wide) and an administrator (`portalloc-admin`). Shard writes are
+//! built by the pure ledger (`ShardedRecord::writes_for`) and committed by `ShardStore::commit`,
+//! the allocator's own path: a lazy create of the window's shard, then its status CAS. Last, the
+//! tenant runs the plugin itself on the sharded pool, under the policies.
+//!
+//! A control plane of its own: the policies would change what the other tests may do.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use portalloc::api::{PoolHolder, PortPool, PortPoolShard, PortPoolShardStatus, RecordFormat};
+use portalloc::core::Holdings;
+use portalloc::k8s::ShardStore;
+use portalloc::ledger::{ShardedRecord, new_shard, shard_name};
+
+use crate::support::apply::{apply_yaml, bind, create_namespace};
+use crate::support::invariants::assert_consistent;
+use crate::support::private_cluster::{PrivateCluster, client_from};
+use crate::support::{self, USER_CONTEXT};
+
+const ADMIN_CONTEXT: &str = "portalloc-local-user2";
+const ADMIN_NAME: &str = "portalloc-user2";
+const TENANT_NAME: &str = support::USER_NAME;
+/// 23300-24000: windows 91 (23296-23551), 92 (23552-23807) and 93 (23808-24063).
+const POOL: &str = "gpu";
+
+fn file(dir: &str, name: &str) -> String {
+    std::fs::read_to_string(support::repo_root().join(dir).join(name)).unwrap()
+}
+
+fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..Default::default()
+    }
+}
+
+async fn read(client: &Client) -> ShardedRecord {
+    let pool = Api::<PortPool>::all(client.clone())
+        .get(POOL)
+        .await
+        .unwrap();
+    let shards = ShardStore::new(client.clone()).list(POOL).await.unwrap();
+    let record = ShardedRecord::load(pool, shards).unwrap();
+    assert!(record.anomalies.is_empty(), "{:?}", record.anomalies);
+    record
+}
+
+/// Make `uid`'s holdings in the pool exactly `ports` ("" for none), as `client`'s user: the
+/// ledger's per-shard writes, committed in order; the first refusal stops them.
+async fn set_holdings(
+    client: &Client,
+    uid: &str,
+    owner: &str,
+    ports: &str,
+) -> Result<(), kube::Error> {
+    let record = read(client).await;
+    let decided = if ports.is_empty() {
+        Holdings::new()
+    } else {
+        Holdings::decode(ports).unwrap()
+    };
+    let writes = record.writes_for(uid, owner, &decided);
+    assert!(!writes.is_empty(), "{owner} {ports:?} changes nothing");
+    let store = ShardStore::new(client.clone());
+    for write in &writes {
+        store
+            .commit(&record.pool, write)
+            .await
+            .map_err(|(e, _)| e)?;
+    }
+    Ok(())
+}
+
+/// The owners listed in window `index`'s shard, in order.
+async fn owners(client: &Client, index: u16) -> Vec<String> {
+    let shard = Api::<PortPoolShard>::all(client.clone())
+        .get(&shard_name(POOL, index))
+        .await
+        .unwrap();
+    let holders = shard.status.unwrap_or_default().holders;
+    holders.into_iter().map(|h| h.owner).collect()
+}
+
+/// Retry `attempt` (a dry run) until the API server refuses it; the refusal. Policies take
+/// effect a moment after they are created.
+async fn until_refused<F, Fut>(what: &str, attempt: F) -> String
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), kube::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match attempt().await {
+            Err(e) => return e.to_string(),
+            Ok(()) => {
+                assert!(Instant::now() < deadline, "{what}: never refused");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// The pool's status written by `client`'s user with `format`, the rest as read.
+async fn write_format(client: &Client, format: RecordFormat) -> Result<(), kube::Error> {
+    let api = Api::<PortPool>::all(client.clone());
+    let mut pool = api.get(POOL).await.unwrap();
+    pool.status.get_or_insert_with(Default::default).format = Some(format);
+    api.replace_status(POOL, &PostParams::default(), &pool)
+        .await
+        .map(|_| ())
+}
+
+fn assert_holders_refusal(error: &str, shard: &str, touched: &str) {
+    assert!(
+        error.contains("ValidatingAdmissionPolicy 'portalloc-pool-holders'")
+            && error.contains(&format!("holders of PortPoolShard {shard} only"))
+            && error.contains("only for namespaces in which you may update portallocations")
+            && error.contains(&format!("this update touches: {touched}")),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
+    let Some(cluster) = PrivateCluster::start("shard-tenancy", true) else {
+        return;
+    };
+    let root = cluster.client().await;
+    apply_yaml(&root, &file("rbac", "portalloc-user.yaml"), None).await;
+    apply_yaml(&root, &file("rbac", "portalloc-admin.yaml"), None).await;
+    for ns in ["tenant-a", "tenant-b"] {
+        create_namespace(&root, ns).await;
+    }
+    bind(
+        &root,
+        "portalloc-user",
+        "portalloc-user",
+        TENANT_NAME,
+        Some("tenant-a"),
+    )
+    .await;
+    bind(
+        &root,
+        "portalloc-pool-user",
+        "portalloc-pool-user",
+        TENANT_NAME,
+        None,
+    )
+    .await;
+    bind(
+        &root,
+        "portalloc-admin",
+        "portalloc-admin",
+        ADMIN_NAME,
+        None,
+    )
+    .await;
+    assert!(
+        cluster
+            .run(&["pool", "create", POOL, "--range", "23300-24000"])
+            .ok()
+    );
+    let tenant = client_from(&cluster.kubeconfig, Some(USER_CONTEXT)).await;
+    let admin = client_from(&cluster.kubeconfig, Some(ADMIN_CONTEXT)).await;
+    let shards_as_tenant = Api::<PortPoolShard>::all(tenant.clone());
+
+    // The user roles are enough for the allocator's sharded path: list, lazy create, status CAS.
+    set_holdings(&tenant, "ua", "tenant-a/a", "web.http=23301")
+        .await
+        .expect("the tenant creates window 91's shard and writes its entry");
+    assert_eq!(owners(&root, 91).await, ["tenant-a/a"]);
+    // ...and without the policy, RBAC lets the tenant write anybody's entries.
+    set_holdings(&tenant, "ub", "tenant-b/b", "db.sql=23302")
+        .await
+        .expect("RBAC alone lets a tenant write another namespace's entry");
+    set_holdings(&root, "ub", "tenant-b/b", "").await.unwrap();
+    // Shard specs and deletion are the administrators'.
+    let gpu91 = shard_name(POOL, 91);
+    let err = shards_as_tenant
+        .delete(&gpu91, &Default::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 403),
+        "{err}"
+    );
+    let mut object = shards_as_tenant.get(&gpu91).await.unwrap();
+    object.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+    let err = shards_as_tenant
+        .replace(&gpu91, &PostParams::default(), &object)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 403),
+        "{err}"
+    );
+
+    // The policies, once the API server enforces each of them (dry runs persist nothing).
+    apply_yaml(&root, &file("rbac", "portalloc-tenancy-policy.yaml"), None).await;
+    let probe = PoolHolder {
+        uid: "00000000-0000-0000-0000-00000000beef".into(),
+        owner: "tenant-b/probe".into(),
+        ports: "x.y=23303".into(),
+    };
+    let denial = until_refused("portalloc-pool-holders", || async {
+        let mut shard = shards_as_tenant.get(&gpu91).await.unwrap();
+        let status = shard.status.get_or_insert_with(Default::default);
+        status.holders.push(probe.clone());
+        shards_as_tenant
+            .replace_status(&gpu91, &dry_run(), &shard)
+            .await
+            .map(|_| ())
+    })
+    .await;
+    assert_holders_refusal(&denial, &gpu91, "tenant-b/probe");
+    let pools_as_tenant = Api::<PortPool>::all(tenant.clone());
+    let format_denial = until_refused("portalloc-pool-format", || async {
+        let mut pool = pools_as_tenant.get(POOL).await.unwrap();
+        pool.status.get_or_insert_with(Default::default).format = Some(RecordFormat::Migrating);
+        pools_as_tenant
+            .replace_status(POOL, &dry_run(), &pool)
+            .await
+            .map(|_| ())
+    })
+    .await;
+    assert!(
+        format_denial.contains("ValidatingAdmissionPolicy 'portalloc-pool-format'")
+            && format_denial.contains(&format!(
+                "may change status.format of PortPool {POOL} (from \"\" to \"Migrating\")"
+            )),
+        "{format_denial}"
+    );
+    let name_denial = until_refused("portalloc-shard-names", || async {
+        let pool = pools_as_tenant.get(POOL).await.unwrap();
+        let mut shard = new_shard(&pool, 91);
+        // Sorts before gpu-91: a reader would take it for window 91's record.
+        shard.metadata.name = Some("a-rival".into());
+        shards_as_tenant
+            .create(&dry_run(), &shard)
+            .await
+            .map(|_| ())
+    })
+    .await;
+    assert!(
+        name_denial.contains("ValidatingAdmissionPolicy 'portalloc-shard-names'")
+            && name_denial.contains("for window 91 is named gpu-91, not a-rival"),
+        "{name_denial}"
+    );
+
+    // A pool name too long for `<pool>-<index>`: the ledger's hashed name passes, names of
+    // another shape do not.
+    let mut long_pool = pools_as_tenant.get(POOL).await.unwrap();
+    let long = "p".repeat(252);
+    long_pool.metadata.name = Some(long.clone());
+    let hashed = new_shard(&long_pool, 91);
+    assert_ne!(hashed.metadata.name, Some(format!("{long}-91")));
+    shards_as_tenant
+        .create(&dry_run(), &hashed)
+        .await
+        .expect("the hashed name of a long pool name");
+    for name in [
+        format!("{}-91", &long[..200]),
+        format!("{}-0123abcd-91", "q".repeat(240)),
+        format!("{}-0123abcd-92", &long[..240]),
+    ] {
+        let mut other = hashed.clone();
+        other.metadata.name = Some(name.clone());
+        let err = shards_as_tenant
+            .create(&dry_run(), &other)
+            .await
+            .unwrap_err()
+            .to_string();
+        // Refused by the rule, not by an error evaluating it.
+        assert!(
+            err.contains("'portalloc-shard-names'")
+                && err.contains("denied request: a PortPoolShard of pool ppp"),
+            "{name}: {err}"
+        );
+    }
+
+    // A tenant's own entries: added to an existing shard, and into a window with no shard yet.
+    set_holdings(&tenant, "ua", "tenant-a/a", "web.http=23301 web.grpc=23310")
+        .await
+        .expect("own namespace, existing shard");
+    set_holdings(&tenant, "ua2", "tenant-a/a2", "web.http=23600")
+        .await
+        .expect("own namespace, lazily created shard");
+    assert_eq!(owners(&root, 92).await, ["tenant-a/a2"]);
+
+    // Another namespace's entry: adding is refused; an administrator may; then changing or
+    // removing it is refused to the tenant.
+    let err = set_holdings(&tenant, "ub", "tenant-b/b", "db.sql=23302")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_holders_refusal(&err, &gpu91, "tenant-b/b");
+    assert_eq!(owners(&root, 91).await, ["tenant-a/a"]);
+    set_holdings(&admin, "ub", "tenant-b/b", "db.sql=23302")
+        .await
+        .expect("an administrator adds any entry");
+    let with_b = owners(&root, 91).await;
+    assert_eq!(with_b.len(), 2, "{with_b:?}");
+    for ports in ["db.sql=23304", ""] {
+        let err = set_holdings(&tenant, "ub", "tenant-b/b", ports)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_holders_refusal(&err, &gpu91, "tenant-b/b");
+    }
+    assert_eq!(owners(&root, 91).await, with_b, "nothing changed");
+
+    // A new shard: its spec must be its window's; the status of a create is dropped by the
+    // API server, so a foreign entry in it is no way around the policy: the status write that
+    // follows is what is checked.
+    let pool = pools_as_tenant.get(POOL).await.unwrap();
+    let gpu93 = shard_name(POOL, 93);
+    let mut narrow = new_shard(&pool, 93);
+    narrow.spec.ranges = vec!["23808-23900".into()];
+    let err = shards_as_tenant
+        .create(&PostParams::default(), &narrow)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("'portalloc-shard-names'")
+            && err.contains("its spec.ranges is [\"23808-24063\"]"),
+        "{err}"
+    );
+    let foreign = PoolHolder {
+        uid: "ub3".into(),
+        owner: "tenant-b/b3".into(),
+        ports: "db.sql=23810".into(),
+    };
+    let mut with_status = new_shard(&pool, 93);
+    with_status.status = Some(PortPoolShardStatus {
+        holders: vec![foreign.clone()],
+        ..Default::default()
+    });
+    let created = shards_as_tenant
+        .create(&PostParams::default(), &with_status)
+        .await
+        .expect("a create carries no holders");
+    assert_eq!(created.status.unwrap_or_default().holders, []);
+    let mut again = shards_as_tenant.get(&gpu93).await.unwrap();
+    again.status.get_or_insert_with(Default::default).holders = vec![foreign];
+    let err = shards_as_tenant
+        .replace_status(&gpu93, &PostParams::default(), &again)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_holders_refusal(&err, &gpu93, "tenant-b/b3");
+    assert_eq!(owners(&root, 93).await, Vec::<String>::new());
+    // A status write that changes no entry (the new shard's counts) passes.
+    let counted = read(&tenant).await.shards[&93].record.current_status();
+    let mut counts = shards_as_tenant.get(&gpu93).await.unwrap();
+    counts.status = Some(counted.into());
+    shards_as_tenant
+        .replace_status(&gpu93, &PostParams::default(), &counts)
+        .await
+        .expect("no entry changed");
+    // The shard policy binds administrators too: a misnamed shard is wrong for every reader.
+    let mut misnamed = new_shard(&pool, 93);
+    misnamed.metadata.name = Some("a-rival".into());
+    let err = Api::<PortPoolShard>::all(admin.clone())
+        .create(&dry_run(), &misnamed)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is named gpu-93, not a-rival"), "{err}");
+
+    // The record format is the administrators': a tenant's Migrating would freeze the pool.
+    let err = write_format(&tenant, RecordFormat::Migrating)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("'portalloc-pool-format'"), "{err}");
+    assert_eq!(pool_format(&root).await, None);
+    for format in [RecordFormat::Migrating, RecordFormat::Sharded] {
+        write_format(&admin, format)
+            .await
+            .expect("an administrator upgrades the pool");
+    }
+    // A tenant's status write that keeps the format passes; its shard entries go on as before.
+    write_format(&tenant, RecordFormat::Sharded)
+        .await
+        .expect("the format unchanged");
+    assert_eq!(pool_format(&root).await, Some(RecordFormat::Sharded));
+    set_holdings(&tenant, "ua", "tenant-a/a", "")
+        .await
+        .expect("a tenant removes its own entry");
+
+    // Administrators change and remove any entry (repair).
+    set_holdings(&admin, "ub", "tenant-b/b", "db.sql=23305")
+        .await
+        .expect("admin changes");
+    set_holdings(&admin, "ub", "tenant-b/b", "")
+        .await
+        .expect("admin removes");
+    assert_eq!(owners(&root, 91).await, Vec::<String>::new());
+    assert_eq!(owners(&root, 92).await, ["tenant-a/a2"]);
+    set_holdings(&tenant, "ua2", "tenant-a/a2", "")
+        .await
+        .expect("a tenant removes its own entry");
+
+    // The plugin's sharded path as the tenant, under the policies: an owner of 300 ports (more
+    // than a window, so it spans shards) created, resynced, released and deleted.
+    let manifest = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        manifest.path(),
+        support::simple_allocation("big", POOL, "worker", 300, &["rpc"]),
+    )
+    .unwrap();
+    let path = manifest.path().to_str().unwrap();
+    for args in [
+        vec!["create", "-n", "tenant-a", "-f", path],
+        vec!["sync", "big", "-n", "tenant-a"],
+    ] {
+        let run = cluster.run(&[&["--context", USER_CONTEXT], &args[..]].concat());
+        assert!(run.ok(), "{args:?}: {run}");
+    }
+    let held = assert_consistent(&root, POOL).await;
+    assert_eq!(held.values().map(|h| h.len()).sum::<usize>(), 300);
+    let record = read(&root).await;
+    let (uid, _) = held.iter().next().unwrap();
+    let parts = record.shards_of(uid);
+    assert!(parts.len() >= 2, "300 ports in windows {parts:?}");
+    for args in [
+        vec!["release", "big", "-n", "tenant-a"],
+        vec!["sync", "big", "-n", "tenant-a"],
+        vec!["delete", "big", "-n", "tenant-a"],
+    ] {
+        let run = cluster.run(&[&["--context", USER_CONTEXT], &args[..]].concat());
+        assert!(run.ok(), "{args:?}: {run}");
+    }
+    assert!(read(&root).await.shards_of(uid).is_empty());
+    assert!(assert_consistent(&root, POOL).await.is_empty());
+
+    // The watcher's ServiceAccount has on shards what an allocating user has, and delete (its
+    // repair pass removes the shards an earlier pool of the same name left).
+    apply_yaml(&root, &file("deploy", "watcher.yaml"), None).await;
+    let watcher = (
+        "system:serviceaccount:portalloc-system:portalloc-watcher",
+        vec![
+            "system:serviceaccounts".to_string(),
+            "system:serviceaccounts:portalloc-system".to_string(),
+        ],
+    );
+    let user = (TENANT_NAME, vec!["system:authenticated".to_string()]);
+    for (verb, subresource, for_user, for_watcher) in [
+        ("get", "", true, true),
+        ("list", "", true, true),
+        ("watch", "", true, true),
+        ("create", "", true, true),
+        ("update", "status", true, true),
+        ("get", "status", true, true),
+        ("delete", "", false, true),
+        ("update", "", false, false),
+        ("patch", "", false, false),
+        ("patch", "status", false, false),
+    ] {
+        for ((name, groups), expected) in [(&user, for_user), (&watcher, for_watcher)] {
+            assert_eq!(
+                allowed(&root, name, groups, verb, subresource).await,
+                expected,
+                "{name}: {verb} portpoolshards/{subresource}"
+            );
+        }
+    }
+    eprintln!("shard tenancy: {denial}\n{format_denial}\n{name_denial}");
+}
+
+async fn pool_format(client: &Client) -> Option<RecordFormat> {
+    let pool = Api::<PortPool>::all(client.clone())
+        .get(POOL)
+        .await
+        .unwrap();
+    pool.status.and_then(|s| s.format)
+}
+
+/// Whether `user` may `verb` portpoolshards (`subresource`), by the API server's authorizer.
+async fn allowed(
+    client: &Client,
+    user: &str,
+    groups: &[String],
+    verb: &str,
+    subresource: &str,
+) -> bool {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            groups: Some(groups.to_vec()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("portalloc.dev".into()),
+                resource: Some("portpoolshards".into()),
+                subresource: (!subresource.is_empty()).then(|| subresource.to_string()),
+                verb: Some(verb.to_string()),
+                name: Some(shard_name(POOL, 91)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .is_some_and(|s| s.allowed)
+}
