@@ -82,13 +82,20 @@ enum Retriable {
 const PORTALLOC: &str = crate::api::GROUP;
 
 /// What the watcher needs to be allowed: (verb, API group, resource, subresource).
-const NEEDED: [(&str, &str, &str, &str); 10] = [
+const NEEDED: [(&str, &str, &str, &str); 15] = [
     ("list", PORTALLOC, "portallocations", ""),
     ("watch", PORTALLOC, "portallocations", ""),
     ("update", PORTALLOC, "portallocations", "status"),
     ("get", PORTALLOC, "portpools", ""),
     ("list", PORTALLOC, "portpools", ""),
     ("update", PORTALLOC, "portpools", "status"),
+    // Sharded pools: their shards are read, created lazily and written; the repair pass
+    // deletes the shards of an earlier pool of the same name.
+    ("get", PORTALLOC, "portpoolshards", ""),
+    ("list", PORTALLOC, "portpoolshards", ""),
+    ("create", PORTALLOC, "portpoolshards", ""),
+    ("delete", PORTALLOC, "portpoolshards", ""),
+    ("update", PORTALLOC, "portpoolshards", "status"),
     // The tenancy policy lets a holder entry change only for those who may update
     // PortAllocations in its namespace.
     ("update", PORTALLOC, "portallocations", ""),

@@ -92,10 +92,15 @@ impl ShardedRecord {
         let mut anomalies = Vec::new();
         let mut loaded: BTreeMap<u16, ShardRecord> = BTreeMap::new();
         let mut sorted = shards;
-        // Deterministic choice when two objects claim one window: the lower name wins.
-        sorted.sort_by(|a, b| {
-            (a.spec.index, &a.metadata.name).cmp(&(b.spec.index, &b.metadata.name))
-        });
+        // Deterministic choice when two objects claim one window: the one named as we name
+        // shards (`<pool>-<k>`), else the lower name. A rival object (created by hand under
+        // another name) then never hides the real record of its window.
+        let rank = |shard: &PortPoolShard| {
+            let canonical = u16::try_from(shard.spec.index)
+                .is_ok_and(|k| shard.metadata.name.as_deref() == Some(&shard_name(&pool_name, k)));
+            (shard.spec.index, !canonical, shard.metadata.name.clone())
+        };
+        sorted.sort_by_key(rank);
         for shard in sorted {
             let name = shard.metadata.name.clone().unwrap_or_default();
             // 0..=255 by the schema; checked again, the schema being only what the server has.

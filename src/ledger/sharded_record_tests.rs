@@ -320,3 +320,24 @@ fn a_union_of_some_windows_has_their_ports_and_only_their_entries_joined() {
     assert_eq!(all.state.held_count(), 18);
     assert_eq!(all.holdings_of("c"), holdings("web.http=30500"));
 }
+
+#[test]
+fn a_rival_object_for_a_window_never_hides_the_shard_named_for_it() {
+    let mut rival = shard(118, vec![]);
+    rival.metadata.name = Some("a-rival".into());
+    let record = ShardedRecord::load(
+        pool(),
+        vec![rival, shard(118, vec![holder("b", "db.sql=30300")])],
+    )
+    .unwrap();
+    assert_eq!(record.shards[&118].record.name(), "p-118");
+    assert_eq!(record.holdings_of("b"), holdings("db.sql=30300"));
+    assert!(
+        record
+            .anomalies
+            .iter()
+            .any(|a| matches!(a, ShardAnomaly::NotLoaded { name, .. } if name == "a-rival")),
+        "{:?}",
+        record.anomalies
+    );
+}
