@@ -242,22 +242,18 @@ impl ShardedRecord {
                 holders.entry(uid.clone()).or_insert_with(|| raw.clone());
             }
         }
-        for shard in shards() {
-            for (uid, entry) in &shard.record.holders {
-                if holders.contains_key(uid) {
-                    continue;
-                }
-                holders.insert(
-                    uid.clone(),
-                    PoolHolder {
-                        uid: uid.clone(),
-                        owner: entry.owner.clone(),
-                        ports: union_of(shards().map(|s| (s.index, s.record.holdings_of(uid))))
-                            .0
-                            .encode(),
-                    },
-                );
+        for (uid, (owner, parts)) in parts_by_uid(shards()) {
+            if holders.contains_key(uid) {
+                continue;
             }
+            holders.insert(
+                uid.to_string(),
+                PoolHolder {
+                    uid: uid.to_string(),
+                    owner: owner.to_string(),
+                    ports: union_of(parts.into_iter()).0.encode(),
+                },
+            );
         }
         let mut pool = self.pool.clone();
         pool.status = Some(PortPoolStatus {
@@ -397,6 +393,25 @@ fn union_of(
     (union, seen)
 }
 
+/// An owner's name and its part in each shard.
+type Parts<'a> = (&'a str, Vec<(u16, Holdings)>);
+
+/// Each owner's entries in the given shards, in one pass over them (ascending by shard): the
+/// owner's name as the first shard lists it, and its part in each shard.
+fn parts_by_uid<'a>(shards: impl Iterator<Item = &'a ShardRecord>) -> BTreeMap<&'a str, Parts<'a>> {
+    let mut parts: BTreeMap<&str, Parts> = BTreeMap::new();
+    for shard in shards {
+        for (uid, entry) in &shard.record.holders {
+            parts
+                .entry(uid.as_str())
+                .or_insert_with(|| (entry.owner.as_str(), Vec::new()))
+                .1
+                .push((shard.index, entry.holdings.clone()));
+        }
+    }
+    parts
+}
+
 /// Ports in the wrong shard, ports listed in two shards, and slots whose pieces do not join.
 fn cross_shard_anomalies(
     ports: &PortSet,
@@ -404,7 +419,6 @@ fn cross_shard_anomalies(
 ) -> Vec<ShardAnomaly> {
     let mut anomalies = Vec::new();
     let mut first_listed: BTreeMap<u16, (u16, String)> = BTreeMap::new();
-    let mut uids: BTreeSet<&str> = BTreeSet::new();
     for (&index, shard) in shards {
         for anomaly in &shard.record.anomalies {
             match anomaly {
@@ -426,8 +440,7 @@ fn cross_shard_anomalies(
                 }),
             }
         }
-        for (uid, entry) in &shard.record.holders {
-            uids.insert(uid);
+        for entry in shard.record.holders.values() {
             for port in entry.holdings.ports() {
                 match first_listed.get(&port) {
                     // Twice in one shard is that shard's own Duplicate anomaly.
@@ -444,11 +457,8 @@ fn cross_shard_anomalies(
             }
         }
     }
-    for uid in uids {
-        let parts = shards
-            .values()
-            .map(|s| (s.index, s.record.holdings_of(uid)));
-        for (slot, shards) in union_of(parts).1 {
+    for (uid, (_, parts)) in parts_by_uid(shards.values()) {
+        for (slot, shards) in union_of(parts.into_iter()).1 {
             anomalies.push(ShardAnomaly::SlotApart {
                 uid: uid.to_string(),
                 slot,
