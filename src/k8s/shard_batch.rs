@@ -195,12 +195,7 @@ impl Allocator {
                     written: false,
                 });
             };
-            let write = ShardWrite {
-                index,
-                name: record.name().to_string(),
-                resource_version: record.pool.metadata.resource_version.clone(),
-                status: status.into(),
-            };
+            let write = ShardWrite::replacing(index, &record, status);
             match store.commit(pool, &write).await {
                 Ok(written) => {
                     self.shards.remember(&written);

@@ -149,12 +149,7 @@ impl Allocator {
                 allocated,
                 released,
             }) => {
-                let write = ShardWrite {
-                    index,
-                    name: record.name().to_string(),
-                    resource_version: record.pool.metadata.resource_version.clone(),
-                    status: status.into(),
-                };
+                let write = ShardWrite::replacing(index, &record, status);
                 match round.store.commit(&round.pool, &write).await {
                     Ok(written) => {
                         self.shards.remember(&written);
@@ -386,12 +381,7 @@ fn one_shard_of(
                 allocated,
                 released,
             }) => {
-                let write = ShardWrite {
-                    index,
-                    name: record.name().to_string(),
-                    resource_version: record.pool.metadata.resource_version.clone(),
-                    status: status.into(),
-                };
+                let write = ShardWrite::replacing(index, &record, status);
                 return Ok(Some(Decided::Writes {
                     writes: vec![write],
                     holdings,

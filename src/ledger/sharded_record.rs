@@ -73,6 +73,19 @@ pub struct ShardWrite {
     pub status: PortPoolShardStatus,
 }
 
+impl ShardWrite {
+    /// The write that replaces the status of shard `index`, loaded as `record`, with `status`:
+    /// by the shard's own name, at the resourceVersion read (none for a shard not created yet).
+    pub fn replacing(index: u16, record: &PoolRecord, status: PortPoolStatus) -> ShardWrite {
+        ShardWrite {
+            index,
+            name: record.name().to_string(),
+            resource_version: record.pool.metadata.resource_version.clone(),
+            status: status.into(),
+        }
+    }
+}
+
 /// The pool and all of its shards, ready for planning.
 #[derive(Clone, Debug)]
 pub struct ShardedRecord {
