@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
 use super::allocator::{AllocateError, Allocator, Committed};
-use super::error::KubeError;
+use super::error::{KubeError, Target};
 use super::resources::{ALLOCATION_STATUS, ALLOCATIONS};
 use super::retry::Attempts;
 use super::shards::ShardStore;
@@ -110,15 +110,7 @@ impl Allocator {
             None => match round.store.get(&name).await {
                 Ok(shard) => shard,
                 Err((e, target)) => {
-                    self.backoff(
-                        attempts,
-                        e,
-                        target,
-                        &round.label,
-                        &round.pool.name_any(),
-                        round.owner,
-                    )
-                    .await?;
+                    self.retry(round, attempts, e, target).await?;
                     return Ok(Step::Again);
                 }
             },
@@ -160,15 +152,7 @@ impl Allocator {
                     Err((e, target)) => {
                         self.shards.forget(&name);
                         if !(from_memory && is_not_found(&e)) {
-                            self.backoff(
-                                attempts,
-                                e,
-                                target,
-                                &round.label,
-                                &round.pool.name_any(),
-                                round.owner,
-                            )
-                            .await?;
+                            self.retry(round, attempts, e, target).await?;
                         }
                         Ok(Step::Again)
                     }
@@ -190,8 +174,7 @@ impl Allocator {
         let shards = match round.store.list(&pool_name).await {
             Ok(shards) => shards,
             Err((e, target)) => {
-                self.backoff(attempts, e, target, &round.label, &pool_name, round.owner)
-                    .await?;
+                self.retry(round, attempts, e, target).await?;
                 return Ok(Step::Again);
             }
         };
@@ -251,8 +234,7 @@ impl Allocator {
                 Ok(written) => self.shards.remember(&written),
                 Err((e, target)) => {
                     self.shards.forget(&write.name);
-                    self.backoff(attempts, e, target, &round.label, &pool_name, round.owner)
-                        .await?;
+                    self.retry(round, attempts, e, target).await?;
                     return Ok(Step::Again);
                 }
             }
@@ -288,21 +270,28 @@ impl Allocator {
             }
             Err(e) => {
                 let target = ALLOCATION_STATUS.on("update", &name, Some(&namespace));
-                self.backoff(
-                    attempts,
-                    e,
-                    target,
-                    &round.label,
-                    &round.pool.name_any(),
-                    round.owner,
-                )
-                .await?;
+                self.retry(round, attempts, e, target).await?;
                 *pa = api.get(&name).await.map_err(|e| {
                     KubeError::from_kube(e, ALLOCATIONS.on("get", &name, Some(&namespace)))
                 })?;
                 Ok(false)
             }
         }
+    }
+}
+
+impl Allocator {
+    /// Wait before the next round of `round`'s loop, or end it with the error to report.
+    async fn retry(
+        &self,
+        round: &Round<'_>,
+        attempts: &mut Attempts,
+        e: kube::Error,
+        target: Target,
+    ) -> Result<(), AllocateError> {
+        let pool = round.pool.name_any();
+        self.backoff(attempts, e, target, &round.label, &pool, round.owner)
+            .await
     }
 }
 
