@@ -200,15 +200,7 @@ impl Repairer {
                     self.backoff(&mut attempts, e, target, &pool).await?;
                 }
             }
-            object = loop {
-                match pools.get(&pool).await {
-                    Ok(object) => break object,
-                    Err(e) => {
-                        let target = POOLS.on("get", &pool, None);
-                        self.backoff(&mut attempts, e, target, &pool).await?;
-                    }
-                }
-            };
+            object = self.reread_pool(&pool, &mut attempts).await?;
         }
     }
 
@@ -314,6 +306,24 @@ impl Repairer {
     }
 
     /// Sleep before the next round if the failure is worth retrying, else say what failed.
+    /// Read the pool again after a lost compare-and-swap, retrying within the same budget.
+    pub(super) async fn reread_pool(
+        &self,
+        pool: &str,
+        attempts: &mut Attempts,
+    ) -> Result<PortPool, RepairError> {
+        let pools: Api<PortPool> = Api::all(self.client.clone());
+        loop {
+            match pools.get(pool).await {
+                Ok(object) => return Ok(object),
+                Err(e) => {
+                    let target = POOLS.on("get", pool, None);
+                    self.backoff(attempts, e, target, pool).await?;
+                }
+            }
+        }
+    }
+
     pub(super) async fn backoff(
         &self,
         attempts: &mut Attempts,

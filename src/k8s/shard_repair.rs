@@ -99,16 +99,7 @@ impl Repairer {
                 }
                 Err((e, target)) => self.backoff(&mut attempts, e, target, &pool).await?,
             }
-            let pools: Api<PortPool> = Api::all(self.client.clone());
-            object = loop {
-                match pools.get(&pool).await {
-                    Ok(object) => break object,
-                    Err(e) => {
-                        let target = POOLS.on("get", &pool, None);
-                        self.backoff(&mut attempts, e, target, &pool).await?;
-                    }
-                }
-            };
+            object = self.reread_pool(&pool, &mut attempts).await?;
         }
     }
 
