@@ -22,9 +22,7 @@ use super::{PortRangeText, StaticBandSetting};
     printcolumn = r#"{"name":"Protocol","type":"string","jsonPath":".spec.protocol"}"#,
     printcolumn = r#"{"name":"Ranges","type":"string","jsonPath":".spec.ranges"}"#,
     printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
-    printcolumn = r#"{"name":"Allocated","type":"integer","jsonPath":".status.allocated"}"#,
-    printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.available"}"#,
-    printcolumn = r#"{"name":"Holders","type":"integer","priority":1,"jsonPath":".status.holderCount"}"#,
+    printcolumn = r#"{"name":"Static","type":"string","priority":1,"jsonPath":".spec.staticBand"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -86,64 +84,14 @@ impl std::fmt::Display for Protocol {
     }
 }
 
-/// Written only by the allocator, through the status subresource, with the resourceVersion it
-/// read: that compare-and-swap is what keeps ports unique under concurrent clients.
+/// What `kubectl portalloc` last wrote about the pool as a whole. The holders are not here: they
+/// live in the pool's PortPoolShards (one per 256-port window), each its own compare-and-swap
+/// lock, so no allocation ever writes the PortPool. Usage per pool is the sum of its shards
+/// (`kubectl portalloc pool get`, or `kubectl get portpoolshards --field-selector spec.pool=NAME`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new(FORMAT_KEPT_RULE).message(FORMAT_KEPT_MESSAGE))]
-#[x_kube(validation = Rule::new(FROZEN_WHILE_MIGRATING_RULE).message(FROZEN_WHILE_MIGRATING_MESSAGE))]
 pub struct PortPoolStatus {
-    /// How the holders are recorded: absent for the one-object record (`holders` below),
-    /// `Migrating` while `kubectl portalloc pool upgrade` copies them into PortPoolShards,
-    /// `Sharded` once the shards are the record and `holders` is empty.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub format: Option<RecordFormat>,
-    /// Ports in the pool after exclusions.
+    /// Ports in the pool after exclusions, by its spec.
     #[serde(default)]
     pub size: i32,
-    /// Ports held by some PortAllocation.
-    #[serde(default)]
-    pub allocated: i32,
-    /// Ports free to allocate.
-    #[serde(default)]
-    pub available: i32,
-    /// How many PortAllocations hold ports.
-    #[serde(default)]
-    pub holder_count: i32,
-    /// Who holds which ports. This is the authoritative record: a port is taken exactly when
-    /// some holder lists it here. An atomic list: it is only ever replaced whole (with the
-    /// resourceVersion read), and a keyed list would make the server track every holder in
-    /// managedFields, doubling the stored object and the work of every write.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(merge_strategy = ListMerge::Atomic)]
-    pub holders: Vec<PoolHolder>,
-}
-
-/// Where a pool's holders are recorded (docs/record-at-scale.md).
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecordFormat {
-    /// `holders` is frozen while its entries are copied into shards.
-    Migrating,
-    /// One PortPoolShard per 256-port window holds the entries; `holders` is empty.
-    Sharded,
-}
-
-// Transition rules (they see `oldSelf`, so they bind updates only): a client that does not know
-// `format` drops it when it writes the status back, and must be refused rather than write a
-// one-object record beside the shards. `holders` is omitted when empty, hence the `has` guards.
-pub const FORMAT_KEPT_RULE: &str = "!has(oldSelf.format) || (has(self.format) && (self.format == oldSelf.format || (oldSelf.format == 'Migrating' && self.format == 'Sharded')))";
-pub const FORMAT_KEPT_MESSAGE: &str = "this PortPool records its holders in PortPoolShards; this client is too old to write it: upgrade kubectl-portalloc (kubectl krew upgrade portalloc)";
-pub const FROZEN_WHILE_MIGRATING_RULE: &str = "!has(oldSelf.format) || oldSelf.format != 'Migrating' || (has(self.format) && self.format == 'Sharded') || (has(self.holders) == has(oldSelf.holders) && (!has(self.holders) || self.holders == oldSelf.holders))";
-pub const FROZEN_WHILE_MIGRATING_MESSAGE: &str = "this PortPool is being upgraded to PortPoolShards (status.format Migrating): its holders are frozen; retry in a moment, or finish it with kubectl portalloc pool upgrade";
-
-/// One PortAllocation's holdings in a pool.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolHolder {
-    /// The PortAllocation's UID: a recreated object with the same name is a new holder.
-    pub uid: String,
-    /// `namespace/name` of the PortAllocation, for humans.
-    pub owner: String,
-    /// Compact holdings: space-separated `role.port=v0,v1,...` groups, values in pod-index order.
-    pub ports: String,
 }

@@ -1,13 +1,10 @@
-//! `PortPoolShard`: the record of one 256-port window of a sharded PortPool
-//! (docs/record-at-scale.md, section 3).
-//!
-//! Pools keep the one-object record until `kubectl portalloc pool upgrade` (or `pool create
-//! --sharded`) moves them to shards; see `src/k8s/shards.rs`.
+//! `PortPoolShard`: the record of one 256-port window of a PortPool (docs/record-at-scale.md).
+//! Every pool keeps its holders this way, whatever its size: a small pool is one shard.
 
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::{PoolHolder, PortPoolStatus, PortRangeText};
+use super::{PortPoolSpec, PortRangeText};
 
 /// The message of the spec's immutability rule.
 pub const SHARD_SPEC_IMMUTABLE: &str = "spec of a PortPoolShard is immutable: it names the ports this record is the lock for; delete the shard (repair recreates it) instead of editing it";
@@ -23,7 +20,7 @@ pub const SHARD_SPEC_IMMUTABLE: &str = "spec of a PortPoolShard is immutable: it
     // Lets the allocator and `repair` list one pool's shards with a field selector: a label
     // cannot carry every pool name (label values stop at 63 characters, names at 253).
     selectable = ".spec.pool",
-    doc = "The holders of one sub-range of a sharded PortPool.",
+    doc = "The holders of one 256-port window of a PortPool.",
     category = "portalloc",
     status = "PortPoolShardStatus",
     printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.pool"}"#,
@@ -55,12 +52,21 @@ pub struct PortPoolShardSpec {
     pub ranges: Vec<PortRangeText>,
 }
 
-/// The record of the shard's ports: exactly today's PortPool record fields, so one shard is one
-/// record to the planner. Written only through the status subresource with the
+/// The record of the shard's ports. Written only through the status subresource with the
 /// resourceVersion read: that compare-and-swap keeps the shard's ports unique.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PortPoolShardStatus {
+    /// `metadata.generation` of the PortPool whose spec is copied below.
+    #[serde(default)]
+    pub pool_generation: i64,
+    /// The pool's spec this record was last decided under: a copy, so that an allocation that
+    /// lives in this shard needs no read of the PortPool. A newer spec reaches the shards with
+    /// the next write of a client that read the pool (`sync --all`, `repair`, the watcher, a
+    /// pool applied with `kubectl portalloc create -f`); `kubectl portalloc pool describe`
+    /// says how many shards still carry an older one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_spec: Option<PortPoolSpec>,
     /// The shard's ports after the pool's exclusions.
     #[serde(default)]
     pub size: i32,
@@ -74,37 +80,24 @@ pub struct PortPoolShardStatus {
     #[serde(default)]
     pub holder_count: i32,
     /// Who holds which of the shard's ports: a port is taken exactly when some holder lists it
-    /// here. An atomic list, replaced whole, for the reasons given on PortPool's.
+    /// here. An atomic list: it is only ever replaced whole (with the resourceVersion read),
+    /// and a keyed list would make the server track every holder in managedFields, doubling
+    /// the stored object and the work of every write.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Atomic)]
     pub holders: Vec<PoolHolder>,
 }
 
-// A shard status is a separate type (its schema must not grow the fields a sharded PortPool's
-// status will gain), but it carries the same record, so the ledger can reuse PoolRecord on it.
-impl From<PortPoolShardStatus> for PortPoolStatus {
-    fn from(s: PortPoolShardStatus) -> Self {
-        PortPoolStatus {
-            format: None,
-            size: s.size,
-            allocated: s.allocated,
-            available: s.available,
-            holder_count: s.holder_count,
-            holders: s.holders,
-        }
-    }
-}
-
-impl From<PortPoolStatus> for PortPoolShardStatus {
-    fn from(s: PortPoolStatus) -> Self {
-        PortPoolShardStatus {
-            size: s.size,
-            allocated: s.allocated,
-            available: s.available,
-            holder_count: s.holder_count,
-            holders: s.holders,
-        }
-    }
+/// One PortAllocation's holdings in one shard.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolHolder {
+    /// The PortAllocation's UID: a recreated object with the same name is a new holder.
+    pub uid: String,
+    /// `namespace/name` of the PortAllocation, for humans and for the tenancy policy.
+    pub owner: String,
+    /// Compact holdings: space-separated `role.port=v0,v1,...` groups, values in pod-index order.
+    pub ports: String,
 }
 
 #[cfg(test)]
@@ -164,7 +157,7 @@ mod tests {
     }
 
     #[test]
-    fn holders_are_an_atomic_list_of_todays_entries() {
+    fn holders_are_an_atomic_list_beside_a_copy_of_the_pool_spec() {
         let schema = schema();
         let status = &schema["properties"]["status"]["properties"];
         assert_eq!(status["holders"]["x-kubernetes-list-type"], "atomic");
@@ -172,9 +165,10 @@ mod tests {
         for field in ["uid", "owner", "ports"] {
             assert_eq!(entry[field]["type"], "string", "{field}");
         }
-        for field in ["size", "allocated", "available", "holderCount"] {
+        for field in ["size", "allocated", "available", "holderCount", "poolGeneration"] {
             assert_eq!(status[field]["type"], "integer", "{field}");
         }
+        assert!(status["poolSpec"]["properties"]["ranges"].is_object());
     }
 
     #[test]
@@ -184,22 +178,5 @@ mod tests {
                 .iter()
                 .any(|crd| crd.spec.names.kind == "PortPoolShard"),
         );
-    }
-
-    #[test]
-    fn status_converts_both_ways_unchanged() {
-        let status = PortPoolShardStatus {
-            size: 256,
-            allocated: 1,
-            available: 255,
-            holder_count: 1,
-            holders: vec![PoolHolder {
-                uid: "u".into(),
-                owner: "ns/a".into(),
-                ports: "web.http=30001".into(),
-            }],
-        };
-        let back: PortPoolShardStatus = PortPoolStatus::from(status.clone()).into();
-        assert_eq!(back, status);
     }
 }

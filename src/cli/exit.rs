@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::api::ResolveError;
 use crate::k8s::{
     AllocateError, ApiErrorKind, ApplyError, ConfigMapError, DeleteError, KubeError, PoolError,
-    RepairError, UpgradeError,
+    RepairError,
 };
 use crate::ledger::Refusal;
 
@@ -72,7 +72,7 @@ pub fn exit_for(err: &anyhow::Error) -> Exit {
         }
         if let Some(e) = cause.downcast_ref::<ApplyError>() {
             return match e {
-                ApplyError::PoolChanged { .. } | ApplyError::InvalidPool { .. } => Exit::Invalid,
+                ApplyError::PoolChanged { .. } => Exit::Invalid,
                 ApplyError::Allocate(e) => allocate_exit(e),
             };
         }
@@ -89,12 +89,8 @@ pub fn exit_for(err: &anyhow::Error) -> Exit {
                 | PoolError::AlreadyExists { .. }
                 | PoolError::Held { .. } => Exit::Refused,
                 PoolError::Changed { .. } => Exit::Unavailable,
-                PoolError::Shards(e) => upgrade_exit(e),
                 PoolError::Kube(e) => kube_exit(e),
             };
-        }
-        if let Some(e) = cause.downcast_ref::<UpgradeError>() {
-            return upgrade_exit(e);
         }
         if let Some(e) = cause.downcast_ref::<RepairError>() {
             return match e {
@@ -127,17 +123,9 @@ fn allocate_exit(e: &AllocateError) -> Exit {
     match e {
         AllocateError::Refused(refusal) => refusal_exit(refusal),
         AllocateError::Exhausted { .. } => Exit::Unavailable,
+        // A stale object in the way that only `repair` clears.
+        AllocateError::BlockedShard { .. } => Exit::Refused,
         AllocateError::Kube(e) => kube_exit(e),
-    }
-}
-
-fn upgrade_exit(e: &UpgradeError) -> Exit {
-    match e {
-        UpgradeError::Invalid { .. } => Exit::Invalid,
-        UpgradeError::ForeignShard { .. } => Exit::Refused,
-        UpgradeError::Exhausted { .. } => Exit::Unavailable,
-        UpgradeError::OutdatedCrds { .. } => Exit::CrdsMissing,
-        UpgradeError::Kube(e) => kube_exit(e),
     }
 }
 

@@ -17,7 +17,6 @@ mod manifest;
 mod output;
 mod pool;
 mod pool_flags;
-mod pool_upgrade;
 mod probes;
 mod release;
 mod repair;

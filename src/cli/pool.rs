@@ -1,4 +1,4 @@
-//! `kubectl portalloc pool create|get|describe|delete` (and `upgrade`, in pool_upgrade.rs).
+//! `kubectl portalloc pool create|get|describe|delete`.
 
 use std::fmt::Write as _;
 
@@ -12,9 +12,9 @@ use super::output::{OutputFormat, age, bar, print_names, print_objects, print_ro
 use super::pool_flags::{ProtocolFlag, StaticBandParser};
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::api::{PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
-use crate::core::{Band, hazards};
+use crate::core::{Band, PoolState, hazards};
 use crate::k8s::{self, PoolView, error_chain, get_pool};
-use crate::ledger::{Anomaly, PoolRecord};
+use crate::ledger::{Anomaly, PoolCopy, PoolRecord};
 
 #[derive(Args, Debug)]
 pub struct PoolArgs {
@@ -28,7 +28,6 @@ pub enum PoolCommand {
     Get(GetArgs),
     Describe(DescribeArgs),
     Delete(DeleteArgs),
-    Upgrade(super::pool_upgrade::UpgradeArgs),
 }
 
 /// Create a PortPool.
@@ -67,10 +66,6 @@ pub struct CreateArgs {
     /// Create the pool even if it overlaps another pool of the same protocol.
     #[arg(long)]
     pub allow_overlap: bool,
-    /// Record holders in PortPoolShards (one per 256-port window) from the start, as
-    /// `pool upgrade` does for an existing pool.
-    #[arg(long)]
-    pub sharded: bool,
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<OutputFormat>,
 }
@@ -114,7 +109,6 @@ pub async fn run(global: &GlobalArgs, args: PoolArgs) -> anyhow::Result<()> {
         PoolCommand::Get(args) => get(&session.client, args).await,
         PoolCommand::Describe(args) => describe(&session.client, args).await,
         PoolCommand::Delete(args) => delete(&session.client, args).await,
-        PoolCommand::Upgrade(args) => super::pool_upgrade::upgrade(&session.client, args).await,
     }
 }
 
@@ -134,9 +128,10 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         static_band: args.static_band,
     };
     let pool = PortPool::new(&args.name, spec);
-    let written = k8s::create_pool(client, pool, args.allow_overlap, args.sharded).await?;
-    let record = PoolRecord::load(written.clone())?;
-    for hazard in hazards(&record.ports) {
+    let written = k8s::create_pool(client, pool, args.allow_overlap).await?;
+    let ports = k8s::pool_ports(&written)?;
+    let state = PoolState::new(ports.clone(), written.spec.core_static_band());
+    for hazard in hazards(&ports) {
         eprintln!("warning: PortPool {:?}: {}", args.name, hazard.message);
     }
     match args.output {
@@ -146,13 +141,16 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         Some(OutputFormat::Name) => print_names("portpool.portalloc.dev", [args.name]),
         _ => {
             println!(
-                "portpool.portalloc.dev/{} created: {} {} ports ({}), static band {}{}",
+                "portpool.portalloc.dev/{} created: {} {} ports ({}), static band {}, {}",
                 args.name,
-                record.state.size(),
-                record.pool.spec.protocol,
-                record.ports,
-                record.state.bands().static_len,
-                if args.sharded { ", sharded" } else { "" }
+                state.size(),
+                written.spec.protocol,
+                ports,
+                state.bands().static_len,
+                match PoolCopy::of_pool(&written).layout()?.shards().len() {
+                    1 => "its holders recorded in 1 PortPoolShard".to_string(),
+                    n => format!("its holders recorded in {n} PortPoolShards"),
+                }
             );
             Ok(())
         }
@@ -179,8 +177,8 @@ struct PoolRow {
     age: String,
 }
 
-/// One table row; `view` is the pool's record as readers see it (the shards' union for a
-/// sharded pool), `None` when the spec is unusable.
+/// One table row; `view` is the pool's record as readers see it (its shards' union), `None`
+/// when the spec is unusable.
 fn row(pool: &PortPool, view: Option<&PoolView>) -> PoolRow {
     let ranges = pool
         .spec

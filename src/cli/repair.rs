@@ -16,9 +16,8 @@ use crate::ledger::RepairPlan;
 /// again) are restored where the port is still in the pool, still asked for and free. Ports held
 /// twice, ports outside the pool and stale statuses are reported, never moved.
 ///
-/// A sharded pool (status.format Sharded) is repaired shard by shard: its shards are listed, then
-/// its PortAllocations, and each shard is planned as above with the parts of statuses in its
-/// window. A shard that is missing where statuses record ports is recreated with those holdings;
+/// A pool is repaired shard by shard: its shards are listed, then its PortAllocations, and each
+/// shard is planned as above with the parts of statuses in its window. A shard that is missing where statuses record ports is recreated with those holdings;
 /// shards of an earlier pool object of the same name are removed. Ports listed in the wrong
 /// shard or in two shards are reported, never moved.
 ///

@@ -80,7 +80,7 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
     let results = if args.name.is_some() {
         let mut one = Vec::new();
         for pa in targets {
-            one.push(session.allocator.sync_or_record(pa, None).await);
+            one.push(session.allocator.sync_or_record(pa).await);
         }
         one
     } else {

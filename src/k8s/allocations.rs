@@ -6,11 +6,10 @@ use kube::{Client, ResourceExt};
 
 use super::allocator::{AllocateError, Allocator, SyncReport};
 use super::error::{ApiErrorKind, KubeError};
-use super::pools::get_pool;
 use super::resources::ALLOCATIONS;
 use super::retry::{Attempts, Stop};
-use crate::api::{PortAllocation, PortPool};
-use crate::ledger::{PoolRecord, Refusal, owner_of, precheck};
+use crate::api::PortAllocation;
+use crate::ledger::{Refusal, owner_of};
 
 /// Why applying a PortAllocation from a manifest did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -25,12 +24,6 @@ pub enum ApplyError {
         namespace: String,
         from: String,
         to: String,
-    },
-
-    #[error("PortPool {pool:?}: {error}")]
-    InvalidPool {
-        pool: String,
-        error: crate::api::SpecError,
     },
 
     #[error(transparent)]
@@ -81,10 +74,10 @@ pub async fn list_allocations(
 
 /// Create the PortAllocation (or update an existing one's spec) and allocate its ports.
 ///
-/// Four requests when nothing contends: read the pool, create the PortAllocation, write the
-/// pool, write the PortAllocation's status. A new object whose ports cannot be allocated is
-/// never created (or, if the pool changed between the check and the write, removed again); an
-/// existing one keeps its ports when re-applied.
+/// Four requests when nothing contends and the pool's spec is known: read the home shard (the
+/// check), create the PortAllocation, write the shard, write the PortAllocation's status. A new
+/// object whose ports cannot be allocated is never created (or, if the pool changed between the
+/// check and the write, removed again); an existing one keeps its ports when re-applied.
 pub async fn apply_allocation(
     allocator: &Allocator,
     client: &Client,
@@ -93,23 +86,11 @@ pub async fn apply_allocation(
     let namespace = pa.namespace().unwrap_or_default();
     let name = pa.name_any();
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &namespace);
-    let pool = match get_pool(client, &pa.spec.pool).await {
-        Ok(pool) => pool,
-        Err(e) if e.kind() == ApiErrorKind::NotFound => {
-            return Err(Refusal::PoolNotFound {
-                pool: pa.spec.pool.clone(),
-                owner: owner_of(&pa),
-            }
-            .into());
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let record = PoolRecord::load(pool.clone()).map_err(|error| ApplyError::InvalidPool {
-        pool: pa.spec.pool.clone(),
-        error,
-    })?;
     let get_target = || ALLOCATIONS.on("get", &name, Some(&namespace));
-    if let Err(refused) = precheck(&record, &pa) {
+    if let Err(refused) = allocator.precheck(&pa, false).await {
+        if refused.refusal().is_none() {
+            return Err(refused.into());
+        }
         // Refused as a new object: only an existing one (whose own ports count as free for it)
         // can still go ahead. Either way nothing has been written yet.
         let existing = api
@@ -117,14 +98,14 @@ pub async fn apply_allocation(
             .await
             .map_err(|e| KubeError::from_kube(e, get_target()))?;
         return match existing {
-            Some(existing) => update_existing(allocator, &api, existing, pa, &record, pool).await,
+            Some(existing) => update_existing(allocator, &api, existing, pa).await,
             None => Err(refused.into()),
         };
     }
     let mut to_create = pa.clone();
     to_create.status = None;
     match api.create(&PostParams::default(), &to_create).await {
-        Ok(created) => match allocator.sync(created.clone(), Some(pool)).await {
+        Ok(created) => match allocator.sync(created.clone()).await {
             Ok(report) => Ok(report),
             Err(e) => {
                 // The pool changed under us and no longer fits: undo, so a refused create
@@ -138,7 +119,7 @@ pub async fn apply_allocation(
                 .get(&name)
                 .await
                 .map_err(|e| KubeError::from_kube(e, get_target()))?;
-            update_existing(allocator, &api, existing, pa, &record, pool).await
+            update_existing(allocator, &api, existing, pa).await
         }
         Err(e) => {
             Err(KubeError::from_kube(e, ALLOCATIONS.on("create", &name, Some(&namespace))).into())
@@ -146,15 +127,13 @@ pub async fn apply_allocation(
     }
 }
 
-/// Re-applying: check the new spec against what the object already holds, update the spec if it
-/// changed, and sync. Unchanged specs keep every port.
+/// Re-applying: check a changed spec against the whole pool (the object's own ports count as
+/// free for it), update the spec, and sync. Unchanged specs keep every port.
 async fn update_existing(
     allocator: &Allocator,
     api: &Api<PortAllocation>,
     mut existing: PortAllocation,
     pa: PortAllocation,
-    record: &PoolRecord,
-    pool: PortPool,
 ) -> Result<SyncReport, ApplyError> {
     if existing.spec.pool != pa.spec.pool {
         return Err(ApplyError::PoolChanged {
@@ -165,13 +144,13 @@ async fn update_existing(
             to: pa.spec.pool.clone(),
         });
     }
-    let mut desired = existing.clone();
-    desired.spec = pa.spec.clone();
-    precheck(record, &desired)?;
     if existing.spec != pa.spec {
+        let mut desired = existing.clone();
+        desired.spec = pa.spec.clone();
+        allocator.precheck(&desired, true).await?;
         existing = replace_spec(allocator, api, existing, &pa).await?;
     }
-    Ok(allocator.sync_or_record(existing, Some(pool)).await?)
+    Ok(allocator.sync_or_record(existing).await?)
 }
 
 /// Write the new spec. A 409 means another client wrote the object since it was read (often
@@ -285,7 +264,9 @@ pub async fn delete_allocation(
         .map_err(|e| KubeError::from_kube(e, ALLOCATIONS.on("delete", name, Some(namespace))))?;
     let uid = pa.uid().unwrap_or_default();
     let owner = owner_of(&pa);
-    let freed = match allocator.release_holder(&pa.spec.pool, &uid, &owner).await {
+    let freed = match allocator
+        .release_holder(&pa.spec.pool, &uid, &owner, pa.status.as_ref())
+        .await {
         Ok(freed) => freed,
         Err(AllocateError::Refused(Refusal::PoolNotFound { .. })) => 0,
         Err(error) => {

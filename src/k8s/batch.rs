@@ -1,64 +1,74 @@
-//! Group commit: `sync --all` allocates every PortAllocation of a pool in ONE compare-and-swap.
+//! Group commit: `sync --all` (and the watcher's batches) write each shard of a pool once for
+//! all the PortAllocations whose entries change in it, whatever their number.
 //!
-//! Per pool: read it, decide every PortAllocation with [`decide_batch`], write the one status
-//! with the resourceVersion read; on 409 read again and decide again (nothing of a failed write
-//! is committed, so every item of it is decided afresh). The pool write is the commit point, as
-//! for one PortAllocation; the PortAllocations' statuses are derived from it afterwards, several
-//! at a time. A client killed between the two leaves pool entries whose statuses the next sync
-//! writes without moving a port, exactly as before.
+//! A round reads the pool and its shards (one GET, one LIST) and decides every item against
+//! that read ([`decide_pool_batch`]), in two passes:
+//! 1. every item that stays within its known shards (its home, or the shards its status names):
+//!    one write per changed shard, all at once;
+//! 2. the rest (homes without room, owners spanning shards), against the shards as pass 1 left
+//!    them: first their statuses are widened to name the new shards (the rule that makes a
+//!    kill safe), then one write per changed shard.
 //!
-//! A refusal decided by the ledger (pool full, port held, invalid spec) is its item's outcome
-//! and does not block the others. A write the server refuses as a whole for a reason other than a
-//! conflict (the tenancy policy refusing one namespace's entry, say) falls back to one
-//! compare-and-swap per PortAllocation, so the server's refusal, too, stays with its own item.
+//! Each shard is written at most once per pass, by one task, starting from the version the
+//! round read or pass 1 wrote, so a batch never conflicts with itself; every write carries at
+//! most one 256-port window's entries, so none can outgrow what the API server and etcd take.
+//! A shard that another client wrote meanwhile (409) is the only thing a new round redoes: the
+//! items of the shards that committed are done. A refusal the ledger decides (pool full, port
+//! held, invalid spec) stays with its item. The shard writes are the commit point; the
+//! PortAllocations' statuses are derived from them afterwards, several at a time, so a kill in
+//! between leaves what a single `sync` leaves.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, stream};
-use kube::api::{Api, PostParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::PostParams;
 
-use super::allocator::{AllocateError, Allocator, SyncReport};
+use super::allocator::{AllocateError, Allocator, SyncReport, allocations, exhausted_error};
+use super::commit::{blocked_shard, read_pool};
 use super::configmaps::keep_env_configmap;
-use super::error::{KubeError, is_unknown_resource};
-use super::resources::{POOL_STATUS, POOLS};
-use super::retry::{Attempts, Exhausted, Stop};
-use crate::api::{PortAllocation, PortPool};
-use crate::core::Holdings;
+use super::resources::{ALLOCATION_STATUS, POOLS};
+use super::retry::{Attempts, Stop};
+use super::shards::ShardStore;
+use crate::api::{PortAllocation, PortPoolShard};
 use crate::ledger::{
-    BatchItem, ItemOutcome, Operation, Outcome, PoolRecord, Refusal, allocation_status,
-    decide_batch, owner_of, recorded_holdings,
+    BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolCopy, Refusal, ShardWrite,
+    ShardedRecord, allocation_status, decide_pool_batch, known_shards, owner_of,
 };
 
 type ItemResult = Result<SyncReport, AllocateError>;
 
-/// How one pool's batch ended.
-enum PoolStep {
-    /// The pool now says what `outcomes` say (written, or already so); `record` is the pool
-    /// as decided against.
-    Committed {
-        record: Box<PoolRecord>,
-        outcomes: Vec<ItemOutcome>,
-        written: bool,
-    },
-    /// Every item gets this refusal (pool missing, pool spec unusable).
-    RefusedAll(Refusal),
-    /// The retry budget ran out.
-    Exhausted(Exhausted),
-    /// The server refused the write or read for a reason no retry fixes: go one by one.
-    OneByOne(KubeError),
-    /// The pool's record is sharded (or being upgraded): shard by shard.
-    Sharded(Box<PortPool>),
+/// Shard writes (and widening status writes) in flight at once.
+const WRITES_AT_ONCE: usize = 8;
+
+/// An item decided and committed, waiting for its status write.
+struct Done {
+    outcome: ItemOutcome,
+    shards: BTreeSet<u16>,
+    written: bool,
+}
+
+/// How a round of one pool's batch ended.
+enum Round {
+    /// Read again (conflicts, or a read that failed, already waited for).
+    Again,
+    /// No round can do more: every item still open gets this.
+    Stop(StopAll),
+}
+
+enum StopAll {
+    Refused(Refusal),
+    Error(AllocateError),
 }
 
 impl Allocator {
-    /// Sync every PortAllocation in `pas`: one pool write per pool for all of them, then their
-    /// statuses, at most `concurrency` at a time. One result per input, in the input's order.
+    /// Sync every PortAllocation in `pas`: per pool, one write per changed shard for all of
+    /// them, then their statuses, at most `concurrency` at a time. One result per input, in
+    /// the input's order.
     pub async fn sync_many(&self, pas: Vec<PortAllocation>, concurrency: usize) -> Vec<ItemResult> {
-        let mut pools: Vec<(String, Vec<usize>)> = Vec::new();
+        let mut pools: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, pa) in pas.iter().enumerate() {
-            match pools.iter_mut().find(|(pool, _)| *pool == pa.spec.pool) {
-                Some((_, members)) => members.push(i),
-                None => pools.push((pa.spec.pool.clone(), vec![i])),
-            }
+            pools.entry(pa.spec.pool.clone()).or_default().push(i);
         }
         let mut results: Vec<Option<ItemResult>> = pas.iter().map(|_| None).collect();
         for (pool, members) in pools {
@@ -74,220 +84,262 @@ impl Allocator {
             .collect()
     }
 
-    /// One pool's batch: commit, then write the statuses.
+    /// One pool's batch: rounds until every item is committed or refused, then the statuses.
     async fn sync_pool(
         &self,
         pool: &str,
-        pas: Vec<PortAllocation>,
+        mut pas: Vec<PortAllocation>,
         concurrency: usize,
     ) -> Vec<ItemResult> {
-        let items: Vec<BatchItem> = pas
-            .iter()
-            .map(|pa| BatchItem {
-                uid: pa.uid().unwrap_or_default(),
-                owner: owner_of(pa),
-                operation: Operation::sync_of(pa),
-            })
-            .collect();
+        let mut done: Vec<Option<Done>> = pas.iter().map(|_| None).collect();
         let mut attempts = Attempts::new(self.policy);
-        let step = self.commit_batch(pool, &items, &mut attempts).await;
-        let (attempts, conflicts) = (attempts.attempts, attempts.conflicts);
-        match step {
-            PoolStep::Committed {
-                record,
-                outcomes,
-                written,
-            } => {
-                let record = &record;
-                stream::iter(pas.into_iter().zip(outcomes))
-                    .map(|(pa, outcome)| async move {
-                        let mut report = self
-                            .finish(pa, Some(record), record.uid(), None, outcome, written)
-                            .await?;
-                        report.attempts = attempts;
-                        report.conflicts = conflicts;
-                        Ok(report)
-                    })
-                    .buffered(concurrency)
-                    .collect()
-                    .await
+        let label = format!("{} PortAllocations in pool {pool:?}", pas.len());
+        let mut pool_uid = String::new();
+        let stop = loop {
+            let open: Vec<usize> = (0..pas.len()).filter(|&i| done[i].is_none()).collect();
+            if open.is_empty() {
+                break None;
             }
-            PoolStep::RefusedAll(refusal) => {
-                stream::iter(pas)
-                    .map(|pa| {
-                        // Each item's refusal names its own PortAllocation.
-                        let refusal = match &refusal {
-                            Refusal::PoolNotFound { pool, .. } => Refusal::PoolNotFound {
-                                pool: pool.clone(),
-                                owner: owner_of(&pa),
-                            },
-                            other => other.clone(),
-                        };
-                        async move {
-                            self.record_refusal(&pa, None, &refusal).await;
-                            Err(AllocateError::Refused(refusal))
-                        }
-                    })
-                    .buffered(concurrency)
-                    .collect()
-                    .await
-            }
-            PoolStep::Exhausted(exhausted) => pas
-                .iter()
-                .map(|pa| {
-                    Err(AllocateError::Exhausted {
-                        owner: owner_of(pa),
-                        pool: pool.into(),
-                        attempts: exhausted.attempts,
-                        elapsed_ms: exhausted.elapsed.as_millis(),
-                        conflicts: exhausted.conflicts,
-                        last: exhausted.last.to_string(),
-                    })
-                })
-                .collect(),
-            PoolStep::Sharded(pool) => self.sync_sharded_pool(*pool, pas, concurrency).await,
-            PoolStep::OneByOne(error) => {
-                tracing::info!(
-                    "pool {pool:?}: the batch of {} failed ({error}); syncing them one by one",
-                    pas.len()
-                );
-                stream::iter(pas)
-                    .map(|pa| self.sync_or_record(pa, None))
-                    .buffered(concurrency)
-                    .collect()
-                    .await
-            }
-        }
-    }
-
-    /// The compare-and-swap loop of a batch on the pool object.
-    async fn commit_batch(
-        &self,
-        pool_name: &str,
-        items: &[BatchItem],
-        attempts: &mut Attempts,
-    ) -> PoolStep {
-        let pools: Api<PortPool> = Api::all(self.client.clone());
-        let label = format!("{} PortAllocations in pool {pool_name:?}", items.len());
-        loop {
-            // A remembered copy is tried only for a write, which its resourceVersion checks (and
-            // with it every refusal decided from the same copy).
-            let remembered = self.pools.get(pool_name);
-            let from_memory = remembered.is_some();
-            let read = match remembered {
-                Some(pool) => Ok(pool),
-                None => pools.get(pool_name).await,
-            };
-            let pool = match read {
-                Ok(pool) => {
-                    self.pools.remember(&pool);
-                    pool
-                }
-                Err(kube::Error::Api(status))
-                    if status.is_not_found() && !is_unknown_resource(&status) =>
-                {
-                    return PoolStep::RefusedAll(Refusal::PoolNotFound {
-                        pool: pool_name.into(),
-                        owner: items.first().map(|i| i.owner.clone()).unwrap_or_default(),
-                    });
-                }
-                Err(e) => match attempts
-                    .backoff(e, POOLS.on("get", pool_name, None), &label)
-                    .await
-                {
-                    Ok(()) => continue,
-                    Err(stop) => return stopped(stop),
-                },
-            };
-            if pool.status.as_ref().is_some_and(|s| s.format.is_some()) {
-                return PoolStep::Sharded(Box::new(pool));
-            }
-            let record = match PoolRecord::load(pool.clone()) {
-                Ok(record) => record,
-                Err(error) => {
-                    return PoolStep::RefusedAll(Refusal::PoolSpec {
-                        pool: pool_name.into(),
-                        error,
-                    });
-                }
-            };
-            // In a statement of its own: the thread-local RNG must not live across an await.
-            let decision = decide_batch(&record, items, &mut rand::rng());
-            let Some(status) = decision.status else {
-                if from_memory {
-                    self.pools.forget(pool_name);
-                    continue;
-                }
-                return PoolStep::Committed {
-                    record: Box::new(record),
-                    outcomes: decision.outcomes,
-                    written: false,
-                };
-            };
-            let mut updated = pool;
-            updated.status = Some(status);
-            // `updated` still carries the resourceVersion read: that is the compare-and-swap.
-            match pools
-                .replace_status(pool_name, &PostParams::default(), &updated)
+            match self
+                .batch_round(pool, &mut pas, &open, &mut done, &mut pool_uid, &mut attempts, &label)
                 .await
             {
-                Ok(written) => {
-                    self.pools.remember(&written);
-                    let count = |f: fn(&ItemOutcome) -> usize| -> usize {
-                        decision.outcomes.iter().map(f).sum()
-                    };
-                    tracing::info!(
-                        "{label}: one write, {} ports allocated, {} released, {} refused \
-                         (attempt {}, {} conflicts)",
-                        count(|o| match o {
-                            ItemOutcome::Changed { allocated, .. } => *allocated,
-                            _ => 0,
-                        }),
-                        count(|o| match o {
-                            ItemOutcome::Changed { released, .. } => *released,
-                            _ => 0,
-                        }),
-                        count(|o| usize::from(matches!(o, ItemOutcome::Refused(_)))),
-                        attempts.attempts,
-                        attempts.conflicts
-                    );
-                    return PoolStep::Committed {
-                        record: Box::new(record),
-                        outcomes: decision.outcomes,
-                        written: true,
-                    };
-                }
-                Err(kube::Error::Api(status)) if from_memory && status.is_not_found() => {
-                    // The copy outlived its pool: read again (which tells PoolNotFound).
-                    self.pools.forget(pool_name);
-                }
-                Err(e) => {
-                    self.pools.forget(pool_name);
-                    let target = POOL_STATUS.on("update", pool_name, None);
-                    if let Err(stop) = attempts.backoff(e, target, &label).await {
-                        return stopped(stop);
-                    }
-                }
+                Round::Again => continue,
+                Round::Stop(stop) => break Some(stop),
             }
+        };
+        let (attempts, conflicts) = (attempts.attempts, attempts.conflicts);
+        stream::iter(pas.into_iter().zip(done))
+            .map(|(pa, done)| {
+                let stop = &stop;
+                let pool_uid = &pool_uid;
+                async move {
+                    let Some(done) = done else {
+                        return Err(self.stopped(&pa, stop.as_ref()).await);
+                    };
+                    let mut report = self.finish(pa, pool_uid, done).await?;
+                    report.attempts = attempts;
+                    report.conflicts = conflicts;
+                    Ok(report)
+                }
+            })
+            .buffered(concurrency)
+            .collect()
+            .await
+    }
+
+    /// One read, two passes. Items committed (or refused) are set in `done`.
+    #[allow(clippy::too_many_arguments)]
+    async fn batch_round(
+        &self,
+        pool: &str,
+        pas: &mut [PortAllocation],
+        open: &[usize],
+        done: &mut [Option<Done>],
+        pool_uid: &mut String,
+        attempts: &mut Attempts,
+        label: &str,
+    ) -> Round {
+        let store = ShardStore::new(self.client.clone());
+        let read = match read_pool(&self.client, pool).await {
+            Ok(Some(object)) => store
+                .list(pool)
+                .await
+                .map(|shards| (PoolCopy::of_pool(&object), shards)),
+            Ok(None) => {
+                return Round::Stop(StopAll::Refused(Refusal::PoolNotFound {
+                    pool: pool.into(),
+                    owner: String::new(),
+                }));
+            }
+            Err(e) => Err((e, POOLS.on("get", pool, None))),
+        };
+        let (copy, shards) = match read {
+            Ok(read) => read,
+            Err((e, target)) => return waited(attempts.backoff(e, target, label).await, pool),
+        };
+        let mut sharded = match ShardedRecord::load(copy, shards) {
+            Ok(sharded) => sharded,
+            Err(error) => {
+                return Round::Stop(StopAll::Refused(Refusal::PoolSpec {
+                    pool: pool.into(),
+                    error,
+                }));
+            }
+        };
+        self.pools.remember(pool, &sharded.pool);
+        pool_uid.clone_from(&sharded.pool.uid);
+        let items: Vec<BatchItem> = open
+            .iter()
+            .map(|&i| item_of(&pas[i], &sharded))
+            .collect();
+
+        // Pass 1: within known shards; the pool's spec goes to every shard that lacks it.
+        let first = decide_pool_batch(&sharded, &items, Pass::WithinKnown, true, &mut rand::rng());
+        let committed = self.write_all(&first.writes, &sharded, label).await;
+        let mut conflict = None;
+        for result in committed {
+            match result {
+                Ok(written) => replace_shard(&mut sharded, written),
+                Err(e) => conflict = Some(e),
+            }
+        }
+        let failed: BTreeSet<u16> = failed_shards(&first.writes, &sharded);
+        let mut second: Vec<usize> = Vec::new();
+        for (n, (outcome, shards)) in first.outcomes.into_iter().zip(first.shards).enumerate() {
+            let i = open[n];
+            match outcome {
+                None => second.push(n),
+                Some(outcome) if shards.is_disjoint(&failed) || !changes(&outcome) => {
+                    let written = changes(&outcome);
+                    done[i] = Some(Done {
+                        outcome,
+                        shards,
+                        written,
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some((e, target)) = conflict {
+            // Some shard was written by another client meanwhile: its items go round again,
+            // with pass 2, after a fresh read.
+            return waited(attempts.backoff(e, target, label).await, pool);
+        }
+        if second.is_empty() {
+            return Round::Again;
+        }
+
+        // Pass 2: the rest, against the shards as pass 1 left them.
+        let rest: Vec<BatchItem> = second.iter().map(|&n| items[n].clone()).collect();
+        let batch = decide_pool_batch(&sharded, &rest, Pass::Anywhere, false, &mut rand::rng());
+        if let Some((shard, reason)) = blocked_shard(&sharded, &batch.writes) {
+            let error = AllocateError::BlockedShard {
+                owner: String::new(),
+                pool: pool.into(),
+                shard,
+                reason,
+            };
+            return Round::Stop(StopAll::Error(error));
+        }
+        // Statuses first: no entry outside an owner's known shards before its status names them.
+        // Owned inputs, collected first: a lazily mapped stream of borrows trips the compiler's
+        // Send check of the watcher's future (a higher-ranked closure lifetime).
+        let widens: Vec<_> = batch
+            .widen
+            .iter()
+            .map(|(n, shards)| {
+                let i = open[second[*n]];
+                let (pa, shards) = (pas[i].clone(), shards.clone());
+                async move { (i, self.widen(pa, &shards).await) }
+            })
+            .collect();
+        let widened = stream::iter(widens)
+            .buffer_unordered(WRITES_AT_ONCE)
+        .collect::<Vec<_>>()
+        .await;
+        let mut widen_failed = None;
+        for (i, result) in widened {
+            match result {
+                Ok(pa) => pas[i] = pa,
+                Err(e) => widen_failed = Some(e),
+            }
+        }
+        if let Some((e, target)) = widen_failed {
+            // A PortAllocation changed meanwhile: decide pass 2 again from a fresh read.
+            return waited(attempts.backoff(e, target, label).await, pool);
+        }
+        let committed = self.write_all(&batch.writes, &sharded, label).await;
+        let mut conflict = None;
+        for (write, result) in batch.writes.iter().zip(committed) {
+            if let Err(e) = result {
+                self.shards.forget(&write.name);
+                conflict = Some(e);
+            }
+        }
+        let failed = failed_shards(&batch.writes, &sharded);
+        for (n, (outcome, shards)) in batch.outcomes.into_iter().zip(batch.shards).enumerate() {
+            let Some(outcome) = outcome else { continue };
+            let touched: BTreeSet<u16> = shards.union(&items[second[n]].known).copied().collect();
+            if touched.is_disjoint(&failed) || !changes(&outcome) {
+                let written = changes(&outcome);
+                done[open[second[n]]] = Some(Done {
+                    outcome,
+                    shards,
+                    written,
+                });
+            }
+        }
+        match conflict {
+            Some((e, target)) => waited(attempts.backoff(e, target, label).await, pool),
+            None => Round::Again,
         }
     }
 
-    /// Write one committed item's status. A status write that fails goes the one-object way,
-    /// which re-reads and retries (the pool step is then a no-op for it). `record` is the
-    /// one-object record decided against (for a refusal's holdings), `shards` a sharded
-    /// owner's `status.shards`.
-    pub(super) async fn finish(
+    /// Commit `writes` (one per shard), several at once; one result per write, in order.
+    async fn write_all(
+        &self,
+        writes: &[ShardWrite],
+        sharded: &ShardedRecord,
+        label: &str,
+    ) -> Vec<Result<PortPoolShard, (kube::Error, super::error::Target)>> {
+        let store = ShardStore::new(self.client.clone());
+        let commits: Vec<_> = writes
+            .iter()
+            .map(|write| {
+                let (store, write, pool) = (store.clone(), write.clone(), sharded.pool.clone());
+                async move { store.commit(&pool, &write).await }
+            })
+            .collect();
+        let results: Vec<_> = stream::iter(commits)
+            .buffered(WRITES_AT_ONCE)
+            .collect()
+            .await;
+        for (write, result) in writes.iter().zip(&results) {
+            match result {
+                Ok(written) => self.shards.remember(&write.name, written),
+                Err(_) => self.shards.forget(&write.name),
+            }
+        }
+        if !writes.is_empty() {
+            tracing::info!(
+                "{label}: {} shard writes, {} conflicts",
+                writes.len(),
+                results.iter().filter(|r| r.is_err()).count()
+            );
+        }
+        results
+    }
+
+    /// Write `status.shards = shards` before entries outside the known shards are written.
+    async fn widen(
         &self,
         pa: PortAllocation,
-        record: Option<&PoolRecord>,
-        pool_uid: Option<&str>,
-        shards: Option<Vec<i32>>,
-        outcome: ItemOutcome,
-        pool_written: bool,
-    ) -> ItemResult {
-        let (holdings, allocated, released) = match outcome {
-            ItemOutcome::Refused(refusal) => {
-                self.record_refusal(&pa, record, &refusal).await;
+        shards: &BTreeSet<u16>,
+    ) -> Result<PortAllocation, (kube::Error, super::error::Target)> {
+        let mut updated = pa.clone();
+        let mut status = updated.status.take().unwrap_or_default();
+        status.shards = shards.iter().map(|&k| i32::from(k)).collect();
+        updated.status = Some(status);
+        let name = pa.name_any();
+        allocations(&self.client, &pa)
+            .replace_status(&name, &PostParams::default(), &updated)
+            .await
+            .map_err(|e| {
+                let namespace = pa.namespace();
+                (
+                    e,
+                    ALLOCATION_STATUS.on("update", &name, namespace.as_deref()),
+                )
+            })
+    }
+
+    /// Write one committed item's status. A status write that fails goes the single way,
+    /// which re-reads and retries (the shard step is then a no-op for it).
+    async fn finish(&self, pa: PortAllocation, pool_uid: &str, done: Done) -> ItemResult {
+        let (holdings, allocated, released) = match done.outcome {
+            ItemOutcome::Refused { refusal, holdings } => {
+                self.record_refusal(&pa, &refusal, Some(holdings)).await;
                 return Err(refusal.into());
             }
             ItemOutcome::Unchanged(holdings) => (holdings, 0, 0),
@@ -297,10 +349,8 @@ impl Allocator {
                 released,
             } => (holdings, allocated, released),
         };
-        let mut status = allocation_status(&pa, &holdings, pool_uid, Outcome::Converged);
-        if let Some(shards) = shards {
-            status.shards = shards;
-        }
+        let mut status = allocation_status(&pa, &holdings, Some(pool_uid), Outcome::Converged);
+        status.shards = done.shards.iter().map(|&k| i32::from(k)).collect();
         let report = |allocation, status_written| SyncReport {
             namespace: pa.namespace().unwrap_or_default(),
             name: pa.name_any(),
@@ -310,12 +360,12 @@ impl Allocator {
             released,
             attempts: 1,
             conflicts: 0,
-            pool_written: pool_written && allocated + released > 0,
+            pool_written: done.written,
             status_written,
             allocation,
             configmap: None,
         };
-        let mut done = if pa.status.as_ref() == Some(&status) {
+        let mut report = if pa.status.as_ref() == Some(&status) {
             report(pa.clone(), false)
         } else {
             let mut updated = pa.clone();
@@ -330,73 +380,124 @@ impl Allocator {
                         "{}: status write failed ({e}); syncing it on its own",
                         owner_of(&pa)
                     );
-                    // The one-object path keeps the ConfigMap itself.
-                    return self.sync_or_record(pa, None).await.map(|mut one| {
+                    // The single path keeps the ConfigMap itself.
+                    return self.sync_or_record(pa).await.map(|mut one| {
                         one.allocated += allocated;
                         one.released += released;
-                        one.pool_written |= pool_written && allocated + released > 0;
+                        one.pool_written |= done.written;
                         one
                     });
                 }
             }
         };
-        // As the one-object path does after its status write: the env files follow the status.
-        done.configmap = keep_env_configmap(&self.client, &done.allocation, false).await;
-        Ok(done)
+        // As the single path does after its status write: the env files follow the status.
+        report.configmap = keep_env_configmap(&self.client, &report.allocation, false).await;
+        Ok(report)
     }
 
-    /// Record a refusal on the PortAllocation's status, as [`Allocator::sync_or_record`] does,
-    /// from the pool already read. Best effort: the caller reports the refusal either way.
-    async fn record_refusal(
-        &self,
-        pa: &PortAllocation,
-        record: Option<&PoolRecord>,
-        refusal: &Refusal,
-    ) {
-        let mut holdings: Holdings = pa
-            .status
-            .as_ref()
-            .map(recorded_holdings)
-            .unwrap_or_default();
-        // The pool's entry is the truth when the status names this very pool object; a status
-        // naming an earlier pool of the same name is what `repair` restores from, so it stays.
-        let recorded_pool = pa.status.as_ref().and_then(|s| s.pool_uid.as_deref());
-        if let Some(record) = record
-            && record.uid().is_some()
-            && record.uid() == recorded_pool
-        {
-            holdings = record.holdings_of(&pa.uid().unwrap_or_default());
-        }
-        let mut updated = pa.clone();
-        updated.status = Some(allocation_status(
-            pa,
-            &holdings,
-            None,
-            Outcome::Refused(refusal),
-        ));
-        if updated.status == pa.status {
-            return;
-        }
-        if let Err(e) = allocations(&self.client, pa)
-            .replace_status(&pa.name_any(), &PostParams::default(), &updated)
-            .await
-        {
-            tracing::info!(
-                "{}: could not record {}: {e}",
-                owner_of(pa),
-                refusal.reason()
-            );
+    /// The error of an item a round could not serve; refusals are recorded on its status.
+    async fn stopped(&self, pa: &PortAllocation, stop: Option<&StopAll>) -> AllocateError {
+        match stop {
+            Some(StopAll::Refused(refusal)) => {
+                // Each item's refusal names its own PortAllocation.
+                let refusal = match refusal {
+                    Refusal::PoolNotFound { pool, .. } => Refusal::PoolNotFound {
+                        pool: pool.clone(),
+                        owner: owner_of(pa),
+                    },
+                    other => other.clone(),
+                };
+                self.record_refusal(pa, &refusal, None).await;
+                AllocateError::Refused(refusal)
+            }
+            Some(StopAll::Error(AllocateError::Exhausted {
+                pool,
+                attempts,
+                elapsed_ms,
+                conflicts,
+                last,
+                ..
+            })) => AllocateError::Exhausted {
+                owner: owner_of(pa),
+                pool: pool.clone(),
+                attempts: *attempts,
+                elapsed_ms: *elapsed_ms,
+                conflicts: *conflicts,
+                last: last.clone(),
+            },
+            Some(StopAll::Error(AllocateError::BlockedShard {
+                pool,
+                shard,
+                reason,
+                ..
+            })) => AllocateError::BlockedShard {
+                owner: owner_of(pa),
+                pool: pool.clone(),
+                shard: shard.clone(),
+                reason: reason.clone(),
+            },
+            // A final error of the server (Forbidden, say) for the batch as a whole: each item
+            // goes alone, so the server's answer stays with its own item.
+            Some(StopAll::Error(_)) | None => match self.sync_or_record(pa.clone()).await {
+                Ok(_) => unreachable_ok(pa),
+                Err(e) => e,
+            },
         }
     }
 }
 
-fn allocations(client: &Client, pa: &PortAllocation) -> Api<PortAllocation> {
-    Api::namespaced(client.clone(), &pa.namespace().unwrap_or_default())
+/// An item that a lone retry synced after all: reported as the conflict it first was (rare).
+fn unreachable_ok(pa: &PortAllocation) -> AllocateError {
+    AllocateError::Exhausted {
+        owner: owner_of(pa),
+        pool: pa.spec.pool.clone(),
+        attempts: 0,
+        elapsed_ms: 0,
+        conflicts: 0,
+        last: "synced alone after the batch failed; run the command again to see it".into(),
+    }
 }
 
-fn stopped(stop: Stop) -> PoolStep {
-    match stop {
-        Stop::Final(error) => PoolStep::OneByOne(error),
-        Stop::Exhausted(exhausted) => PoolStep::Exhausted(exhausted),
+fn item_of(pa: &PortAllocation, sharded: &ShardedRecord) -> BatchItem {
+    let owner = owner_of(pa);
+    BatchItem {
+        uid: pa.uid().unwrap_or_default(),
+        known: known_shards(pa.status.as_ref(), &sharded.layout, &owner),
+        owner,
+        operation: Operation::sync_of(pa),
+    }
+}
+
+/// Whether an outcome changes entries (and so needs its shards committed).
+fn changes(outcome: &ItemOutcome) -> bool {
+    matches!(outcome, ItemOutcome::Changed { .. })
+}
+
+/// The shards among `writes` whose write did not commit (not replaced by its response).
+fn failed_shards(writes: &[ShardWrite], sharded: &ShardedRecord) -> BTreeSet<u16> {
+    writes
+        .iter()
+        .filter(|w| {
+            sharded
+                .shards
+                .get(&w.index)
+                .is_none_or(|s| s.record.resource_version() == w.resource_version)
+        })
+        .map(|w| w.index)
+        .collect()
+}
+
+/// The shard as written becomes the record the next pass decides against.
+fn replace_shard(sharded: &mut ShardedRecord, written: PortPoolShard) {
+    sharded.replace(written);
+}
+
+fn waited(result: Result<(), Stop>, pool: &str) -> Round {
+    match result {
+        Ok(()) => Round::Again,
+        Err(Stop::Final(e)) => Round::Stop(StopAll::Error(AllocateError::Kube(e))),
+        Err(Stop::Exhausted(exhausted)) => {
+            Round::Stop(StopAll::Error(exhausted_error(exhausted, pool, "")))
+        }
     }
 }

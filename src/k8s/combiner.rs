@@ -61,7 +61,7 @@ impl Combiner {
         match answer.await {
             Ok(result) => result,
             // The leader was cancelled (shutdown) before it answered: go alone.
-            Err(_) => self.allocator.sync_or_record(pa, None).await,
+            Err(_) => self.allocator.sync_or_record(pa).await,
         }
     }
 

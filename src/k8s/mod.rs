@@ -1,6 +1,6 @@
 //! The Kubernetes layer: the client, errors, the one retry driver, and the loops that read,
 //! decide (with [`crate::ledger`]) and write. Every write that protects consistency lives here:
-//! the pool compare-and-swap of allocation and repair, pool creation and deletion, and the
+//! the shard compare-and-swaps of allocation and repair, pool creation and deletion, and the
 //! create-then-allocate of a manifest.
 
 mod allocations;
@@ -8,6 +8,7 @@ mod allocator;
 mod batch;
 mod client;
 mod combiner;
+mod commit;
 mod configmaps;
 mod crds;
 mod error;
@@ -17,12 +18,7 @@ mod pools;
 mod repair;
 mod resources;
 mod retry;
-mod shard_batch;
-mod shard_commit;
-mod shard_pools;
-mod shard_repair;
 mod shards;
-mod upgrade;
 mod watch;
 
 pub use allocations::{
@@ -36,16 +32,13 @@ pub use crds::install_crds;
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
 pub use pool_view::{PoolView, pool_view};
 pub use pools::{
-    Applied, DeletedPool, PoolError, apply_pool, create_pool, delete_pool, get_pool, list_pools,
-    pool_ports,
+    Applied, DeletedPool, PoolError, apply_pool, carry_spec, create_pool, delete_pool, get_pool,
+    list_pools, pool_ports,
 };
 pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 pub use shards::ShardStore;
-pub use upgrade::{
-    ShardsWritten, UpgradeError, UpgradeReport, UpgradeStart, plan_for, upgrade_pool, write_shards,
-};
 pub use watch::{Readiness, WatchOptions, check_access, watch};
 
 /// The field manager name our writes are recorded under.

@@ -1,5 +1,6 @@
-//! The last copy of each pool an [`super::Allocator`] read or wrote, so the next allocation can
-//! skip the read: the response to a successful write already is the current object.
+//! The last copy of each shard an [`super::Allocator`] read or wrote, and of each pool's spec,
+//! so the next allocation can skip the read: the response to a successful write already is the
+//! current object.
 //!
 //! A copy is only ever a guess. A write decided against it carries its resourceVersion, so a
 //! stale copy costs one 409 and then a fresh read, never a wrong port. A decision that writes
@@ -10,13 +11,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::ResourceExt;
+use crate::api::PortPoolShard;
+use crate::ledger::PoolCopy;
 
-use crate::api::{PortPool, PortPoolShard};
-
-/// The last pool objects; the shards of sharded pools are kept the same way.
-pub type PoolCache = ObjectCache<PortPool>;
+/// The last shard objects, by name.
 pub type ShardCache = ObjectCache<PortPoolShard>;
+/// The newest spec of each pool seen (read, or carried by a shard), by pool name: what an
+/// owner's home shard is computed from.
+pub type PoolCache = ObjectCache<PoolCopy>;
 
 /// Shared by the clones of one Allocator (the watcher's tasks, `sync --all`'s batches).
 #[derive(Clone, Debug)]
@@ -36,7 +38,7 @@ impl<T> Default for ObjectCache<T> {
     }
 }
 
-impl<T: Clone + kube::Resource> ObjectCache<T> {
+impl<T: Clone> ObjectCache<T> {
     pub fn disabled() -> ObjectCache<T> {
         ObjectCache {
             disabled: true,
@@ -59,15 +61,13 @@ impl<T: Clone + kube::Resource> ObjectCache<T> {
             .map(|(object, _)| object.clone())
     }
 
-    /// Keep `object` as the latest copy of its name.
-    pub fn remember(&self, object: &T) {
-        if self.disabled {
+    /// Keep `object` as the latest copy of `name`.
+    pub fn remember(&self, name: &str, object: &T) {
+        if self.disabled || name.is_empty() {
             return;
         }
-        let name = object.name_any();
-        if !name.is_empty() {
-            self.lock().insert(name, (object.clone(), Instant::now()));
-        }
+        self.lock()
+            .insert(name.to_string(), (object.clone(), Instant::now()));
     }
 
     pub fn forget(&self, name: &str) {
@@ -83,34 +83,20 @@ impl<T: Clone + kube::Resource> ObjectCache<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{PortPoolSpec, StaticBandSetting};
-
-    fn pool(name: &str, version: &str) -> PortPool {
-        let spec = PortPoolSpec {
-            ranges: vec!["1-2".into()],
-            exclude: vec![],
-            protocol: Default::default(),
-            static_band: StaticBandSetting::None,
-        };
-        let mut pool = PortPool::new(name, spec);
-        pool.metadata.resource_version = Some(version.into());
-        pool
-    }
 
     #[test]
     fn clones_share_the_latest_copy_and_forget_drops_it() {
-        let cache = PoolCache::default();
+        let cache: ObjectCache<u32> = ObjectCache::default();
         let clone = cache.clone();
-        cache.remember(&pool("p", "1"));
-        clone.remember(&pool("p", "2"));
-        let version = |c: &PoolCache| c.get("p").and_then(|p| p.metadata.resource_version);
-        assert_eq!(version(&cache).as_deref(), Some("2"));
+        cache.remember("p", &1);
+        clone.remember("p", &2);
+        assert_eq!(cache.get("p"), Some(2));
         clone.forget("p");
-        assert_eq!(version(&cache), None);
-        let off = PoolCache::disabled();
-        off.remember(&pool("p", "3"));
-        assert_eq!(version(&off), None);
-        cache.remember(&pool("p", "4"));
+        assert_eq!(cache.get("p"), None);
+        let off: ObjectCache<u32> = ObjectCache::disabled();
+        off.remember("p", &3);
+        assert_eq!(off.get("p"), None);
+        cache.remember("p", &4);
         assert!(
             cache
                 .get_younger_than("p", Duration::from_secs(60))

@@ -1,16 +1,23 @@
-//! PortPools: reading, creating (with the status counts written from the start; sharded on
-//! request), applying from a manifest, and deleting only while nobody holds a port.
+//! PortPools: reading, creating (with every shard of its record, so the first allocation in
+//! each window reads one object), applying from a manifest (a changed spec is carried to every
+//! shard), and deleting only while no shard holds a port.
 
+use std::collections::BTreeMap;
+
+use futures::{StreamExt, TryStreamExt, stream};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 
-use super::error::{ApiErrorKind, KubeError};
-use super::resources::{POOL_STATUS, POOLS};
+use super::error::{ApiErrorKind, KubeError, Target};
+use super::resources::{POOL_STATUS, POOLS, SHARDS};
+use super::retry::{Attempts, RetryPolicy, Stop};
 use super::shards::ShardStore;
-use super::upgrade::{UpgradeError, plan_for, upgrade_pool, write_shards};
-use crate::api::{PortPool, PortPoolStatus, Protocol, RecordFormat, SpecError};
-use crate::core::PortSet;
-use crate::ledger::{PoolOverlap, PoolRecord, overlapping_pool};
+use crate::api::{PortPool, PortPoolShard, PortPoolStatus, Protocol, SpecError};
+use crate::core::{Holdings, PortSet};
+use crate::ledger::{PoolCopy, PoolOverlap, ShardRecord, ShardedRecord, load_shard, new_shard, overlapping_pool};
+
+/// Shard writes in flight at once when a pool is created or its spec carried to its shards.
+const SHARD_WRITES_AT_ONCE: usize = 8;
 
 /// Why a pool could not be created or deleted.
 #[derive(Debug, thiserror::Error)]
@@ -47,10 +54,6 @@ pub enum PoolError {
         "PortPool {pool:?} changed while deleting it (a new allocation?): run the command again"
     )]
     Changed { pool: String },
-
-    /// Writing the shards of a pool created sharded.
-    #[error(transparent)]
-    Shards(#[from] UpgradeError),
 
     #[error(transparent)]
     Kube(#[from] KubeError),
@@ -99,13 +102,12 @@ pub fn pool_ports(pool: &PortPool) -> Result<PortSet, PoolError> {
 }
 
 /// Create a pool, refusing one that overlaps a pool of the same protocol unless
-/// `allow_overlap`. Returns the pool as written, with its status counts. A `sharded` pool
-/// records its holders in PortPoolShards from the start (docs/record-at-scale.md).
+/// `allow_overlap`, then every shard of its record, empty and carrying its spec. Returns the
+/// pool as written.
 pub async fn create_pool(
     client: &Client,
     pool: PortPool,
     allow_overlap: bool,
-    sharded: bool,
 ) -> Result<PortPool, PoolError> {
     let name = pool.name_any();
     let ports = pool_ports(&pool)?;
@@ -127,44 +129,21 @@ pub async fn create_pool(
         Err(e) => return Err(KubeError::from_kube(e, POOLS.on("create", &name, None)).into()),
     };
     tracing::info!("created PortPool {name}: {ports}");
-    if !sharded {
-        return Ok(initialize_status(&pools, created, None).await?);
-    }
-    // Every shard exists, empty, before the pool says Sharded, as after an upgrade's copy.
-    let store = ShardStore::new(client.clone());
-    write_shards(&store, &created, &plan_for(&created)?).await?;
-    match initialize_status(&pools, created, Some(RecordFormat::Sharded)).await {
-        // A PortPool CRD from before sharded pools drops `format` without a word.
-        Ok(written) if written.status.as_ref().and_then(|s| s.format).is_none() => {
-            Err(UpgradeError::OutdatedCrds { pool: name }.into())
-        }
-        Ok(written) => Ok(written),
-        // A client allocated into the new pool (today's record) before its status said Sharded:
-        // upgrade it in place instead, holders and all.
-        Err(e) if e.kind() == ApiErrorKind::Conflict => Ok(upgrade_pool(client, &name).await?.pool),
-        Err(e) => Err(e.into()),
-    }
+    let written = initialize_status(&pools, created, &ports).await?;
+    create_shards(client, &written).await?;
+    Ok(written)
 }
 
-/// Counts for the printer columns from the start, not only after the first allocation; the
-/// record's `format` for a pool created sharded.
+/// The size for the printer column from the start.
 async fn initialize_status(
     pools: &Api<PortPool>,
     created: PortPool,
-    format: Option<RecordFormat>,
+    ports: &PortSet,
 ) -> Result<PortPool, KubeError> {
     let name = created.name_any();
-    let record = PoolRecord::load(created.clone()).map_err(|error| {
-        KubeError::new(
-            ApiErrorKind::Invalid,
-            POOLS.on("create", &name, None),
-            format!("PortPool {name:?}: {error}"),
-        )
-    })?;
     let mut initialized = created;
     initialized.status = Some(PortPoolStatus {
-        format,
-        ..record.current_status()
+        size: i32::try_from(ports.len()).unwrap_or(i32::MAX),
     });
     pools
         .replace_status(&name, &PostParams::default(), &initialized)
@@ -172,13 +151,50 @@ async fn initialize_status(
         .map_err(|e| KubeError::from_kube(e, POOL_STATUS.on("update", &name, None)))
 }
 
-/// Create the pool, or update its spec if it differs (a manifest applied again).
-pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, KubeError> {
+/// Every shard of a new pool, empty, with the pool's spec. A shard someone else created first
+/// (an allocation into the new pool) is theirs and stays as it is.
+async fn create_shards(client: &Client, pool: &PortPool) -> Result<(), PoolError> {
+    let copy = PoolCopy::of_pool(pool);
+    let layout = copy.layout().map_err(|error| PoolError::Invalid {
+        pool: copy.name.clone(),
+        error,
+    })?;
+    let store = ShardStore::new(client.clone());
+    let writes: Vec<_> = layout
+        .shards()
+        .iter()
+        .map(|span| {
+            let record = load_shard(&copy, &layout, span.index, new_shard(&copy, span.index));
+            ShardRecord::new(span.index, record).write(&copy)
+        })
+        .collect();
+    stream::iter(&writes)
+        .map(|write| {
+            let (store, copy) = (store.clone(), &copy);
+            async move {
+                match store.commit(copy, write).await {
+                    Ok(_) => Ok(()),
+                    Err((kube::Error::Api(s), _)) if s.is_conflict() => Ok(()),
+                    Err((e, target)) => Err(KubeError::from_kube(e, target)),
+                }
+            }
+        })
+        .buffer_unordered(SHARD_WRITES_AT_ONCE)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Create the pool, or update its spec if it differs (a manifest applied again); a changed
+/// spec is then written to every shard, so clients that read only a shard decide under it.
+pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, PoolError> {
     let api: Api<PortPool> = Api::all(client.clone());
     let name = pool.name_any();
+    let ports = pool_ports(&pool)?;
     match api.create(&PostParams::default(), &pool).await {
         Ok(created) => {
-            initialize_status(&api, created, None).await?;
+            let written = initialize_status(&api, created, &ports).await?;
+            create_shards(client, &written).await?;
             Ok(Applied::Created)
         }
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
@@ -192,42 +208,116 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Kube
             existing.spec = pool.spec;
             // The resourceVersion just read makes this a compare-and-swap: a conflict is
             // reported (a rerun is safe) rather than overwriting someone else's change.
-            api.replace(&name, &PostParams::default(), &existing)
+            let mut updated = api
+                .replace(&name, &PostParams::default(), &existing)
                 .await
                 .map_err(|e| KubeError::from_kube(e, POOLS.on("update", &name, None)))?;
+            updated.status = Some(PortPoolStatus {
+                size: i32::try_from(ports.len()).unwrap_or(i32::MAX),
+            });
+            api.replace_status(&name, &PostParams::default(), &updated)
+                .await
+                .map_err(|e| KubeError::from_kube(e, POOL_STATUS.on("update", &name, None)))?;
+            carry_spec(client, &name).await?;
             Ok(Applied::Configured)
         }
-        Err(e) => Err(KubeError::from_kube(e, POOLS.on("create", &name, None))),
+        Err(e) => Err(KubeError::from_kube(e, POOLS.on("create", &name, None)).into()),
     }
 }
 
-/// Delete a pool; refused while any PortAllocation holds ports in it, unless `force`.
+/// Write the pool's current spec to every shard that carries an older one, re-reading after a
+/// conflict (a shard another client wrote meanwhile may still carry the old spec).
+pub async fn carry_spec(client: &Client, name: &str) -> Result<(), PoolError> {
+    let store = ShardStore::new(client.clone());
+    let mut attempts = Attempts::new(RetryPolicy::default());
+    let label = format!("PortPool {name}: carrying its spec to its shards");
+    loop {
+        let pool = get_pool(client, name).await?;
+        let shards = store.list(name).await.map_err(kube_error)?;
+        let sharded =
+            ShardedRecord::load(PoolCopy::of_pool(&pool), shards).map_err(|error| PoolError::Invalid {
+                pool: name.into(),
+                error,
+            })?;
+        let writes = sharded.writes(true);
+        let results: Vec<_> = stream::iter(&writes)
+            .map(|write| {
+                let (store, copy) = (store.clone(), &sharded.pool);
+                async move { store.commit(copy, write).await }
+            })
+            .buffer_unordered(SHARD_WRITES_AT_ONCE)
+            .collect()
+            .await;
+        let Some((e, target)) = results.into_iter().find_map(Result::err) else {
+            return Ok(());
+        };
+        match attempts.backoff(e, target, &label).await {
+            Ok(()) => {}
+            Err(Stop::Final(e)) => return Err(e.into()),
+            Err(Stop::Exhausted(exhausted)) => {
+                return Err(KubeError::new(
+                    ApiErrorKind::Conflict,
+                    SHARDS.all("update", None),
+                    format!(
+                        "{label}: gave up after {} attempts ({} conflicts; last: {}); run the command again",
+                        exhausted.attempts, exhausted.conflicts, exhausted.last
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+}
+
+fn kube_error((e, target): (kube::Error, Target)) -> KubeError {
+    KubeError::from_kube(e, target)
+}
+
+/// `owner (N ports)` for every holder listed in the pool's own shards (by UID, the parts of a
+/// spanning owner added up), sorted.
+fn holders_of(pool_uid: &str, shards: &[PortPoolShard]) -> Vec<String> {
+    let mut by_uid: BTreeMap<&str, (&str, u32)> = BTreeMap::new();
+    let entries = shards
+        .iter()
+        .filter(|s| s.spec.pool_uid == pool_uid)
+        .flat_map(|s| s.status.iter().flat_map(|st| st.holders.iter()));
+    for entry in entries {
+        let ports = Holdings::decode(&entry.ports).map_or(0, |h| h.port_count());
+        let seen = by_uid.entry(&entry.uid).or_insert((&entry.owner, 0));
+        seen.1 += ports;
+    }
+    let mut holders: Vec<String> = by_uid
+        .values()
+        .map(|(owner, ports)| format!("{owner} ({ports} ports)"))
+        .collect();
+    holders.sort();
+    holders
+}
+
+/// Delete a pool; refused while any of its shards holds an entry, unless `force`.
+///
+/// The pool goes first (with its resourceVersion and UID as preconditions), so no new
+/// allocation starts; then its shards, each only at the version listed unless `force`. A shard
+/// that an allocation already under way wrote between the check and the delete is kept, and
+/// counted as held: its PortAllocation's status records the ports, and recreating the pool and
+/// `repair` restore them. The shards go by list, not by garbage collection: nothing may be
+/// assumed to run one.
 pub async fn delete_pool(
     client: &Client,
     name: &str,
     force: bool,
 ) -> Result<DeletedPool, PoolError> {
-    let pools: Api<PortPool> = Api::all(client.clone());
     let pool = get_pool(client, name).await?;
-    if crate::ledger::is_sharded(&pool) {
-        return super::shard_pools::delete_sharded_pool(client, pool, force).await;
-    }
-    let holders: Vec<String> = PoolRecord::load(pool.clone())
-        .map(|r| {
-            r.holders
-                .values()
-                .map(|h| format!("{} ({} ports)", h.owner, h.holdings.port_count()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let pool_uid = pool.uid().unwrap_or_default();
+    let store = ShardStore::new(client.clone());
+    let holders = holders_of(&pool_uid, &store.list(name).await.map_err(kube_error)?);
     if !holders.is_empty() && !force {
         return Err(PoolError::Held {
-            pool: name.to_string(),
+            pool: name.into(),
             holders,
         });
     }
-    // The resourceVersion precondition makes "no holders" and "deleted" one atomic step: an
-    // allocation that lands in between makes this delete fail instead of orphaning its ports.
+    let pools: Api<PortPool> = Api::all(client.clone());
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             resource_version: if force { None } else { pool.resource_version() },
@@ -236,15 +326,64 @@ pub async fn delete_pool(
         ..Default::default()
     };
     match pools.delete(name, &params).await {
-        Ok(_) => {
-            tracing::info!("deleted PortPool {name} ({} holders)", holders.len());
-            Ok(DeletedPool {
-                holders: holders.len(),
-            })
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_conflict() => {
+            return Err(PoolError::Changed { pool: name.into() });
         }
-        Err(kube::Error::Api(s)) if s.is_conflict() => Err(PoolError::Changed {
-            pool: name.to_string(),
-        }),
-        Err(e) => Err(KubeError::from_kube(e, POOLS.on("delete", name, None)).into()),
+        Err(e) => return Err(KubeError::from_kube(e, POOLS.on("delete", name, None)).into()),
     }
+    let shards: Vec<PortPoolShard> = store
+        .list(name)
+        .await
+        .map_err(kube_error)?
+        .into_iter()
+        .filter(|s| s.spec.pool_uid == pool_uid)
+        .collect();
+    let api: Api<PortPoolShard> = Api::all(client.clone());
+    let mut kept = Vec::new();
+    for shard in shards {
+        let held = shard.status.as_ref().is_some_and(|s| !s.holders.is_empty());
+        if held && !force {
+            kept.push(shard);
+            continue;
+        }
+        let shard_name = shard.name_any();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: if force {
+                    None
+                } else {
+                    shard.resource_version()
+                },
+                uid: shard.uid(),
+            }),
+            ..Default::default()
+        };
+        match api.delete(&shard_name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            // Written since the list: someone's ports are in it now; keep it.
+            Err(kube::Error::Api(s)) if s.is_conflict() => {
+                if let Some(current) = store.get(&shard_name).await.map_err(kube_error)? {
+                    kept.push(current);
+                }
+            }
+            Err(e) => {
+                return Err(KubeError::from_kube(e, SHARDS.on("delete", &shard_name, None)).into());
+            }
+        }
+    }
+    let recorded = if force {
+        holders.len()
+    } else {
+        holders_of(&pool_uid, &kept).len()
+    };
+    if !kept.is_empty() {
+        tracing::warn!(
+            "PortPool {name} deleted; {} shards kept: they were written during the delete",
+            kept.len()
+        );
+    }
+    tracing::info!("deleted PortPool {name} and its shards ({recorded} holders)");
+    Ok(DeletedPool { holders: recorded })
 }

@@ -1,20 +1,23 @@
-//! `repair`, the reads and the write: read a pool, then list its PortAllocations, compute the
-//! diff with [`crate::ledger::plan_repair`] (whose docs say why one pass is safe), and write it
-//! back with a compare-and-swap on the resourceVersion read.
-
-use kube::api::{Api, ListParams, PostParams};
-use kube::{Client, ResourceExt};
+//! `repair`, the reads and the writes: LIST a pool's shards, then list its PortAllocations,
+//! plan per shard ([`crate::ledger::plan_sharded_repair`], whose docs carry the one-pass
+//! argument), and write each changed shard with a compare-and-swap on the version listed. A
+//! conflict on any shard starts again from the LIST: the shards already written hold what was
+//! planned for them, and the new plan sees them as they now are.
 
 use std::collections::BTreeMap;
 
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::{Client, ResourceExt};
+
 use super::allocator::{AllocateError, Allocator, SyncReport};
 use super::error::{KubeError, Target};
-use super::resources::{ALLOCATIONS, POOL_STATUS, POOLS};
+use super::resources::{ALLOCATIONS, POOLS, SHARDS};
 use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 use super::shards::ShardStore;
-use crate::api::{PortAllocation, PortPool, SpecError};
+use crate::api::{PortAllocation, PortPool, PortPoolShard, SpecError};
 use crate::ledger::{
-    Change, FreeReason, PoolRecord, RepairPlan, Restored, is_sharded, plan_repair,
+    Change, FreeReason, PoolCopy, RepairPlan, Restored, ShardRepairPlan, ShardedRecord,
+    StaleShard, plan_sharded_repair,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -109,9 +112,9 @@ impl Repairer {
             }
         };
         objects.sort_by_key(|p| p.name_any());
-        // A sharded pool's shards are listed before the PortAllocations, as a pool is read.
+        // Every pool's shards are listed before the PortAllocations.
         let mut shards = BTreeMap::new();
-        for object in objects.iter().filter(|p| is_sharded(p)) {
+        for object in &objects {
             let name = object.name_any();
             let listed = ShardStore::new(self.client.clone())
                 .list(&name)
@@ -129,90 +132,107 @@ impl Repairer {
         };
         let count = objects.len();
         for object in objects {
-            let repair = match shards.remove(&object.name_any()) {
-                Some(listed) => {
-                    self.repair_sharded(object, Some(listed), shared.as_deref(), apply)
-                        .await?
-                }
-                None => self.repair_pool(object, shared.as_deref(), apply).await?,
-            };
-            each(repair);
+            let listed = shards.remove(&object.name_any());
+            each(self.repair_pool(object, listed, shared.as_deref(), apply).await?);
         }
         Ok(count)
     }
 
-    /// Plan one pool's repair and, with `apply`, carry it out with a compare-and-swap on the
-    /// resourceVersion read; on 409 start again from the read. `object` and `listed` are a read
-    /// of the pool and a later list of PortAllocations, used for the first round.
+    /// The repair of one pool. `shards` and `listed`, when given, are a LIST of its shards and
+    /// a later list of PortAllocations, used for the first round.
     async fn repair_pool(
         &self,
         mut object: PortPool,
+        mut shards: Option<Vec<PortPoolShard>>,
         mut listed: Option<&[PortAllocation]>,
         apply: bool,
     ) -> Result<PoolRepair, RepairError> {
-        let pools: Api<PortPool> = Api::all(self.client.clone());
         let pool = object.name_any();
+        let store = ShardStore::new(self.client.clone());
         let mut attempts = Attempts::new(self.policy);
         loop {
-            let record =
-                PoolRecord::load(object.clone()).map_err(|error| RepairError::PoolSpec {
-                    pool: pool.clone(),
-                    error,
-                })?;
-            let plan = match listed.take() {
-                Some(all) => plan_repair(&record, all),
-                None => self.plan_alone(&record, &mut attempts).await?,
+            // 1. The shards (at R), 2. then the PortAllocations (after R).
+            let listed_shards = match shards.take() {
+                Some(shards) => shards,
+                None => match store.list(&pool).await {
+                    Ok(shards) => shards,
+                    Err((e, target)) => {
+                        self.backoff(&mut attempts, e, target, &pool).await?;
+                        continue;
+                    }
+                },
             };
-            let Some(status) = plan.status.clone().filter(|_| apply) else {
+            let sharded =
+                ShardedRecord::load(PoolCopy::of_pool(&object), listed_shards.clone()).map_err(|error| {
+                    RepairError::PoolSpec {
+                        pool: pool.clone(),
+                        error,
+                    }
+                })?;
+            let planned = match listed.take() {
+                Some(all) => plan_sharded_repair(&sharded, &listed_shards, all),
+                None => {
+                    self.plan_sharded_alone(&sharded, &listed_shards, &mut attempts)
+                        .await?
+                }
+            };
+            if !apply || (planned.writes.is_empty() && planned.replace.is_empty()) {
                 return Ok(PoolRepair {
-                    plan,
+                    plan: planned.plan,
                     applied: false,
                     attempts: attempts.attempts,
                     conflicts: attempts.conflicts,
                     follow_ups: Vec::new(),
                 });
-            };
-            let mut updated = object;
-            updated.status = Some(status);
-            // `updated` carries the resourceVersion of the read: the compare-and-swap.
-            match pools
-                .replace_status(&pool, &PostParams::default(), &updated)
-                .await
-            {
-                Ok(_) => {
+            }
+            if !planned.replace.is_empty() {
+                // Shards naming another pool UID are an earlier pool's only if this pool object
+                // still exists after the LIST: it existed before it too, and a name has one live
+                // object at a time. Otherwise they may be a newer pool's: start again.
+                let pools: Api<PortPool> = Api::all(self.client.clone());
+                let current = pools
+                    .get(&pool)
+                    .await
+                    .map_err(|e| KubeError::from_kube(e, POOLS.on("get", &pool, None)))?;
+                if current.uid() != object.uid() {
+                    object = current;
+                    continue;
+                }
+            }
+            match self.write_shards(&store, &sharded.pool, &planned).await {
+                Ok(()) => {
                     tracing::info!(
-                        "repair {pool}: {} changes written (attempt {}, {} conflicts)",
-                        plan.changes.len(),
+                        "repair {pool}: {} changes written to {} shards (attempt {}, {} conflicts)",
+                        planned.plan.changes.len(),
+                        planned.writes.len(),
                         attempts.attempts,
                         attempts.conflicts
                     );
-                    let follow_ups = self.follow_up(&pool, &plan.restored).await;
+                    let follow_ups = self.follow_up(&pool, &planned.plan.restored).await;
                     return Ok(PoolRepair {
-                        plan,
+                        plan: planned.plan,
                         applied: true,
                         attempts: attempts.attempts,
                         conflicts: attempts.conflicts,
                         follow_ups,
                     });
                 }
-                Err(e) => {
-                    let target = POOL_STATUS.on("update", &pool, None);
-                    self.backoff(&mut attempts, e, target, &pool).await?;
-                }
+                Err((e, target)) => self.backoff(&mut attempts, e, target, &pool).await?,
             }
             object = self.reread_pool(&pool, &mut attempts).await?;
         }
     }
 
-    /// The plan from this pool's own PortAllocations, listed after `record` was read. Freeing
+    /// The plan from this pool's own PortAllocations, listed after the shards were. Freeing
     /// needs to know whether a missing UID is gone or belongs to another pool, so when the plan
     /// frees anything, every PortAllocation is listed once more (leaks are rare).
-    async fn plan_alone(
+    async fn plan_sharded_alone(
         &self,
-        record: &PoolRecord,
+        sharded: &ShardedRecord,
+        listed: &[PortPoolShard],
         attempts: &mut Attempts,
-    ) -> Result<RepairPlan, RepairError> {
-        let pool = record.name();
+    ) -> Result<ShardRepairPlan, RepairError> {
+        let pool = sharded.name();
         let mine = loop {
             match self.list_allocations(Some(pool)).await {
                 Ok(mine) => break mine,
@@ -222,8 +242,8 @@ impl Repairer {
                 }
             }
         };
-        let plan = plan_repair(record, &mine);
-        let frees = plan.changes.iter().any(|c| {
+        let planned = plan_sharded_repair(sharded, listed, &mine);
+        let frees = planned.plan.changes.iter().any(|c| {
             matches!(
                 c,
                 Change::Free {
@@ -233,13 +253,30 @@ impl Repairer {
             )
         });
         if !frees {
-            return Ok(plan);
+            return Ok(planned);
         }
         let all = self
             .list_allocations(None)
             .await
             .map_err(|e| KubeError::from_kube(e, ALLOCATIONS.all("list", None)))?;
-        Ok(plan_repair(record, &all))
+        Ok(plan_sharded_repair(sharded, listed, &all))
+    }
+
+    /// Delete the earlier pool objects' shards, then commit each shard write in
+    /// ascending order, each a compare-and-swap (or a create) on what was listed.
+    async fn write_shards(
+        &self,
+        store: &ShardStore,
+        pool: &PoolCopy,
+        planned: &ShardRepairPlan,
+    ) -> Result<(), (kube::Error, super::error::Target)> {
+        for stale in &planned.replace {
+            delete_stale(&self.client, stale).await?;
+        }
+        for write in &planned.writes {
+            store.commit(pool, write).await?;
+        }
+        Ok(())
     }
 
     /// PortAllocations of one pool (by a field selector on `spec.pool`, served by CRDs installed
@@ -285,7 +322,7 @@ impl Repairer {
             };
             match current {
                 Some(pa) if pa.uid().as_deref() == Some(r.uid.as_str()) => {
-                    match self.allocator.sync(pa, None).await {
+                    match self.allocator.sync(pa).await {
                         Ok(report) => out.push(FollowUp::Synced(Box::new(report))),
                         Err(error) => out.push(FollowUp::Failed {
                             owner,
@@ -293,7 +330,11 @@ impl Repairer {
                         }),
                     }
                 }
-                _ => match self.allocator.release_holder(pool, &r.uid, &owner).await {
+                _ => match self
+                    .allocator
+                    .release_holder(pool, &r.uid, &owner, None)
+                    .await
+                {
                     Ok(freed) => out.push(FollowUp::Gone { owner, freed }),
                     Err(error) => out.push(FollowUp::Failed {
                         owner,
@@ -351,5 +392,28 @@ fn exhausted_error(pool: &str, exhausted: Exhausted) -> RepairError {
             RetryCause::Conflict => "409 Conflict".to_string(),
             RetryCause::Transient(message) => message,
         },
+    }
+}
+
+/// Delete a shard of an earlier pool object, only that object (its UID as precondition).
+async fn delete_stale(
+    client: &Client,
+    stale: &StaleShard,
+) -> Result<(), (kube::Error, super::error::Target)> {
+    let api: Api<PortPoolShard> = Api::all(client.clone());
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(stale.uid.clone()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&stale.name, &params).await {
+        Ok(_) => {
+            tracing::info!("repair: deleted shard {} of an earlier pool", stale.name);
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err((e, SHARDS.on("delete", &stale.name, None))),
     }
 }

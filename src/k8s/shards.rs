@@ -1,18 +1,17 @@
-//! Reads and writes of a sharded pool's `PortPoolShard` objects (docs/record-at-scale.md).
+//! Reads and writes of a pool's `PortPoolShard` objects (docs/record-at-scale.md).
 //!
 //! Each shard's `resourceVersion` is the lock for its window's ports: a write replaces the
-//! shard's status with the version read, exactly as the one-object record's pool write does.
-//! A shard that does not exist yet is created (its spec) and then written (its status: the API
-//! server ignores the status of a create); a create that finds the shard already there is a
-//! conflict like any other, and the caller reads again.
+//! shard's status with the version read. A shard that does not exist yet is created (its spec)
+//! and then written (its status: the API server ignores the status of a create); a create that
+//! finds the shard already there is a conflict like any other, and the caller reads again.
 
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use super::error::{KubeError, Target};
 use super::resources::{SHARD_STATUS, SHARDS};
-use crate::api::{PortPool, PortPoolShard};
-use crate::ledger::{ShardWrite, new_shard};
+use crate::api::PortPoolShard;
+use crate::ledger::{PoolCopy, ShardWrite, new_shard};
 
 /// The shards of pools, through one client. Reads and writes return the raw error with the
 /// request, for the callers' retry loops; `KubeError::from_kube` makes the message.
@@ -52,7 +51,7 @@ impl ShardStore {
     /// so the caller's retry loop can tell a conflict (409) from the rest.
     pub async fn commit(
         &self,
-        pool: &PortPool,
+        pool: &PoolCopy,
         write: &ShardWrite,
     ) -> Result<PortPoolShard, (kube::Error, Target)> {
         let resource_version = match &write.resource_version {

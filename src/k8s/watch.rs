@@ -334,7 +334,9 @@ fn watcher(
 async fn free(allocator: &Allocator, pa: &PortAllocation) {
     let owner = owner_of(pa);
     let uid = pa.uid().unwrap_or_default();
-    match allocator.release_holder(&pa.spec.pool, &uid, &owner).await {
+    match allocator
+        .release_holder(&pa.spec.pool, &uid, &owner, pa.status.as_ref())
+        .await {
         Ok(freed) => {
             tracing::info!(allocation = %owner, pool = %pa.spec.pool, freed, "deleted: ports freed")
         }

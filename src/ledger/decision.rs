@@ -1,12 +1,12 @@
 //! What one owner should hold in a pool after an operation, decided from one read of the pool.
 //!
-//! The Kubernetes layer reads the pool, calls [`decide`], writes the status it returns with the
-//! resourceVersion it read, and on a conflict reads again and decides again. Nothing here does
-//! I/O, so every decision is tested without a server.
+//! The Kubernetes layer reads a shard (or every shard), calls [`decide`] on the record, writes
+//! the holdings it returns with the resourceVersion it read, and on a conflict reads again and
+//! decides again. Nothing here does I/O, so every decision is tested without a server.
 
 use rand::Rng;
 
-use crate::api::{PortAllocation, PortPoolStatus};
+use crate::api::PortAllocation;
 use crate::core::{self, Holdings, PortDemand};
 
 use super::owner_of;
@@ -45,14 +45,13 @@ impl Operation {
     }
 }
 
-/// The result of one decision about the pool.
+/// The result of one decision about a record.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
-    /// The pool already says what we want: nothing to write.
+    /// The record already says what we want: nothing to write.
     Unchanged(Holdings),
-    /// Write `status` (with the resourceVersion read); `holdings` is the owner's new entry.
+    /// Write `holdings` as the owner's new entry (with the resourceVersion read).
     Write {
-        status: PortPoolStatus,
         holdings: Holdings,
         allocated: usize,
         released: usize,
@@ -77,12 +76,12 @@ pub fn decide(
 ) -> Result<Decision, Refusal> {
     match operation {
         Operation::Sync(demands) => decide_sync(record, uid, owner, demands, rng),
-        Operation::Release { role } => Ok(decide_release(record, uid, owner, role.as_deref())),
-        Operation::Remove => Ok(decide_remove(record, uid, owner)),
+        Operation::Release { role } => Ok(decide_release(record, uid, role.as_deref())),
+        Operation::Remove => Ok(decide_remove(record, uid)),
     }
 }
 
-/// Plan against what `uid` holds now, and carry the plan out on a copy of the pool state.
+/// Plan against what `uid` holds now, and carry the plan out on a copy of the record's state.
 fn decide_sync(
     record: &PoolRecord,
     uid: &str,
@@ -99,14 +98,13 @@ fn decide_sync(
     let holdings = core::execute(&plan, &mut state, rng)
         .map_err(|e| Refusal::from_core(e, record, uid, owner))?;
     Ok(Decision::Write {
-        status: record.status_with(&state, uid, owner, &holdings),
         holdings,
         allocated: plan.allocate.len(),
         released: plan.release.len(),
     })
 }
 
-fn decide_release(record: &PoolRecord, uid: &str, owner: &str, role: Option<&str>) -> Decision {
+fn decide_release(record: &PoolRecord, uid: &str, role: Option<&str>) -> Decision {
     let current = record.holdings_of(uid);
     let keep: Holdings = current
         .iter()
@@ -117,34 +115,21 @@ fn decide_release(record: &PoolRecord, uid: &str, owner: &str, role: Option<&str
     if released == 0 {
         return Decision::Unchanged(current);
     }
-    let mut state = record.state.clone();
-    for (slot, block) in current.iter() {
-        if !keep.contains(slot) {
-            state.release_block(block);
-        }
-    }
     Decision::Write {
-        status: record.status_with(&state, uid, owner, &keep),
         holdings: keep,
         allocated: 0,
         released,
     }
 }
 
-fn decide_remove(record: &PoolRecord, uid: &str, owner: &str) -> Decision {
+fn decide_remove(record: &PoolRecord, uid: &str) -> Decision {
     let current = record.holdings_of(uid);
+    // An undecodable entry of this owner goes too (writing empty holdings drops it): the
+    // object is gone, nobody will read it.
     if current.is_empty() && !record.opaque.contains_key(uid) {
         return Decision::Unchanged(current);
     }
-    let mut state = record.state.clone();
-    for (_, block) in current.iter() {
-        state.release_block(block);
-    }
-    // An undecodable entry of this owner goes too: the object is gone, nobody will read it.
-    let mut without_opaque = record.clone();
-    without_opaque.opaque.remove(uid);
     Decision::Write {
-        status: without_opaque.status_with(&state, uid, owner, &Holdings::new()),
         holdings: Holdings::new(),
         allocated: 0,
         released: current.len(),
@@ -161,33 +146,25 @@ pub fn precheck(record: &PoolRecord, pa: &PortAllocation) -> Result<(), Refusal>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{PoolHolder, PortPool, PortPoolSpec, StaticBandSetting};
     use crate::core::{Scope, SlotKey};
+    use crate::ledger::fixtures::{holders, pool_of, whole_record};
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
-    fn record(holders: &[(&str, &str)]) -> PoolRecord {
-        let mut pool = PortPool::new(
-            "p",
-            PortPoolSpec {
-                ranges: vec!["100-103".into()],
-                exclude: vec![],
-                protocol: Default::default(),
-                static_band: StaticBandSetting::None,
-            },
-        );
-        pool.status = Some(PortPoolStatus {
-            holders: holders
-                .iter()
-                .map(|(uid, ports)| PoolHolder {
-                    uid: (*uid).into(),
-                    owner: format!("ns/{uid}"),
-                    ports: (*ports).into(),
-                })
-                .collect(),
-            ..Default::default()
-        });
-        PoolRecord::load(pool).unwrap()
+    fn record(pairs: &[(&str, &str)]) -> PoolRecord {
+        whole_record(&pool_of(&["100-103"], &[]), holders(pairs))
+    }
+
+    /// The record after `holdings` are written for `uid`.
+    fn after(record: &PoolRecord, uid: &str, holdings: &Holdings) -> PoolRecord {
+        let mut state = record.state.clone();
+        for port in record.holdings_of(uid).ports() {
+            state.release(port);
+        }
+        for port in holdings.ports() {
+            state.mark_held(port).unwrap();
+        }
+        record.after(record.status_with(&state, uid, &format!("ns/{uid}"), holdings))
     }
 
     fn demand(role: &str, port: &str, replicas: u32) -> PortDemand {
@@ -219,16 +196,13 @@ mod tests {
         let sync = Operation::Sync(vec![demand("web", "http", 0)]);
         let decision = decide(&record, "a", "ns/a", &sync, &mut rng()).unwrap();
         let Decision::Write {
-            status,
-            holdings,
-            released,
-            ..
+            holdings, released, ..
         } = decision
         else {
             panic!("a scale-down writes the pool");
         };
         assert_eq!((holdings.len(), released), (0, 2));
-        assert!(status.holders.is_empty());
+        assert!(after(&record, "a", &holdings).holders.is_empty());
         assert!(!sync.released_on_purpose(&holdings, released));
         let release = Operation::Release { role: None };
         assert!(release.released_on_purpose(&holdings, released));
@@ -252,28 +226,15 @@ mod tests {
             }],
             ..Default::default()
         };
-        let mut pool = PortPool::new(
-            "p",
-            PortPoolSpec {
-                ranges: vec!["100-119".into()],
-                exclude: vec![],
-                protocol: Default::default(),
-                static_band: StaticBandSetting::None,
-            },
-        );
-        pool.status = Some(PortPoolStatus::default());
-        let empty = PoolRecord::load(pool.clone()).unwrap();
+        let empty = whole_record(&pool_of(&["100-119"], &[]), vec![]);
         let two = Operation::Sync(spec(2).demands().unwrap());
         let Decision::Write {
-            status,
-            holdings: before,
-            ..
+            holdings: before, ..
         } = decide(&empty, "a", "ns/a", &two, &mut rng()).unwrap()
         else {
             panic!("a first sync writes");
         };
-        pool.status = Some(status);
-        let record = PoolRecord::load(pool).unwrap();
+        let record = after(&empty, "a", &before);
         let three = Operation::Sync(spec(3).demands().unwrap());
         let Decision::Write {
             holdings: after,
@@ -307,9 +268,13 @@ mod tests {
         let record = record(&[("a", "web.http=100"), ("b", "not valid")]);
         for uid in ["a", "b"] {
             let decision = decide(&record, uid, "ns/x", &Operation::Remove, &mut rng()).unwrap();
-            let Decision::Write { status, .. } = decision else {
+            let Decision::Write { holdings, .. } = decision else {
                 panic!("removing {uid} writes the pool");
             };
+            assert!(holdings.is_empty());
+            let mut shard = crate::ledger::ShardRecord::new(0, record.clone());
+            shard.set(uid, "ns/x", &holdings);
+            let status = shard.write(&record.pool).status;
             assert_eq!(status.holders.len(), 1);
             assert!(status.holders.iter().all(|h| h.uid != uid));
         }
@@ -329,10 +294,8 @@ mod tests {
         );
     }
 
-    fn wide_record(holders: &[(&str, &str)]) -> PoolRecord {
-        let mut record = record(holders);
-        record.pool.spec.ranges = vec!["100-199".into()];
-        PoolRecord::load(record.pool).unwrap()
+    fn wide_record(pairs: &[(&str, &str)]) -> PoolRecord {
+        whole_record(&pool_of(&["100-199"], &[]), holders(pairs))
     }
 
     #[test]
@@ -355,7 +318,6 @@ mod tests {
             holdings,
             allocated,
             released,
-            status,
         } = decide(&record, "a", "ns/a", &bigger, &mut rng()).unwrap()
         else {
             panic!("a count change writes the pool");
@@ -363,8 +325,9 @@ mod tests {
         assert_eq!((allocated, released), (2, 2));
         assert_eq!(holdings.get(&SlotKey::new("ray", "head", 0)), Some(120));
         assert_eq!(holdings.port_count(), 33);
-        assert_eq!(status.allocated, 33);
-        assert!(status.holders[0].ports.contains("ray.workers="));
+        let written = after(&record, "a", &holdings);
+        assert_eq!(written.state.held_count(), 33);
+        assert!(written.entries()[0].ports.contains("ray.workers="));
     }
 
     #[test]

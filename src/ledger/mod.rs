@@ -1,25 +1,30 @@
 //! The ledger: every decision about who holds which port, over the API types and with no I/O.
 //!
-//! - [`PoolRecord`]: a PortPool as read, decoded into the core's pool state plus its holders, and
-//!   turned back into the status to write.
+//! - [`ShardedRecord`]: a pool as read — a copy of its spec ([`PoolCopy`]) and its
+//!   PortPoolShards, one per 256-port window ([`ShardLayout`]) — and the per-shard writes that
+//!   commit a decision; every pool, whatever its size, is recorded this way.
+//! - [`PoolRecord`]: one shard (or several windows joined), decoded into the core's pool state
+//!   plus its holders, and turned back into the shard status to write.
 //! - [`decide`]: what one owner holds after a sync, a release or its removal; [`Refusal`] when
 //!   that is impossible (pool full, port held, invalid spec, pool missing).
-//! - [`decide_batch`]: the same for many owners of one pool at once (group commit), so one
-//!   write commits all of them and a refusal stays with its own item.
+//! - [`place`] and [`decide_pool_batch`]: which shards an owner's decision is made on (its
+//!   home shard, else the fewest that fit), for one owner and for many at once (group commit:
+//!   one write per shard, a refusal staying with its own item).
 //! - [`allocation_status`]: a PortAllocation's status as a function of its spec and its pool
 //!   entry, so it can be recomputed at any time.
-//! - [`plan_repair`]: the diff that makes a pool's record match the live PortAllocations.
+//! - [`plan_sharded_repair`]: the diff that makes a pool's shards match the live
+//!   PortAllocations, one [`plan_repair`] per shard.
 //! - [`overlapping_pool`]: whether a new pool would share ports with an existing one.
-//! - Sharded record (groundwork, not used by the Kubernetes layer yet): [`ShardLayout`] (which
-//!   `PortPoolShard` records which port), [`ShardedRecord`] (a pool's shards as one record),
-//!   [`upgrade_plan`] (today's one-object record cut into shards), [`plan_sharded_repair`]
-//!   (repair per shard), [`is_sharded`] and [`shard_warnings`] (for readers).
+//! - [`shard_warnings`]: what readers (`pool describe`) say about the shards.
 //!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
 mod allocation_status;
-mod batch;
 mod decision;
+#[cfg(test)]
+pub(crate) mod fixtures;
+mod placement;
+mod pool_copy;
 mod pool_record;
 mod pools;
 mod refusal;
@@ -28,7 +33,6 @@ mod repair_text;
 mod shard_layout;
 mod shard_placement;
 mod shard_repair;
-mod shard_upgrade;
 mod shard_view;
 mod sharded_record;
 
@@ -36,9 +40,12 @@ pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
     allocation_status, recorded_holdings,
 };
-pub use batch::{BatchDecision, BatchItem, ItemOutcome, decide_batch};
 pub use decision::{Decision, Operation, decide, precheck};
-pub use pool_record::{Anomaly, HolderEntry, PoolRecord};
+pub use placement::{
+    BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place,
+};
+pub use pool_copy::PoolCopy;
+pub use pool_record::{Anomaly, HolderEntry, PoolRecord, counted_status};
 pub use pools::{PoolOverlap, overlapping_pool};
 pub use refusal::{Reason, Refusal};
 pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_repair};
@@ -47,8 +54,7 @@ pub use shard_layout::{
 };
 pub use shard_placement::{home_shard, known_shards, single_shard};
 pub use shard_repair::{ShardRepairPlan, StaleShard, plan_sharded_repair};
-pub use shard_upgrade::{UpgradedShard, upgrade_plan};
-pub use shard_view::{is_sharded, shard_warnings};
+pub use shard_view::shard_warnings;
 pub use sharded_record::{
     ShardAnomaly, ShardRecord, ShardWrite, ShardedRecord, load_shard, new_shard, split_by_shard,
 };

@@ -1,10 +1,14 @@
-//! A `PortPool` object as the allocator sees it: the core's [`PoolState`] plus who holds what.
-//! Pure: built from one read of the pool, and turned back into the status to write.
+//! The record of some of a pool's ports, as the allocator sees it: the core's [`PoolState`]
+//! plus who holds what. Usually one shard (one 256-port window); for an owner that needs
+//! several windows, their shards joined into one record (`ShardedRecord::union_record`).
+//! Pure: built from one read, and turned back into the shard status to write.
 
 use std::collections::BTreeMap;
 
-use crate::api::{PoolHolder, PortPool, PortPoolStatus, SpecError};
+use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus};
 use crate::core::{Holdings, PoolState, PortSet, SlotKey, StaticBand};
+
+use super::pool_copy::PoolCopy;
 
 /// One holder's entry, decoded.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,10 +43,14 @@ pub enum Anomaly {
     },
 }
 
-/// The pool as read, ready for planning.
+/// A record as read, ready for planning.
 #[derive(Clone, Debug)]
 pub struct PoolRecord {
-    pub pool: PortPool,
+    /// The shard as read: its name and resourceVersion (the compare-and-swap) and its entries.
+    /// For a record of several windows, an object holding all of their entries.
+    pub shard: PortPoolShard,
+    /// The pool this record is decided under (its spec gives the ports).
+    pub pool: PoolCopy,
     pub ports: PortSet,
     pub state: PoolState,
     pub holders: BTreeMap<String, HolderEntry>,
@@ -52,21 +60,20 @@ pub struct PoolRecord {
 }
 
 impl PoolRecord {
-    pub fn load(pool: PortPool) -> Result<PoolRecord, SpecError> {
-        let ports = pool.spec.port_set()?;
-        let static_band = pool.spec.core_static_band();
-        Ok(PoolRecord::load_ports(pool, ports, static_band))
-    }
-
-    /// The record in `pool.status` over the given ports rather than the spec's: one shard of a
-    /// sharded pool, whose ports are a window of the pool's (see `ShardedRecord`).
-    pub fn load_ports(pool: PortPool, ports: PortSet, static_band: StaticBand) -> PoolRecord {
+    /// The entries of `shard` over `ports` (the shard's window of the pool, or several
+    /// windows), whose lowest ports form a static band of `static_band`.
+    pub fn load(
+        shard: PortPoolShard,
+        pool: PoolCopy,
+        ports: PortSet,
+        static_band: StaticBand,
+    ) -> PoolRecord {
         let mut state = PoolState::new(ports.clone(), static_band);
         let mut holders = BTreeMap::new();
         let mut opaque = BTreeMap::new();
         let mut anomalies = Vec::new();
         let mut first_holder: BTreeMap<u16, String> = BTreeMap::new();
-        let entries = pool
+        let entries = shard
             .status
             .as_ref()
             .map(|s| s.holders.as_slice())
@@ -118,6 +125,7 @@ impl PoolRecord {
             );
         }
         PoolRecord {
+            shard,
             pool,
             ports,
             state,
@@ -127,12 +135,68 @@ impl PoolRecord {
         }
     }
 
-    pub fn name(&self) -> &str {
-        self.pool.metadata.name.as_deref().unwrap_or_default()
+    /// A record of `holders` over `ports` that is no one shard: several windows joined.
+    pub fn joined(
+        pool: PoolCopy,
+        ports: PortSet,
+        static_band: StaticBand,
+        holders: Vec<PoolHolder>,
+    ) -> PoolRecord {
+        let mut shard = PortPoolShard::new(
+            &pool.name,
+            crate::api::PortPoolShardSpec {
+                pool: pool.name.clone(),
+                pool_uid: pool.uid.clone(),
+                index: 0,
+                ranges: vec![],
+            },
+        );
+        shard.status = Some(PortPoolShardStatus {
+            holders,
+            ..Default::default()
+        });
+        PoolRecord::load(shard, pool, ports, static_band)
     }
 
-    pub fn uid(&self) -> Option<&str> {
-        self.pool.metadata.uid.as_deref()
+    /// This record as it is after `status` is written (the same object, ports and bands).
+    pub fn after(&self, status: PortPoolShardStatus) -> PoolRecord {
+        let mut shard = self.shard.clone();
+        shard.status = Some(status);
+        PoolRecord::load(shard, self.pool.clone(), self.ports.clone(), self.static_band())
+    }
+
+    /// The static band this record was loaded with, as a count of its lowest ports.
+    pub fn static_band(&self) -> StaticBand {
+        StaticBand::Count(self.state.static_usage().size)
+    }
+
+    /// The shard's name.
+    pub fn name(&self) -> &str {
+        self.shard.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The pool's name, as messages and statuses name it.
+    pub fn pool_name(&self) -> &str {
+        &self.pool.name
+    }
+
+    /// The pool object's UID.
+    pub fn pool_uid(&self) -> &str {
+        &self.pool.uid
+    }
+
+    /// The shard's resourceVersion as read (`None`: the shard does not exist yet).
+    pub fn resource_version(&self) -> Option<String> {
+        self.shard.metadata.resource_version.clone()
+    }
+
+    /// Every entry as read, verbatim.
+    pub fn entries(&self) -> &[PoolHolder] {
+        self.shard
+            .status
+            .as_ref()
+            .map(|s| s.holders.as_slice())
+            .unwrap_or_default()
     }
 
     /// What `uid` holds here (nothing if it is not a holder).
@@ -178,15 +242,13 @@ impl PoolRecord {
         uid: &str,
         owner: &str,
         holdings: &Holdings,
-    ) -> PortPoolStatus {
+    ) -> PortPoolShardStatus {
         // Other holders' entries are copied as read, byte for byte: rewriting them (even into an
         // equivalent text) would be a change to someone else's entry, which the tenancy policy
         // rightly refuses.
         let mut entries: BTreeMap<String, PoolHolder> = self
-            .pool
-            .status
+            .entries()
             .iter()
-            .flat_map(|s| s.holders.iter())
             .map(|entry| (entry.uid.clone(), entry.clone()))
             .collect();
         if holdings.is_empty() {
@@ -201,25 +263,31 @@ impl PoolRecord {
                 },
             );
         }
-        counted_status(state, entries.into_values().collect())
+        self.counted_status(state, entries.into_values().collect())
     }
 
-    /// The status this record would write unchanged (counts recomputed).
-    pub fn current_status(&self) -> PortPoolStatus {
-        let holders = self
-            .pool
-            .status
-            .as_ref()
-            .map(|s| s.holders.clone())
-            .unwrap_or_default();
-        counted_status(&self.state, holders)
+    /// The status this record would write unchanged (counts recomputed, the pool copy ours).
+    pub fn current_status(&self) -> PortPoolShardStatus {
+        self.counted_status(&self.state, self.entries().to_vec())
+    }
+
+    /// A status with these holders, the counts of `state` and the pool copy decided under:
+    /// every write carries the pool's spec along, so the next reader of the shard needs no
+    /// read of the pool.
+    pub fn counted_status(&self, state: &PoolState, holders: Vec<PoolHolder>) -> PortPoolShardStatus {
+        counted_status(&self.pool, state, holders)
     }
 }
 
-fn counted_status(state: &PoolState, holders: Vec<PoolHolder>) -> PortPoolStatus {
-    PortPoolStatus {
-        // The one-object record: a sharded pool is never written from here.
-        format: None,
+/// [`PoolRecord::counted_status`] for a record not loaded yet.
+pub fn counted_status(
+    pool: &PoolCopy,
+    state: &PoolState,
+    holders: Vec<PoolHolder>,
+) -> PortPoolShardStatus {
+    PortPoolShardStatus {
+        pool_generation: pool.generation,
+        pool_spec: Some(pool.spec.clone()),
         size: state.size() as i32,
         allocated: state.held_count() as i32,
         available: state.free_count() as i32,
@@ -231,41 +299,19 @@ fn counted_status(state: &PoolState, holders: Vec<PoolHolder>) -> PortPoolStatus
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{PortPoolSpec, StaticBandSetting};
+    use crate::ledger::fixtures::{holder, pool_of, whole_record};
 
-    fn pool(holders: Vec<PoolHolder>) -> PortPool {
-        let mut pool = PortPool::new(
-            "p",
-            PortPoolSpec {
-                ranges: vec!["100-109".into()],
-                exclude: vec!["105".into()],
-                protocol: Default::default(),
-                static_band: StaticBandSetting::None,
-            },
-        );
-        pool.status = Some(PortPoolStatus {
-            holders,
-            ..Default::default()
-        });
-        pool
-    }
-
-    fn holder(uid: &str, ports: &str) -> PoolHolder {
-        PoolHolder {
-            uid: uid.into(),
-            owner: format!("ns/{uid}"),
-            ports: ports.into(),
-        }
+    fn record(holders: Vec<PoolHolder>) -> PoolRecord {
+        whole_record(&pool_of(&["100-109"], &["105"]), holders)
     }
 
     #[test]
     fn load_marks_holdings_and_reports_anomalies() {
-        let record = PoolRecord::load(pool(vec![
+        let record = record(vec![
             holder("a", "web.http=100,101"),
             holder("b", "db.sql=101 db.admin=105"),
             holder("c", "not valid text"),
-        ]))
-        .unwrap();
+        ]);
         assert_eq!(record.state.size(), 9);
         assert_eq!(record.state.held_count(), 2);
         assert!(record.anomalies.contains(&Anomaly::Duplicate {
@@ -294,9 +340,8 @@ mod tests {
     }
 
     #[test]
-    fn status_with_replaces_only_one_holder_and_keeps_opaque_entries() {
-        let record =
-            PoolRecord::load(pool(vec![holder("a", "web.http=100"), holder("c", "???")])).unwrap();
+    fn status_with_replaces_only_one_holder_keeps_opaque_entries_and_carries_the_pool_spec() {
+        let record = record(vec![holder("a", "web.http=100"), holder("c", "???")]);
         let mut state = record.state.clone();
         state.take_requested(102).unwrap();
         let mut mine = Holdings::new();
@@ -320,16 +365,19 @@ mod tests {
             ),
             (9, 2, 7, 3)
         );
+        assert_eq!(status.pool_spec.as_ref(), Some(&record.pool.spec));
+        assert_eq!(status.pool_generation, record.pool.generation);
 
         let removed = record.status_with(&record.state, "a", "ns/a", &Holdings::new());
         assert_eq!(removed.holders.len(), 1);
+        assert_eq!(record.after(removed).holders.len(), 0);
     }
 
     #[test]
     fn other_holders_entries_are_copied_byte_for_byte() {
         // Decodable, but not how we would write it (groups out of order).
         let theirs = "web.b=103 web.a=104";
-        let record = PoolRecord::load(pool(vec![holder("d", theirs)])).unwrap();
+        let record = record(vec![holder("d", theirs)]);
         assert_eq!(record.holdings_of("d").len(), 2);
         assert_ne!(record.holdings_of("d").encode(), theirs);
         let mut mine = Holdings::new();

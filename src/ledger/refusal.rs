@@ -117,7 +117,7 @@ impl Refusal {
 
     /// Add who is involved to a refusal of the core.
     pub fn from_core(error: AllocError, record: &PoolRecord, uid: &str, owner: &str) -> Refusal {
-        let pool = record.name().to_string();
+        let pool = record.pool_name().to_string();
         let (port, block) = match error {
             AllocError::Held { port } => (port, None),
             AllocError::BlockHeld { block, port } => (port, Some(block)),

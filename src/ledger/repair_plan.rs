@@ -1,7 +1,8 @@
-//! `repair`: make a pool's record match the live PortAllocations again.
+//! `repair`: make one record of a pool (one shard) match the live PortAllocations again;
+//! `shard_repair` runs it once per shard.
 //!
-//! The pool's `status.holders` is the authoritative record of who holds which port. Two things
-//! can make it disagree with the cluster: an entry whose PortAllocation is gone (a `delete`
+//! The shards' `status.holders` are the authoritative record of who holds which port. Two
+//! things can make them disagree with the cluster: an entry whose PortAllocation is gone (a `delete`
 //! interrupted between deleting the object and freeing its entry, or an object deleted with
 //! `kubectl delete`), and holdings the pool lost (the pool was deleted and created again while
 //! PortAllocations still held ports in it; their statuses still record them).
@@ -49,8 +50,8 @@ use serde::Serialize;
 use super::allocation_status::recorded_holdings;
 use super::owner_of;
 use super::pool_record::{Anomaly, HolderEntry, PoolRecord};
-use crate::api::{PoolHolder, PortAllocation, PortPoolStatus, SpecError};
-use crate::core::{Holdings, PortBlock, PortRange, StaticBand, desired_slots};
+use crate::api::{PoolHolder, PortAllocation, PortPoolShardStatus, SpecError};
+use crate::core::{Holdings, PortBlock, PortRange, desired_slots};
 
 /// Why an entry is freed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -90,6 +91,10 @@ pub enum Change {
     /// would block this pool's shard for its window; statuses restore what it held).
     #[serde(rename_all = "camelCase")]
     RemoveShard { shard: String, pool_uid: String },
+    /// The shard carries an older spec of the pool: write this generation's (the shard's
+    /// ports and counts follow it; no entry changes).
+    #[serde(rename_all = "camelCase")]
+    Respec { shard: String, generation: i64 },
     /// Only the counts (size, allocated, available, holderCount) were wrong.
     #[serde(rename_all = "camelCase")]
     Recount {
@@ -205,7 +210,7 @@ pub struct RepairPlan {
     pub held_ports: u32,
     /// The status to write; `None` when nothing changes.
     #[serde(skip)]
-    pub status: Option<PortPoolStatus>,
+    pub status: Option<PortPoolShardStatus>,
     #[serde(skip)]
     pub restored: Vec<Restored>,
 }
@@ -253,18 +258,13 @@ pub(crate) fn plan_repair_scoped(
     allocations: &[PortAllocation],
     scope: &RepairScope,
 ) -> RepairPlan {
-    let pool_name = record.name().to_string();
-    let pool_uid = record.uid().unwrap_or_default().to_string();
+    let pool_name = record.pool_name().to_string();
+    let pool_uid = record.pool_uid().to_string();
     let by_uid: BTreeMap<String, &PortAllocation> = allocations
         .iter()
         .filter_map(|pa| pa.uid().map(|uid| (uid, pa)))
         .collect();
-    let raw: Vec<PoolHolder> = record
-        .pool
-        .status
-        .as_ref()
-        .map(|s| s.holders.clone())
-        .unwrap_or_default();
+    let raw: Vec<PoolHolder> = record.entries().to_vec();
 
     let mut changes = Vec::new();
     let mut findings = Vec::new();
@@ -517,18 +517,21 @@ pub(crate) fn plan_repair_scoped(
         .chain(added)
         .collect();
     holders.sort_by(|a, b| a.uid.cmp(&b.uid));
-    let mut after = record.pool.clone();
-    after.status = Some(PortPoolStatus {
-        holders: holders.clone(),
-        ..Default::default()
-    });
-    // Counted over the record's own ports (a shard's are its window's); bands do not count.
-    let mut recounted =
-        PoolRecord::load_ports(after, record.ports.clone(), StaticBand::None).current_status();
-    let stored = record.pool.status.clone().unwrap_or_default();
-    // The format is not repair's to change (a pool being upgraded stays so).
-    recounted.format = stored.format;
-    if changes.is_empty() && counts(&recounted) != counts(&stored) {
+    // Counted over the record's own ports (a shard's are its window's).
+    let recounted = record
+        .after(PortPoolShardStatus {
+            holders,
+            ..Default::default()
+        })
+        .current_status();
+    let stored = record.shard.status.clone().unwrap_or_default();
+    let behind = stored.pool_spec.is_none() || stored.pool_generation < record.pool.generation;
+    if changes.is_empty() && behind && record.resource_version().is_some() {
+        changes.push(Change::Respec {
+            shard: record.name().to_string(),
+            generation: record.pool.generation,
+        });
+    } else if changes.is_empty() && counts(&recounted) != counts(&stored) {
         changes.push(Change::Recount {
             size: recounted.size,
             allocated: recounted.allocated,
@@ -539,7 +542,7 @@ pub(crate) fn plan_repair_scoped(
     RepairPlan {
         pool: pool_name,
         pool_uid,
-        resource_version: record.pool.resource_version().unwrap_or_default(),
+        resource_version: record.resource_version().unwrap_or_default(),
         holders: recounted.holders.len(),
         held_ports: recounted.allocated.max(0) as u32,
         status: (!changes.is_empty()).then_some(recounted),
@@ -549,7 +552,7 @@ pub(crate) fn plan_repair_scoped(
     }
 }
 
-fn counts(status: &PortPoolStatus) -> (i32, i32, i32, i32) {
+fn counts(status: &PortPoolShardStatus) -> (i32, i32, i32, i32) {
     (
         status.size,
         status.allocated,

@@ -2,7 +2,9 @@
 //! randomized sweep that repairing never creates a duplicate.
 
 use super::*;
-use crate::api::PortPool;
+use crate::api::{PortPool, PortPoolShard};
+use crate::ledger::fixtures::shard_of;
+use crate::ledger::{PoolCopy, load_shard};
 use crate::api::{
     PortAllocationSpec, PortAllocationStatus, PortPoolSpec, PortRequest, Role, Scope,
     StaticBandSetting,
@@ -13,7 +15,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 const POOL_UID: &str = "pool-uid-2";
 
-fn pool(holders: &[(&str, &str, &str)]) -> PortPool {
+/// Pool `p` over 100-119 less 110: one shard.
+fn pool_object() -> PortPool {
     let mut pool = PortPool::new(
         "p",
         PortPoolSpec {
@@ -24,7 +27,13 @@ fn pool(holders: &[(&str, &str, &str)]) -> PortPool {
         },
     );
     pool.metadata.uid = Some(POOL_UID.into());
-    pool.metadata.resource_version = Some("42".into());
+    pool.metadata.generation = Some(1);
+    pool
+}
+
+/// The pool's one shard, read at version 42, holding `(uid, owner, ports)` entries, with the
+/// counts the allocator would have written.
+fn pool(holders: &[(&str, &str, &str)]) -> PortPoolShard {
     let holders: Vec<PoolHolder> = holders
         .iter()
         .map(|(uid, owner, ports)| PoolHolder {
@@ -33,14 +42,17 @@ fn pool(holders: &[(&str, &str, &str)]) -> PortPool {
             ports: (*ports).into(),
         })
         .collect();
-    let mut with_counts = pool.clone();
-    with_counts.status = Some(PortPoolStatus {
-        holders: holders.clone(),
-        ..Default::default()
-    });
-    // Counts as the allocator would have written them.
-    pool.status = Some(PoolRecord::load(with_counts).unwrap().current_status());
-    pool
+    let mut shard = shard_of(&pool_object(), 0, holders);
+    shard.metadata.resource_version = Some("42".into());
+    shard.status = Some(record(shard.clone()).current_status());
+    shard
+}
+
+/// The shard loaded as the record repair plans against.
+fn record(shard: PortPoolShard) -> PoolRecord {
+    let copy = PoolCopy::of_pool(&pool_object());
+    let layout = copy.layout().unwrap();
+    load_shard(&copy, &layout, 0, shard)
 }
 
 /// A PortAllocation `ns/name` with role web (`replicas` pods, PodScoped http) whose status
@@ -96,12 +108,12 @@ fn pa(
     pa
 }
 
-fn plan(pool: PortPool, pas: &[PortAllocation]) -> RepairPlan {
-    plan_repair(&PoolRecord::load(pool).unwrap(), pas)
+fn plan(pool: PortPoolShard, pas: &[PortAllocation]) -> RepairPlan {
+    plan_repair(&record(pool), pas)
 }
 
 /// Apply a plan's status to the pool, as the write does.
-fn applied(mut pool: PortPool, plan: &RepairPlan) -> PortPool {
+fn applied(mut pool: PortPoolShard, plan: &RepairPlan) -> PortPoolShard {
     if let Some(status) = &plan.status {
         pool.status = Some(status.clone());
     }
@@ -145,7 +157,7 @@ fn entries_of_deleted_objects_are_freed_and_live_ones_kept() {
         (19, 2, 17, 1)
     );
     // Idempotent: the repaired pool needs nothing more.
-    let again = plan_repair(&PoolRecord::load(applied(p, &plan)).unwrap(), &live);
+    let again = plan_repair(&record(applied(p, &plan)), &live);
     assert!(again.is_clean(), "{again:?}");
 }
 
@@ -208,7 +220,7 @@ fn lost_holdings_are_restored_only_where_safe() {
             .collect::<Vec<_>>(),
         ["a", "b"]
     );
-    let after = PoolRecord::load(applied(p, &plan)).unwrap();
+    let after = record(applied(p, &plan));
     assert!(after.anomalies.is_empty());
     // c's 102, a's 100 and 101, b's 103.
     assert_eq!(after.state.held_count(), 4);
@@ -271,7 +283,7 @@ fn duplicates_and_ports_outside_the_pool_are_reported_and_kept() {
             },
         ]
     );
-    let after = PoolRecord::load(applied(p, &plan)).unwrap();
+    let after = record(applied(p, &plan));
     assert_eq!(after.holders.len(), 4, "live holders are all kept");
     assert_eq!(after.holdings_of("d").len(), 1);
 }
@@ -354,9 +366,9 @@ fn restoring_never_creates_a_duplicate() {
             .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
             .collect();
         let p = pool(&borrowed);
-        let before = PoolRecord::load(p.clone()).unwrap();
+        let before = record(p.clone());
         let plan = plan(p.clone(), &live);
-        let after = PoolRecord::load(applied(p, &plan)).unwrap();
+        let after = record(applied(p, &plan));
         let new_duplicates = after
             .anomalies
             .iter()
@@ -425,7 +437,7 @@ fn a_recreated_pool_gets_its_blocks_back_exactly() {
     );
     assert!(plan.findings.is_empty(), "{:?}", plan.findings);
     assert_eq!(plan.held_ports, 8);
-    let after = PoolRecord::load(applied(empty, &plan)).unwrap();
+    let after = record(applied(empty, &plan));
     assert_eq!(after.state.held_count(), 8);
     assert!(plan_repair(&after, &[live]).is_clean());
 }
@@ -461,7 +473,7 @@ fn duplicates_and_exclusions_are_found_inside_blocks() {
         ("a", "ns/a", "web.http=100-103"),
         ("b", "ns/b", "web.http=103,108-111"),
     ]);
-    let record = PoolRecord::load(p.clone()).unwrap();
+    let record = record(p.clone());
     assert_eq!(record.state.held_count(), 7);
     let plan = plan(
         p,

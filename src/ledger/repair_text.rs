@@ -23,11 +23,12 @@ fn role_of(slot: &str) -> &str {
 }
 
 impl Change {
-    /// The first word of the change's line: `free`, `restore`, `recount` or `remove`.
+    /// The first word of the change's line: `free`, `restore`, `respec`, `recount` or `remove`.
     pub fn verb(&self) -> &'static str {
         match self {
             Change::Free { .. } => "free",
             Change::Restore { .. } => "restore",
+            Change::Respec { .. } => "respec",
             Change::Recount { .. } => "recount",
             Change::RemoveShard { .. } => "remove",
         }
@@ -93,6 +94,11 @@ impl fmt::Display for Change {
                 "shard {shard}: it is the record of an earlier pool object (UID {pool_uid}) and \
                  would block this pool's shard for its window; PortAllocation statuses restore \
                  what it held"
+            ),
+            Change::Respec { shard, generation } => write!(
+                f,
+                "shard {shard}: write the pool's spec of generation {generation} (it carries an \
+                 older one, which allocations in it still follow)"
             ),
             Change::Recount {
                 size,

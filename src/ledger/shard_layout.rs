@@ -149,13 +149,13 @@ impl ShardLayout {
             .filter(|s| s.ports.contains(port))
     }
 
-    /// The order in which an owner with this UID tries shards: from `hash(uid) mod n` among the
-    /// shards with dynamic ports, then +1, +2, ... wrapping; then the all-static shards, from
+    /// The order in which the owner `namespace/name` tries shards: from `hash(owner) mod n`
+    /// among the shards with dynamic ports, then +1, +2, ... wrapping; then the all-static shards, from
     /// the hash too. Every shard exactly once. The home shard moves when the layout gains or
     /// loses a shard (a pool edit); the owner's status records the shard it used, so that is
     /// only a different first guess for new owners.
-    pub fn home_order(&self, uid: &str) -> Vec<u16> {
-        let hash = fnv1a(uid.as_bytes());
+    pub fn home_order(&self, owner: &str) -> Vec<u16> {
+        let hash = fnv1a(owner.as_bytes());
         let (statics, dynamics): (Vec<&ShardSpan>, Vec<&ShardSpan>) =
             self.shards.iter().partition(|s| s.is_static());
         let indices = |spans: Vec<&ShardSpan>| spans.iter().map(|s| s.index).collect();

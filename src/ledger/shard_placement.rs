@@ -1,55 +1,44 @@
-//! Where a PortAllocation's entries in a sharded pool may be, from its own status, and whether
-//! one shard alone can decide its next operation (docs/record-at-scale.md, "Placement").
+//! Where a PortAllocation's entries in a pool may be, from its own status, and whether one shard
+//! alone can decide its next operation (docs/record-at-scale.md, "Placement").
 //!
 //! The rule that makes a killed sync safe: an owner has entries only in its *known* shards —
-//! `status.shards` when set, else the windows of the ports its status records, else its home
-//! shard. A write outside the known set is preceded by a status write that widens it, so the
-//! next sync (from any client) looks in every shard that may hold a part.
+//! `status.shards` when set, else its home shard. A write outside the known set is preceded by
+//! a status write that widens it, so the next sync (from any client) looks in every shard that
+//! may hold a part.
+//!
+//! The home shard is a hash of the owner's `namespace/name`, not of its UID: it is known before
+//! the object exists, so `create` reads it (and checks that the new object fits) before it
+//! creates anything.
 
 use std::collections::BTreeSet;
 
 use crate::api::PortAllocationStatus;
 use crate::core::PortDemand;
 
-use super::allocation_status::recorded_holdings;
 use super::decision::Operation;
 use super::shard_layout::{ShardLayout, shard_index_of};
-use super::sharded_record::split_by_shard;
 
-/// The shards where the owner `uid` may have entries, by the rule above. `pool_uid` is the
-/// current pool's: ports recorded against an earlier pool of the same name say nothing about
-/// this one's shards.
+/// The shards where the owner `namespace/name` may have entries, by the rule above.
 pub fn known_shards(
     status: Option<&PortAllocationStatus>,
-    pool_uid: Option<&str>,
     layout: &ShardLayout,
-    uid: &str,
+    owner: &str,
 ) -> BTreeSet<u16> {
-    if let Some(status) = status {
-        let listed: BTreeSet<u16> = status
-            .shards
-            .iter()
-            .filter_map(|&k| u16::try_from(k).ok())
-            .filter(|&k| k <= 255)
-            .collect();
-        if !listed.is_empty() {
-            return listed;
-        }
-        if pool_uid.is_some() && status.pool_uid.as_deref() == pool_uid {
-            let recorded: BTreeSet<u16> = split_by_shard(&recorded_holdings(status))
-                .into_keys()
-                .collect();
-            if !recorded.is_empty() {
-                return recorded;
-            }
-        }
+    let listed: BTreeSet<u16> = status
+        .iter()
+        .flat_map(|status| &status.shards)
+        .filter_map(|&k| u16::try_from(k).ok())
+        .filter(|&k| k <= 255)
+        .collect();
+    if !listed.is_empty() {
+        return listed;
     }
-    home_shard(layout, uid).into_iter().collect()
+    home_shard(layout, owner).into_iter().collect()
 }
 
 /// The first shard of the owner's home order (dynamic-band shards first).
-pub fn home_shard(layout: &ShardLayout, uid: &str) -> Option<u16> {
-    layout.home_order(uid).first().copied()
+pub fn home_shard(layout: &ShardLayout, owner: &str) -> Option<u16> {
+    layout.home_order(owner).first().copied()
 }
 
 /// The one shard that can decide `operation` alone, if any: the owner's only known shard, and
@@ -101,26 +90,17 @@ mod tests {
     }
 
     #[test]
-    fn listed_shards_win_then_recorded_ports_then_home() {
+    fn listed_shards_win_else_the_home_of_the_name() {
         let layout = layout();
-        let home = home_shard(&layout, "u1").unwrap();
-        assert_eq!(known_shards(None, Some("p"), &layout, "u1"), [home].into());
-
-        // 30000 is window 117, 31000 window 121.
+        let home = home_shard(&layout, "ns/a").unwrap();
+        assert_eq!(known_shards(None, &layout, "ns/a"), [home].into());
+        // Recorded ports alone say nothing: a status without `shards` was never committed.
         let recorded = status_with_ports(vec![30000, 31000], "p");
-        assert_eq!(
-            known_shards(Some(&recorded), Some("p"), &layout, "u1"),
-            [117, 121].into()
-        );
-        // Ports recorded against an earlier pool of the same name: only the home is known.
-        assert_eq!(
-            known_shards(Some(&recorded), Some("q"), &layout, "u1"),
-            [home].into()
-        );
+        assert_eq!(known_shards(Some(&recorded), &layout, "ns/a"), [home].into());
         let mut listed = recorded.clone();
         listed.shards = vec![120, 300, -1];
         assert_eq!(
-            known_shards(Some(&listed), Some("p"), &layout, "u1"),
+            known_shards(Some(&listed), &layout, "ns/a"),
             [120].into(),
             "indices outside 0-255 are ignored"
         );

@@ -1,5 +1,5 @@
-//! `repair` of a sharded pool (docs/record-at-scale.md, section 5): today's [`plan_repair`]
-//! run once per shard, each shard being one record of its window's ports.
+//! `repair` of a pool (docs/record-at-scale.md, section 5): [`plan_repair`] run once per
+//! shard, each shard being one record of its window's ports.
 //!
 //! The one-pass argument holds per shard: the shards are listed (one LIST, at revision `R`),
 //! then the PortAllocations (served after `R`). Every entry in a shard at `R` was written for an
@@ -59,7 +59,7 @@ pub fn plan_sharded_repair(
     allocations: &[PortAllocation],
 ) -> ShardRepairPlan {
     let pool_name = sharded.name().to_string();
-    let pool_uid = sharded.pool.uid().unwrap_or_default();
+    let pool_uid = sharded.pool.uid.clone();
 
     // Windows without a loaded shard where a live PortAllocation of the pool records ports.
     let mut missing: BTreeSet<u16> = BTreeSet::new();
@@ -112,7 +112,7 @@ pub fn plan_sharded_repair(
     let windows: BTreeSet<u16> = sharded.shards.keys().copied().chain(missing).collect();
     for k in windows {
         let loaded = sharded.shards.get(&k);
-        let mut record = match loaded {
+        let record = match loaded {
             Some(shard) => shard.record.clone(),
             None => load_shard(
                 &sharded.pool,
@@ -122,10 +122,7 @@ pub fn plan_sharded_repair(
             ),
         };
         let name = record.name().to_string();
-        let resource_version = loaded.and_then(|_| record.pool.resource_version());
-        // Planned under the pool's name and UID: that is what statuses and specs name.
-        record.pool.metadata.name = Some(pool_name.clone());
-        record.pool.metadata.uid = Some(pool_uid.clone());
+        let resource_version = loaded.and_then(|_| record.resource_version());
         let scope = RepairScope {
             window: Some(window(k)),
             restore_own: loaded.is_none(),
@@ -166,7 +163,7 @@ pub fn plan_sharded_repair(
                     index: k,
                     name: name.clone(),
                     resource_version,
-                    status: status.clone().into(),
+                    status: status.clone(),
                 });
                 Some(status)
             }
@@ -189,7 +186,7 @@ pub fn plan_sharded_repair(
         plan: RepairPlan {
             pool: pool_name,
             pool_uid,
-            resource_version: sharded.pool.resource_version().unwrap_or_default(),
+            resource_version: String::new(),
             changes,
             findings,
             holders: holders_after.len(),

@@ -4,6 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
+use crate::ledger::PoolCopy;
 use crate::api::{
     PoolHolder, PortAllocationSpec, PortPool, PortPoolShardStatus, PortPoolSpec, PortRequest, Role,
     Scope, StaticBandSetting,
@@ -102,10 +103,12 @@ fn shards(pool: &PortPool, owners: &[(&str, &[u16])]) -> Vec<PortPoolShard> {
 }
 
 fn shard_object(pool: &PortPool, k: u16, holders: Vec<PoolHolder>) -> PortPoolShard {
-    let mut shard = new_shard(pool, k);
+    let mut shard = new_shard(&PoolCopy::of_pool(pool), k);
     shard.metadata.resource_version = Some(format!("rv{k}"));
     shard.metadata.uid = Some(format!("{}-shard-{k}", pool.uid().unwrap()));
     shard.status = Some(PortPoolShardStatus {
+        pool_generation: pool.metadata.generation.unwrap_or_default(),
+        pool_spec: Some(pool.spec.clone()),
         holders,
         ..Default::default()
     });
@@ -114,17 +117,17 @@ fn shard_object(pool: &PortPool, k: u16, holders: Vec<PoolHolder>) -> PortPoolSh
 
 /// The shards with the counts the allocator writes (computed from their holders).
 fn counted(pool: &PortPool, listed: &mut [PortPoolShard]) {
-    let loaded = ShardedRecord::load(pool.clone(), listed.to_vec()).unwrap();
+    let loaded = ShardedRecord::load(PoolCopy::of_pool(pool), listed.to_vec()).unwrap();
     for shard in listed.iter_mut() {
         let k = shard.spec.index as u16;
         if let Some(s) = loaded.shards.get(&k) {
-            shard.status = Some(s.record.current_status().into());
+            shard.status = Some(s.record.current_status());
         }
     }
 }
 
 fn plan(pool: PortPool, listed: &[PortPoolShard], pas: &[PortAllocation]) -> ShardRepairPlan {
-    let sharded = ShardedRecord::load(pool, listed.to_vec()).unwrap();
+    let sharded = ShardedRecord::load(PoolCopy::of_pool(&pool), listed.to_vec()).unwrap();
     plan_sharded_repair(&sharded, listed, pas)
 }
 

@@ -1,20 +1,13 @@
-//! A sharded pool seen as one record, for readers (`pool describe`, `pool get`): the PortPool
-//! status counts of a sharded pool are not kept current (that would make the PortPool a hot
-//! object again), so what readers show is computed from the shards
-//! ([`ShardedRecord::union_record`]). Pure.
+//! A pool seen as one record, for readers (`pool describe`, `pool get`): its usage is never
+//! kept on the PortPool (that would make it a hot object again), so what readers show is
+//! computed from the shards ([`ShardedRecord::union_record`]), and what only the shards show is
+//! said in warnings. Pure.
 
-use crate::api::{PortPool, RecordFormat};
-
+use super::pool_copy::PoolCopy;
 use super::sharded_record::{ShardAnomaly, ShardedRecord};
 
-/// Whether `pool`'s record lives in shards.
-pub fn is_sharded(pool: &PortPool) -> bool {
-    pool.status
-        .as_ref()
-        .is_some_and(|s| s.format == Some(RecordFormat::Sharded))
-}
-
-/// The cross-shard anomalies as warning lines (the per-shard ones show in the union record).
+/// The cross-shard anomalies as warning lines (the per-shard ones show in the union record),
+/// and shards that still carry an older spec of the pool.
 pub fn shard_warnings(sharded: &ShardedRecord) -> Vec<String> {
     let name_of = |k: u16| {
         sharded
@@ -22,7 +15,21 @@ pub fn shard_warnings(sharded: &ShardedRecord) -> Vec<String> {
             .get(&k)
             .map_or_else(|| format!("window {k}"), |s| s.record.name().to_string())
     };
-    sharded
+    let behind: Vec<String> = sharded
+        .shards
+        .values()
+        .filter(|s| s.is_behind(&sharded.pool) && PoolCopy::of_shard(&s.record.shard).is_some())
+        .map(|s| s.record.name().to_string())
+        .collect();
+    let stale = (!behind.is_empty()).then(|| {
+        format!(
+            "{} of {} shards carry an older spec of the pool ({}): allocations in them follow it              until `kubectl portalloc sync --all -A` or `kubectl portalloc repair --apply`              writes the new one",
+            behind.len(),
+            sharded.shards.len(),
+            behind.join(", ")
+        )
+    });
+    let anomalies = sharded
         .anomalies
         .iter()
         .filter_map(|anomaly| match anomaly {
@@ -48,67 +55,38 @@ pub fn shard_warnings(sharded: &ShardedRecord) -> Vec<String> {
             ShardAnomaly::NotLoaded { name, reason } => Some(format!(
                 "shard {name} is not part of the record: {reason}"
             )),
-        })
-        .collect()
+        });
+    stale.into_iter().chain(anomalies).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
-        PoolHolder, PortPoolShardStatus, PortPoolSpec, PortPoolStatus, StaticBandSetting,
-    };
-    use crate::ledger::new_shard;
-
-    fn pool(format: Option<RecordFormat>) -> PortPool {
-        let mut pool = PortPool::new(
-            "p",
-            PortPoolSpec {
-                ranges: vec!["30000-30767".into()],
-                exclude: vec![],
-                protocol: Default::default(),
-                static_band: StaticBandSetting::None,
-            },
-        );
-        pool.metadata.uid = Some("pool-uid".into());
-        pool.status = Some(PortPoolStatus {
-            format,
-            ..Default::default()
-        });
-        pool
-    }
-
-    #[test]
-    fn only_a_pool_marked_sharded_is_read_from_shards() {
-        assert!(is_sharded(&pool(Some(RecordFormat::Sharded))));
-        assert!(!is_sharded(&pool(Some(RecordFormat::Migrating))));
-        assert!(!is_sharded(&pool(None)));
-    }
+    use crate::ledger::fixtures::{holder, pool_of, shard_of, sharded};
 
     #[test]
     fn warnings_name_the_shard_and_what_is_wrong() {
-        let p = pool(Some(RecordFormat::Sharded));
-        let mut wrong = new_shard(&p, 117);
+        let mut pool = pool_of(&["30000-30767"], &[]);
         // 30300 is window 118's port.
-        wrong.status = Some(PortPoolShardStatus {
-            holders: vec![PoolHolder {
-                uid: "u".into(),
-                owner: "ns/a".into(),
-                ports: "web.http=30300".into(),
-            }],
-            ..Default::default()
-        });
-        let mut old = new_shard(&p, 119);
+        let wrong = shard_of(&pool, 117, vec![holder("u", "web.http=30300")]);
+        let mut old = shard_of(&pool, 119, vec![]);
         old.spec.pool_uid = "old-uid".into();
-        let sharded = ShardedRecord::load(p, vec![wrong, old]).unwrap();
-        let warnings = shard_warnings(&sharded);
-        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        let behind = shard_of(&pool, 120, vec![]);
+        pool.metadata.generation = Some(2);
+        let mut current = shard_of(&pool, 118, vec![]);
+        current.status.as_mut().unwrap().pool_generation = 2;
+        let warnings = shard_warnings(&sharded(&pool, vec![wrong, old, behind, current]));
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
         assert!(
-            warnings[1].starts_with("ns/a holds port 30300 (web.http[0]) in shard p-117,"),
+            warnings[0].starts_with("2 of 3 shards carry an older spec of the pool (p-117, p-120)"),
             "{warnings:?}"
         );
         assert!(
-            warnings[0].starts_with(
+            warnings[2].starts_with("ns/u holds port 30300 (web.http[0]) in shard p-117,"),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings[1].starts_with(
                 "shard p-119 is not part of the record: it belongs to an earlier pool"
             ),
             "{warnings:?}"

@@ -1,6 +1,7 @@
-//! A sharded pool as read: the PortPool plus its `PortPoolShard` records, viewed as one record
-//! for planning, and a decided `Holdings` cut back into the per-shard writes that commit it.
-//! Pure: built from one read of the pool and one LIST of its shards.
+//! A pool as read: what is known of the PortPool plus its `PortPoolShard` records, viewed as one
+//! record for planning, and a decided `Holdings` cut back into the per-shard writes that commit
+//! it. Pure: built from one copy of the pool (read, or carried by a shard) and one LIST of its
+//! shards.
 //!
 //! Each shard is loaded as a [`PoolRecord`] over the shard's ports (its window intersected with
 //! the pool's ports), so everything that works on one record (decoding, anomalies, the bytes
@@ -13,11 +14,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::api::{
-    PoolHolder, PortPool, PortPoolShard, PortPoolShardStatus, PortPoolStatus, SpecError,
-};
+use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
 use crate::core::{Holdings, PoolState, PortBlock, PortSet, SlotKey, StaticBand};
 
+use super::pool_copy::PoolCopy;
 use super::pool_record::{Anomaly, PoolRecord};
 use super::shard_layout::{ShardLayout, shard_index_of, shard_name, window};
 
@@ -54,13 +54,97 @@ pub enum ShardAnomaly {
     NotLoaded { name: String, reason: String },
 }
 
-/// One loaded shard.
+/// One loaded shard, and what the decisions made since the read changed in it.
+///
+/// `record.state` and `record.holders` follow every [`ShardRecord::set`]; `record.entries()`
+/// stays as read (what repair plans against). The entries to write are kept apart, verbatim
+/// where untouched: other holders' text is never rewritten, which the tenancy policy would
+/// rightly refuse.
 #[derive(Clone, Debug)]
 pub struct ShardRecord {
     pub index: u16,
     /// The shard's metadata (name, resourceVersion: the CAS) and status, the pool's spec, and
     /// the shard's ports.
     pub record: PoolRecord,
+    entries: BTreeMap<String, PoolHolder>,
+    changed: bool,
+}
+
+impl ShardRecord {
+    pub fn new(index: u16, record: PoolRecord) -> ShardRecord {
+        let entries = record
+            .entries()
+            .iter()
+            .map(|e| (e.uid.clone(), e.clone()))
+            .collect();
+        ShardRecord {
+            index,
+            record,
+            entries,
+            changed: false,
+        }
+    }
+
+    /// Make `uid`'s entry here exactly `after` (none when empty): the state changes by the
+    /// ports that left and joined its holdings, its text is `after` encoded. An undecodable
+    /// entry of `uid` goes too (the decision was made on the rest of the pool).
+    pub fn set(&mut self, uid: &str, owner: &str, after: &Holdings) {
+        let before = self.record.holdings_of(uid);
+        let had_opaque = self.record.opaque.remove(uid).is_some();
+        if before == *after && !had_opaque {
+            return;
+        }
+        let (was, now): (BTreeSet<u16>, BTreeSet<u16>) =
+            (before.ports().collect(), after.ports().collect());
+        for &port in was.difference(&now) {
+            self.record.state.release(port);
+        }
+        for &port in now.difference(&was) {
+            // Only a port outside this shard's ports cannot be marked; the counts say so.
+            let _ = self.record.state.mark_held(port);
+        }
+        if after.is_empty() {
+            self.entries.remove(uid);
+            self.record.holders.remove(uid);
+        } else {
+            let entry = PoolHolder {
+                uid: uid.to_string(),
+                owner: owner.to_string(),
+                ports: after.encode(),
+            };
+            self.entries.insert(uid.to_string(), entry);
+            self.record.holders.insert(
+                uid.to_string(),
+                super::pool_record::HolderEntry {
+                    owner: owner.to_string(),
+                    holdings: after.clone(),
+                },
+            );
+        }
+        self.changed = true;
+    }
+
+    /// Whether a decision changed this shard since it was read.
+    pub fn is_changed(&self) -> bool {
+        self.changed
+    }
+
+    /// Whether this shard carries an older spec of the pool than `pool`.
+    pub fn is_behind(&self, pool: &PoolCopy) -> bool {
+        PoolCopy::of_shard(&self.record.shard).is_none_or(|own| own.generation < pool.generation)
+    }
+
+    /// The write that commits this shard as it now is, by its own name at the version read,
+    /// carrying `pool`'s spec.
+    pub fn write(&self, pool: &PoolCopy) -> ShardWrite {
+        let holders = self.entries.values().cloned().collect();
+        ShardWrite {
+            index: self.index,
+            name: self.record.name().to_string(),
+            resource_version: self.record.resource_version(),
+            status: super::pool_record::counted_status(pool, &self.record.state, holders),
+        }
+    }
 }
 
 /// One write of the per-shard compare-and-swap that commits an owner's decided holdings.
@@ -73,23 +157,11 @@ pub struct ShardWrite {
     pub status: PortPoolShardStatus,
 }
 
-impl ShardWrite {
-    /// The write that replaces the status of shard `index`, loaded as `record`, with `status`:
-    /// by the shard's own name, at the resourceVersion read (none for a shard not created yet).
-    pub fn replacing(index: u16, record: &PoolRecord, status: PortPoolStatus) -> ShardWrite {
-        ShardWrite {
-            index,
-            name: record.name().to_string(),
-            resource_version: record.pool.metadata.resource_version.clone(),
-            status: status.into(),
-        }
-    }
-}
-
 /// The pool and all of its shards, ready for planning.
 #[derive(Clone, Debug)]
 pub struct ShardedRecord {
-    pub pool: PortPool,
+    /// The newest copy of the pool: the one read, or a newer one a shard carries.
+    pub pool: PoolCopy,
     pub ports: PortSet,
     pub layout: ShardLayout,
     /// By window index, ascending.
@@ -98,10 +170,14 @@ pub struct ShardedRecord {
 }
 
 impl ShardedRecord {
-    pub fn load(pool: PortPool, shards: Vec<PortPoolShard>) -> Result<ShardedRecord, SpecError> {
-        let ports = pool.spec.port_set()?;
+    pub fn load(pool: PoolCopy, shards: Vec<PortPoolShard>) -> Result<ShardedRecord, SpecError> {
+        let pool = shards
+            .iter()
+            .filter_map(PoolCopy::of_shard)
+            .fold(pool, |newest, copy| newest.newest(Some(copy)));
+        let ports = pool.ports()?;
         let layout = ShardLayout::new(&ports, pool.spec.core_static_band());
-        let pool_name = pool.metadata.name.clone().unwrap_or_default();
+        let pool_name = pool.name.clone();
         let mut anomalies = Vec::new();
         let mut loaded: BTreeMap<u16, ShardRecord> = BTreeMap::new();
         let mut sorted = shards;
@@ -120,12 +196,7 @@ impl ShardedRecord {
             let index = u16::try_from(shard.spec.index).unwrap_or(u16::MAX);
             let refusal = if shard.spec.pool != pool_name {
                 Some(format!("it belongs to pool {:?}", shard.spec.pool))
-            } else if pool
-                .metadata
-                .uid
-                .as_deref()
-                .is_some_and(|uid| uid != shard.spec.pool_uid)
-            {
+            } else if pool.uid != shard.spec.pool_uid {
                 Some(format!(
                     "it belongs to an earlier pool {pool_name:?} (UID {})",
                     shard.spec.pool_uid
@@ -146,7 +217,7 @@ impl ShardedRecord {
                 continue;
             }
             let record = load_shard(&pool, &layout, index, shard);
-            loaded.insert(index, ShardRecord { index, record });
+            loaded.insert(index, ShardRecord::new(index, record));
         }
         anomalies.extend(cross_shard_anomalies(&ports, &loaded));
         Ok(ShardedRecord {
@@ -159,7 +230,7 @@ impl ShardedRecord {
     }
 
     pub fn name(&self) -> &str {
-        self.pool.metadata.name.as_deref().unwrap_or_default()
+        &self.pool.name
     }
 
     /// Everything `uid` holds in any shard, the pieces of a block cut at a window edge joined.
@@ -189,47 +260,42 @@ impl ShardedRecord {
         Some(state)
     }
 
-    /// The writes that make `uid`'s holdings exactly `decided`, one per shard whose part
-    /// changes, in ascending shard order (the order the per-shard CAS goes in). Entries of
-    /// other holders are kept byte for byte, as in a one-object record.
-    pub fn writes_for(&self, uid: &str, owner: &str, decided: &Holdings) -> Vec<ShardWrite> {
+    /// Make `uid`'s holdings exactly `decided`: each slot's block goes to the shard of its
+    /// ports (a block across a window edge in pieces), and the owner's entries in shards where
+    /// `decided` has nothing are dropped. A window without a shard gets a new, empty one.
+    pub fn set(&mut self, uid: &str, owner: &str, decided: &Holdings) {
         let mut parts = split_by_shard(decided);
-        for (index, shard) in &self.shards {
-            if !shard.record.holdings_of(uid).is_empty() {
-                parts.entry(*index).or_default();
-            }
+        for index in self.shards_of(uid) {
+            parts.entry(index).or_default();
         }
-        let mut writes = Vec::new();
         for (index, part) in parts {
-            let empty;
-            let record = match self.shards.get(&index) {
-                Some(shard) => &shard.record,
-                None => {
-                    empty = load_shard(&self.pool, &self.layout, index, self.new_shard(index));
-                    &empty
-                }
-            };
-            let before = record.holdings_of(uid);
-            if before == part {
-                continue;
+            if !self.shards.contains_key(&index) {
+                let record = load_shard(&self.pool, &self.layout, index, self.new_shard(index));
+                self.shards.insert(index, ShardRecord::new(index, record));
             }
-            let mut state = record.state.clone();
-            for (_, block) in before.iter() {
-                state.release_block(block);
+            if let Some(shard) = self.shards.get_mut(&index) {
+                shard.set(uid, owner, &part);
             }
-            for (_, block) in part.iter() {
-                // A port outside this shard's ports cannot be marked; the count then says so.
-                let _ = state.mark_block_held(block);
-            }
-            // The object read, by its own name and resourceVersion (the CAS); a new one by ours.
-            writes.push(ShardWrite {
-                index,
-                name: record.name().to_string(),
-                resource_version: record.pool.metadata.resource_version.clone(),
-                status: record.status_with(&state, uid, owner, &part).into(),
-            });
         }
-        writes
+    }
+
+    /// One write per shard a decision changed, in ascending order (the order the per-shard
+    /// compare-and-swaps go in); with `propagate`, also every shard that carries an older spec
+    /// of the pool, so a pool edit reaches every shard.
+    pub fn writes(&self, propagate: bool) -> Vec<ShardWrite> {
+        self.shards
+            .values()
+            .filter(|s| s.is_changed() || (propagate && s.is_behind(&self.pool)))
+            .map(|s| s.write(&self.pool))
+            .collect()
+    }
+
+    /// The writes that make `uid`'s holdings exactly `decided` (one per shard whose part
+    /// changes, ascending), this record left as read.
+    pub fn writes_for(&self, uid: &str, owner: &str, decided: &Holdings) -> Vec<ShardWrite> {
+        let mut after = self.clone();
+        after.set(uid, owner, decided);
+        after.writes(false)
     }
 
     /// The whole pool as one record, for deciding an owner whose ports do not fit one shard:
@@ -268,11 +334,6 @@ impl ShardedRecord {
                 },
             );
         }
-        let mut pool = self.pool.clone();
-        pool.status = Some(PortPoolStatus {
-            holders: holders.into_values().collect(),
-            ..Default::default()
-        });
         let (ports, static_band) = match only {
             None => (self.ports.clone(), self.pool.spec.core_static_band()),
             Some(only) => {
@@ -292,7 +353,12 @@ impl ShardedRecord {
                 (ports, StaticBand::Count(statics))
             }
         };
-        PoolRecord::load_ports(pool, ports, static_band)
+        PoolRecord::joined(
+            self.pool.clone(),
+            ports,
+            static_band,
+            holders.into_values().collect(),
+        )
     }
 
     /// The record of shard `index` alone (an empty one when the shard does not exist yet), to
@@ -302,6 +368,16 @@ impl ShardedRecord {
             Some(shard) => shard.record.clone(),
             None => load_shard(&self.pool, &self.layout, index, self.new_shard(index)),
         }
+    }
+
+    /// Shard `written` as the server returned it after a write: the base of the next decision
+    /// and compare-and-swap on it, with no read in between.
+    pub fn replace(&mut self, written: PortPoolShard) {
+        let Ok(index) = u16::try_from(written.spec.index) else {
+            return;
+        };
+        let record = load_shard(&self.pool, &self.layout, index, written);
+        self.shards.insert(index, ShardRecord::new(index, record));
     }
 
     /// The shards where `uid` has an entry, ascending.
@@ -321,23 +397,36 @@ impl ShardedRecord {
     }
 }
 
-/// The shard object for window `index` of `pool`, with no status yet.
-pub fn new_shard(pool: &PortPool, index: u16) -> PortPoolShard {
-    let name = pool.metadata.name.clone().unwrap_or_default();
-    PortPoolShard::new(
-        &shard_name(&name, index),
+/// The shard object for window `index` of `pool`, with no status yet. Owned by the PortPool,
+/// so a garbage collector deletes it with the pool; nothing here relies on one running
+/// (`pool delete` and `repair` remove shards themselves).
+pub fn new_shard(pool: &PoolCopy, index: u16) -> PortPoolShard {
+    let mut shard = PortPoolShard::new(
+        &shard_name(&pool.name, index),
         crate::api::PortPoolShardSpec {
-            pool: name,
-            pool_uid: pool.metadata.uid.clone().unwrap_or_default(),
+            pool: pool.name.clone(),
+            pool_uid: pool.uid.clone(),
             index: i32::from(index),
             ranges: vec![window(index).to_string().as_str().into()],
         },
-    )
+    );
+    if !pool.uid.is_empty() {
+        shard.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
+                kind: "PortPool".into(),
+                name: pool.name.clone(),
+                uid: pool.uid.clone(),
+                ..Default::default()
+            },
+        ]);
+    }
+    shard
 }
 
-/// Loads one shard object as a record over its window's pool ports.
+/// Loads one shard object as a record over its window of `pool`'s ports.
 pub fn load_shard(
-    pool: &PortPool,
+    pool: &PoolCopy,
     layout: &ShardLayout,
     index: u16,
     shard: PortPoolShard,
@@ -346,12 +435,7 @@ pub fn load_shard(
         .get(index)
         .map(|span| (span.ports.clone(), span.static_band()))
         .unwrap_or((PortSet::empty(), StaticBand::None));
-    let as_pool = PortPool {
-        metadata: shard.metadata,
-        spec: pool.spec.clone(),
-        status: shard.status.map(Into::into),
-    };
-    PoolRecord::load_ports(as_pool, ports, static_band)
+    PoolRecord::load(shard, pool.clone(), ports, static_band)
 }
 
 /// `holdings` cut by window: each slot's block goes to the shard of its ports, a block that

@@ -1,7 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::api::{PoolHolder, PortPoolSpec, StaticBandSetting};
+use crate::api::{PoolHolder, PortPool, PortPoolSpec, StaticBandSetting};
 
 /// Pool `p` (UID `pool-uid`) of 30000-30767: windows 117 (30000-30207), 118 (30208-30463),
 /// 119 (30464-30719) and 120 (30720-30767).
@@ -16,6 +16,7 @@ pub(super) fn pool() -> PortPool {
         },
     );
     pool.metadata.uid = Some("pool-uid".into());
+    pool.metadata.generation = Some(1);
     pool
 }
 
@@ -28,7 +29,7 @@ pub(super) fn holder(uid: &str, ports: &str) -> PoolHolder {
 }
 
 fn shard(index: u16, holders: Vec<PoolHolder>) -> PortPoolShard {
-    let mut shard = new_shard(&pool(), index);
+    let mut shard = new_shard(&PoolCopy::of_pool(&pool()), index);
     shard.metadata.resource_version = Some(format!("rv{index}"));
     shard.status = Some(PortPoolShardStatus {
         holders,
@@ -48,7 +49,7 @@ fn holdings(text: &str) -> Holdings {
 #[test]
 fn a_spanning_owner_is_one_owner_to_the_planner() {
     let record = ShardedRecord::load(
-        pool(),
+        PoolCopy::of_pool(&pool()),
         vec![
             shard(117, vec![holder("a", "web.http=30001 big.blk=30200-30207")]),
             shard(
@@ -84,7 +85,7 @@ fn anomalies_across_shards_are_named() {
     past.metadata.name = Some("p-256".into());
     past.spec.index = 256;
     let record = ShardedRecord::load(
-        pool(),
+        PoolCopy::of_pool(&pool()),
         vec![
             // c lists 30300, which is window 118's and held there by b; 29990 is in window
             // 117 but not in the pool.
@@ -160,7 +161,7 @@ fn a_second_object_for_one_window_is_not_loaded() {
     let mut twin = shard(117, vec![holder("t", "x.y=30002")]);
     twin.metadata.name = Some("p-117-twin".into());
     let record = ShardedRecord::load(
-        pool(),
+        PoolCopy::of_pool(&pool()),
         vec![twin, shard(117, vec![holder("a", "x.y=30001")])],
     )
     .unwrap();
@@ -173,7 +174,8 @@ fn a_second_object_for_one_window_is_not_loaded() {
     // A write goes to the object read, whatever it is called.
     let mut only = shard(117, vec![]);
     only.metadata.name = Some("p-117-renamed".into());
-    let record = ShardedRecord::load(pool(), vec![only]).unwrap();
+    let record = ShardedRecord::load(
+        PoolCopy::of_pool(&pool()), vec![only]).unwrap();
     let writes = record.writes_for("a", "ns/a", &holdings("x.y=30001"));
     assert_eq!(
         (
@@ -187,7 +189,8 @@ fn a_second_object_for_one_window_is_not_loaded() {
 #[test]
 fn a_spanning_allocation_becomes_one_write_per_shard_in_ascending_order() {
     let record =
-        ShardedRecord::load(pool(), vec![shard(118, vec![holder("b", "db.sql=30300")])]).unwrap();
+        ShardedRecord::load(
+        PoolCopy::of_pool(&pool()), vec![shard(118, vec![holder("b", "db.sql=30300")])]).unwrap();
     let decided = holdings("n.p=30460-30470 n.q=30005");
     let writes = record.writes_for("n", "ns/n", &decided);
     let summary: Vec<_> = writes
@@ -223,7 +226,7 @@ fn a_spanning_allocation_becomes_one_write_per_shard_in_ascending_order() {
 fn shrinking_a_spanning_owner_rewrites_only_the_shards_it_leaves() {
     let b_text = "db.b=30301 db.a=30300"; // decodable, not as we would write it
     let record = ShardedRecord::load(
-        pool(),
+        PoolCopy::of_pool(&pool()),
         vec![
             shard(117, vec![holder("a", "web.http=30001 big.blk=30200-30207")]),
             shard(
@@ -286,7 +289,7 @@ proptest! {
 #[test]
 fn a_union_of_some_windows_has_their_ports_and_only_their_entries_joined() {
     let record = ShardedRecord::load(
-        pool(),
+        PoolCopy::of_pool(&pool()),
         vec![
             shard(117, vec![holder("a", "big.blk=30200-30207")]),
             shard(
@@ -326,7 +329,7 @@ fn a_rival_object_for_a_window_never_hides_the_shard_named_for_it() {
     let mut rival = shard(118, vec![]);
     rival.metadata.name = Some("a-rival".into());
     let record = ShardedRecord::load(
-        pool(),
+        PoolCopy::of_pool(&pool()),
         vec![rival, shard(118, vec![holder("b", "db.sql=30300")])],
     )
     .unwrap();

@@ -1,0 +1,535 @@
+//! The compare-and-swap loop of one owner over a pool's shards (docs/record-at-scale.md).
+//!
+//! Each `PortPoolShard`'s resourceVersion is the lock for its window's ports. An owner whose
+//! entries are (or will be) in one shard — the one its status names, else its home shard, a
+//! hash of its `namespace/name` — is decided against that shard alone and committed with one
+//! write to it: the shard carries a copy of the pool's spec, so no read of the PortPool is
+//! needed, and concurrent clients mostly write different objects.
+//!
+//! Anything else (no room there, a requested port in another window, an owner spanning shards,
+//! an entry whose shards are unknown) reads the pool and every shard in one LIST and decides
+//! there ([`crate::ledger::place`]). Before any write outside the owner's known shards, its
+//! status is widened to name them, so a client killed between two shard writes leaves parts
+//! that the next sync finds, keeps and completes.
+
+use std::collections::BTreeSet;
+
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+
+use super::allocator::{AllocateError, Allocator, Committed, Failed, Where};
+use super::error::{KubeError, Target, is_unknown_resource};
+use super::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
+use super::retry::Attempts;
+use super::shards::ShardStore;
+use crate::api::{PortAllocation, PortPool};
+use crate::ledger::{
+    BatchItem, Decision, ItemOutcome, Operation, PoolCopy, Refusal, ShardAnomaly, ShardRecord,
+    ShardWrite, ShardedRecord, decide, home_shard, known_shards, load_shard, new_shard, place,
+    owner_of, shard_name, single_shard, split_by_shard,
+};
+
+/// One operation on one pool, as the rounds of its loop share it.
+pub(super) struct Request<'a> {
+    pub(super) pool: &'a str,
+    pub(super) uid: &'a str,
+    pub(super) owner: &'a str,
+    pub(super) operation: &'a Operation,
+    /// Where the entries may be when there is no PortAllocation to read it from (a removal
+    /// after the object is gone).
+    pub(super) without_object: Where,
+}
+
+/// How a round ended.
+enum Step {
+    Done(Committed),
+    /// Read again (a conflict, already counted, or a remembered copy that could not decide).
+    Again,
+    /// One shard alone cannot decide this: read every shard.
+    WholePool,
+}
+
+impl Allocator {
+    /// Commit `request` into its pool's shards. `pa` is the PortAllocation when there is one
+    /// (not for [`Operation::Remove`]); its status may be widened here.
+    pub(super) async fn commit(
+        &self,
+        request: &Request<'_>,
+        mut pa: Option<&mut PortAllocation>,
+        attempts: &mut Attempts,
+    ) -> Result<Committed, Failed> {
+        loop {
+            let known = match pa.as_deref() {
+                Some(pa) => Where::of(pa.status.as_ref()),
+                None => request.without_object.clone(),
+            };
+            let one = match known {
+                Where::Listed(listed) => single_shard(&listed, request.operation),
+                Where::Home => match self.pool_copy(request, attempts, false).await? {
+                    Some(copy) => {
+                        let layout = copy.layout().map_err(|error| pool_spec(request, error))?;
+                        home_shard(&layout, request.owner)
+                            .filter(|&home| single_shard(&[home].into(), request.operation).is_some())
+                    }
+                    None => continue,
+                },
+                Where::Anywhere => None,
+            };
+            if let Some(index) = one {
+                match self.one_shard(request, index, attempts).await? {
+                    Step::Done(committed) => return Ok(committed),
+                    Step::Again => continue,
+                    Step::WholePool => {}
+                }
+            }
+            match self
+                .whole_pool(request, pa.as_deref_mut(), attempts)
+                .await?
+            {
+                Step::Done(committed) => return Ok(committed),
+                Step::Again | Step::WholePool => continue,
+            }
+        }
+    }
+
+    /// The newest spec of the pool: remembered (unless `fresh`), else read. `None`: a read
+    /// failed and was waited for; go round again.
+    pub(super) async fn pool_copy(
+        &self,
+        request: &Request<'_>,
+        attempts: &mut Attempts,
+        fresh: bool,
+    ) -> Result<Option<PoolCopy>, Failed> {
+        if !fresh && let Some(copy) = self.pools.get(request.pool) {
+            return Ok(Some(copy));
+        }
+        match read_pool(&self.client, request.pool).await {
+            Ok(Some(pool)) => {
+                let copy = PoolCopy::of_pool(&pool);
+                self.pools.remember(request.pool, &copy);
+                Ok(Some(copy))
+            }
+            Ok(None) => Err(Refusal::PoolNotFound {
+                pool: request.pool.into(),
+                owner: request.owner.into(),
+            }
+            .into()),
+            Err(e) => {
+                let target = POOLS.on("get", request.pool, None);
+                self.retry(request, attempts, e, target).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether `pa` can be allocated as its spec now says, decided as its sync would decide it,
+    /// with nothing written, so a create that would be refused is never made. Against its home
+    /// shard (remembered, so the sync after the create reads nothing more); against the whole
+    /// pool when one shard cannot decide it, or with `whole` (an existing object's new spec,
+    /// whose entries may be anywhere).
+    pub(super) async fn precheck(
+        &self,
+        pa: &PortAllocation,
+        whole: bool,
+    ) -> Result<(), AllocateError> {
+        let operation = Operation::sync_of(pa)?;
+        let (uid, owner) = (pa.uid().unwrap_or_default(), owner_of(pa));
+        let request = Request {
+            pool: &pa.spec.pool,
+            uid: &uid,
+            owner: &owner,
+            operation: &operation,
+            without_object: Where::Anywhere,
+        };
+        let store = ShardStore::new(self.client.clone());
+        let mut attempts = Attempts::new(self.policy);
+        loop {
+            if !whole {
+                let Some(copy) = self
+                    .pool_copy(&request, &mut attempts, false)
+                    .await
+                    .map_err(|f| f.error)?
+                else {
+                    continue;
+                };
+                let layout = copy.layout().map_err(|error| pool_spec(&request, error))?;
+                let Some(home) = home_shard(&layout, &owner) else {
+                    return Err(pool_spec_empty(&request));
+                };
+                let name = shard_name(request.pool, home);
+                let shard = match self.shards.get(&name) {
+                    Some(shard) => Some(shard),
+                    None => match store.get(&name).await {
+                        Ok(shard) => shard,
+                        Err((e, target)) => {
+                            self.retry(&request, &mut attempts, e, target).await?;
+                            continue;
+                        }
+                    },
+                };
+                if let Some(shard) = shard.filter(|s| s.spec.pool_uid == copy.uid) {
+                    let copy = PoolCopy::of_shard(&shard).map_or(copy.clone(), |c| c.newest(Some(copy)));
+                    let record = load_shard(&copy, &layout, home, shard.clone());
+                    match decide(&record, &uid, &owner, &operation, &mut rand::rng()) {
+                        Ok(_) => {
+                            self.shards.remember(&name, &shard);
+                            return Ok(());
+                        }
+                        // No room there, or a port of another window: the whole pool decides.
+                        Err(Refusal::Core { .. }) => {}
+                        Err(refusal) => return Err(refusal.into()),
+                    }
+                }
+            }
+            let Some(copy) = self
+                .pool_copy(&request, &mut attempts, true)
+                .await
+                .map_err(|f| f.error)?
+            else {
+                continue;
+            };
+            let shards = match store.list(request.pool).await {
+                Ok(shards) => shards,
+                Err((e, target)) => {
+                    self.retry(&request, &mut attempts, e, target).await?;
+                    continue;
+                }
+            };
+            let sharded =
+                ShardedRecord::load(copy, shards).map_err(|error| pool_spec(&request, error))?;
+            let item = BatchItem {
+                known: known_shards(pa.status.as_ref(), &sharded.layout, &owner),
+                uid: uid.clone(),
+                owner: owner.clone(),
+                operation: Ok(operation.clone()),
+            };
+            return match place(&sharded, &item, &mut rand::rng()).outcome {
+                ItemOutcome::Refused { refusal, .. } => Err(refusal.into()),
+                _ => Ok(()),
+            };
+        }
+    }
+
+    /// Decide against one shard (a remembered copy when there is one) and write it.
+    async fn one_shard(
+        &self,
+        request: &Request<'_>,
+        index: u16,
+        attempts: &mut Attempts,
+    ) -> Result<Step, Failed> {
+        let store = ShardStore::new(self.client.clone());
+        let name = shard_name(request.pool, index);
+        let remembered = self.shards.get(&name);
+        let from_memory = remembered.is_some();
+        let shard = match remembered {
+            Some(shard) => Some(shard),
+            None => match store.get(&name).await {
+                Ok(shard) => shard,
+                Err((e, target)) => {
+                    self.retry(request, attempts, e, target).await?;
+                    return Ok(Step::Again);
+                }
+            },
+        };
+        // The pool's spec: the shard's copy (newer than a remembered one, if any); for a shard
+        // not written yet, the pool itself, read now, so no shard is created for a pool that
+        // was deleted.
+        let carried = shard.as_ref().and_then(PoolCopy::of_shard);
+        let copy = match carried {
+            Some(carried) => carried.newest(self.pools.get(request.pool)),
+            None => match self.pool_copy(request, attempts, true).await? {
+                Some(copy) => copy,
+                None => return Ok(Step::Again),
+            },
+        };
+        if shard.as_ref().is_some_and(|s| s.spec.pool_uid != copy.uid) {
+            // A shard of an earlier pool object of this name, or a copy of the pool from before
+            // it was recreated: the whole pool sorts it out.
+            self.pools.forget(request.pool);
+            self.shards.forget(&name);
+            return Ok(Step::WholePool);
+        }
+        self.pools.remember(request.pool, &copy);
+        let layout = copy.layout().map_err(|error| pool_spec(request, error))?;
+        let record = load_shard(
+            &copy,
+            &layout,
+            index,
+            shard.unwrap_or_else(|| new_shard(&copy, index)),
+        );
+        let decision = decide(
+            &record,
+            request.uid,
+            request.owner,
+            request.operation,
+            &mut rand::rng(),
+        );
+        if from_memory && !matches!(decision, Ok(Decision::Write { .. })) {
+            // Nothing to write, or a refusal: no compare-and-swap would check the copy.
+            self.shards.forget(&name);
+            return Ok(Step::Again);
+        }
+        let (holdings, allocated, released) = match decision {
+            Err(Refusal::Core { .. }) => return Ok(Step::WholePool),
+            Err(refusal) => {
+                return Err(Failed {
+                    holdings: Some(record.holdings_of(request.uid)),
+                    error: refusal.into(),
+                });
+            }
+            Ok(Decision::Unchanged(holdings)) => {
+                return Ok(Step::Done(committed(&copy, holdings, 0, 0, false)));
+            }
+            Ok(Decision::Write {
+                holdings,
+                allocated,
+                released,
+            }) => (holdings, allocated, released),
+        };
+        let mut changed = ShardRecord::new(index, record);
+        changed.set(request.uid, request.owner, &holdings);
+        match store.commit(&copy, &changed.write(&copy)).await {
+            Ok(written) => {
+                self.shards.remember(&name, &written);
+                tracing::info!(
+                    "{} in pool {:?}: {allocated} ports allocated, {released} released, {} held \
+                     (shard {name}, attempt {}, {} conflicts)",
+                    request.owner,
+                    request.pool,
+                    holdings.port_count(),
+                    attempts.attempts,
+                    attempts.conflicts
+                );
+                Ok(Step::Done(committed(
+                    &copy, holdings, allocated, released, true,
+                )))
+            }
+            Err((e, target)) => {
+                self.shards.forget(&name);
+                // A remembered shard deleted since (its pool was): read again, which tells.
+                if !(from_memory && is_not_found(&e)) {
+                    self.retry(request, attempts, e, target).await?;
+                }
+                Ok(Step::Again)
+            }
+        }
+    }
+
+    /// Read the pool and every shard, decide where the owner goes, widen its known shards if
+    /// needed, and write the shards in ascending order.
+    async fn whole_pool(
+        &self,
+        request: &Request<'_>,
+        pa: Option<&mut PortAllocation>,
+        attempts: &mut Attempts,
+    ) -> Result<Step, Failed> {
+        let Some(copy) = self.pool_copy(request, attempts, true).await? else {
+            return Ok(Step::Again);
+        };
+        let store = ShardStore::new(self.client.clone());
+        let shards = match store.list(request.pool).await {
+            Ok(shards) => shards,
+            Err((e, target)) => {
+                self.retry(request, attempts, e, target).await?;
+                return Ok(Step::Again);
+            }
+        };
+        let sharded =
+            ShardedRecord::load(copy, shards).map_err(|error| pool_spec(request, error))?;
+        let status = pa.as_deref().and_then(|pa| pa.status.as_ref());
+        let known = match (&pa, &request.without_object) {
+            (None, Where::Listed(listed)) => listed.clone(),
+            (None, Where::Anywhere) => sharded.shards_of(request.uid).into_iter().collect(),
+            _ => known_shards(status, &sharded.layout, request.owner),
+        };
+        let item = BatchItem {
+            uid: request.uid.into(),
+            owner: request.owner.into(),
+            operation: Ok(request.operation.clone()),
+            known,
+        };
+        let placed = place(&sharded, &item, &mut rand::rng());
+        let (holdings, allocated, released) = match placed.outcome {
+            ItemOutcome::Refused { refusal, holdings } => {
+                return Err(Failed {
+                    error: refusal.into(),
+                    holdings: Some(holdings),
+                });
+            }
+            ItemOutcome::Unchanged(holdings) => {
+                return Ok(Step::Done(committed(&sharded.pool, holdings, 0, 0, false)));
+            }
+            ItemOutcome::Changed {
+                holdings,
+                allocated,
+                released,
+            } => (holdings, allocated, released),
+        };
+        if let Some((shard, reason)) = blocked_shard(&sharded, &placed.writes) {
+            return Err(AllocateError::BlockedShard {
+                owner: request.owner.into(),
+                pool: request.pool.into(),
+                shard,
+                reason,
+            }
+            .into());
+        }
+        if let (Some(widened), Some(pa)) = (&placed.widen, pa)
+            && !self
+                .widen_known_shards(pa, widened, attempts, request)
+                .await?
+        {
+            return Ok(Step::Again);
+        }
+        for write in &placed.writes {
+            match store.commit(&sharded.pool, write).await {
+                Ok(written) => self.shards.remember(&write.name, &written),
+                Err((e, target)) => {
+                    self.shards.forget(&write.name);
+                    self.retry(request, attempts, e, target).await?;
+                    return Ok(Step::Again);
+                }
+            }
+        }
+        tracing::info!(
+            "{} in pool {:?}: {allocated} ports allocated, {released} released, {} held in {} \
+             shards (attempt {}, {} conflicts)",
+            request.owner,
+            request.pool,
+            holdings.port_count(),
+            placed.shards.len(),
+            attempts.attempts,
+            attempts.conflicts
+        );
+        Ok(Step::Done(Committed {
+            holdings,
+            pool_uid: sharded.pool.uid.clone(),
+            allocated,
+            released,
+            written: true,
+            shards: placed.shards,
+        }))
+    }
+
+    /// Write `status.shards = widened` before any entry outside the known shards. `false`: the
+    /// PortAllocation changed meanwhile (re-read into `pa`); go round again.
+    async fn widen_known_shards(
+        &self,
+        pa: &mut PortAllocation,
+        widened: &BTreeSet<u16>,
+        attempts: &mut Attempts,
+        request: &Request<'_>,
+    ) -> Result<bool, Failed> {
+        let namespace = pa.namespace().unwrap_or_default();
+        let name = pa.name_any();
+        let api: Api<PortAllocation> = Api::namespaced(self.client.clone(), &namespace);
+        let mut updated = pa.clone();
+        let mut status = updated.status.take().unwrap_or_default();
+        status.shards = widened.iter().map(|&k| i32::from(k)).collect();
+        updated.status = Some(status);
+        match api
+            .replace_status(&name, &PostParams::default(), &updated)
+            .await
+        {
+            Ok(written) => {
+                *pa = written;
+                Ok(true)
+            }
+            Err(e) => {
+                let target = ALLOCATION_STATUS.on("update", &name, Some(&namespace));
+                self.retry(request, attempts, e, target).await?;
+                *pa = api.get(&name).await.map_err(|e| {
+                    KubeError::from_kube(e, ALLOCATIONS.on("get", &name, Some(&namespace)))
+                })?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Wait before the next round of `request`'s loop, or end it with the error to report.
+    async fn retry(
+        &self,
+        request: &Request<'_>,
+        attempts: &mut Attempts,
+        e: kube::Error,
+        target: Target,
+    ) -> Result<(), AllocateError> {
+        let label = format!("{} in pool {:?}", request.owner, request.pool);
+        self.backoff(attempts, e, target, &label, request.pool, request.owner)
+            .await
+    }
+}
+
+/// The pool object, `None` when it does not exist. The raw error otherwise, for the retry loop.
+pub(super) async fn read_pool(
+    client: &kube::Client,
+    pool: &str,
+) -> Result<Option<PortPool>, kube::Error> {
+    let pools: Api<PortPool> = Api::all(client.clone());
+    match pools.get(pool).await {
+        Ok(pool) => Ok(Some(pool)),
+        Err(kube::Error::Api(status)) if status.is_not_found() && !is_unknown_resource(&status) => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A write that would create a shard whose name an object that is not part of the record
+/// holds (an earlier pool object's shard, mostly): (its name, why it is not loaded).
+pub(super) fn blocked_shard(
+    sharded: &ShardedRecord,
+    writes: &[ShardWrite],
+) -> Option<(String, String)> {
+    writes
+        .iter()
+        .filter(|w| w.resource_version.is_none())
+        .find_map(|w| {
+            sharded.anomalies.iter().find_map(|a| match a {
+                ShardAnomaly::NotLoaded { name, reason } if *name == w.name => {
+                    Some((name.clone(), reason.clone()))
+                }
+                _ => None,
+            })
+        })
+}
+
+fn committed(
+    copy: &PoolCopy,
+    holdings: crate::core::Holdings,
+    allocated: usize,
+    released: usize,
+    written: bool,
+) -> Committed {
+    Committed {
+        shards: split_by_shard(&holdings).into_keys().collect(),
+        holdings,
+        pool_uid: copy.uid.clone(),
+        allocated,
+        released,
+        written,
+    }
+}
+
+fn pool_spec(request: &Request<'_>, error: crate::api::SpecError) -> Refusal {
+    Refusal::PoolSpec {
+        pool: request.pool.into(),
+        error,
+    }
+}
+
+/// A pool whose spec leaves no port at all has no shard to decide in.
+fn pool_spec_empty(request: &Request<'_>) -> AllocateError {
+    Refusal::PoolSpec {
+        pool: request.pool.into(),
+        error: crate::api::SpecError {
+            field: "spec.ranges".into(),
+            message: "the ranges less the exclusions leave no port".into(),
+        },
+    }
+    .into()
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.is_not_found())
+}

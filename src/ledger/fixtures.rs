@@ -1,0 +1,65 @@
+//! Pools, entries and records for the ledger's unit tests.
+
+use crate::api::{
+    PoolHolder, PortPool, PortPoolShard, PortPoolShardStatus, PortPoolSpec, StaticBandSetting,
+};
+
+use super::pool_copy::PoolCopy;
+use super::pool_record::PoolRecord;
+use super::sharded_record::{ShardedRecord, new_shard};
+
+/// Pool `p` (UID `pool-uid`, generation 1) over `ranges` less `exclude`, no static band.
+pub fn pool_of(ranges: &[&str], exclude: &[&str]) -> PortPool {
+    let mut pool = PortPool::new(
+        "p",
+        PortPoolSpec {
+            ranges: ranges.iter().map(|&r| r.into()).collect(),
+            exclude: exclude.iter().map(|&r| r.into()).collect(),
+            protocol: Default::default(),
+            static_band: StaticBandSetting::None,
+        },
+    );
+    pool.metadata.uid = Some("pool-uid".into());
+    pool.metadata.generation = Some(1);
+    pool
+}
+
+/// The entry of owner `ns/<uid>`.
+pub fn holder(uid: &str, ports: &str) -> PoolHolder {
+    PoolHolder {
+        uid: uid.into(),
+        owner: format!("ns/{uid}"),
+        ports: ports.into(),
+    }
+}
+
+/// Entries from `(uid, ports)` pairs.
+pub fn holders(pairs: &[(&str, &str)]) -> Vec<PoolHolder> {
+    pairs.iter().map(|(uid, ports)| holder(uid, ports)).collect()
+}
+
+/// Every port of `pool` as one record holding `holders`.
+pub fn whole_record(pool: &PortPool, holders: Vec<PoolHolder>) -> PoolRecord {
+    let copy = PoolCopy::of_pool(pool);
+    let ports = copy.ports().expect("a valid test pool");
+    let static_band = copy.spec.core_static_band();
+    PoolRecord::joined(copy, ports, static_band, holders)
+}
+
+/// Shard `index` of `pool`, read at version `rv<index>`, holding `holders`.
+pub fn shard_of(pool: &PortPool, index: u16, holders: Vec<PoolHolder>) -> PortPoolShard {
+    let mut shard = new_shard(&PoolCopy::of_pool(pool), index);
+    shard.metadata.resource_version = Some(format!("rv{index}"));
+    shard.status = Some(PortPoolShardStatus {
+        pool_generation: pool.metadata.generation.unwrap_or_default(),
+        pool_spec: Some(pool.spec.clone()),
+        holders,
+        ..Default::default()
+    });
+    shard
+}
+
+/// `pool` and the given shards, loaded.
+pub fn sharded(pool: &PortPool, shards: Vec<PortPoolShard>) -> ShardedRecord {
+    ShardedRecord::load(PoolCopy::of_pool(pool), shards).expect("a valid test pool")
+}

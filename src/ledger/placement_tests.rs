@@ -1,0 +1,432 @@
+use std::collections::BTreeSet;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use super::*;
+use crate::api::{PortAllocation, PortAllocationSpec, PortRequest, Role, Scope, SpecError};
+use crate::ledger::fixtures::{holder, holders, pool_of, shard_of, sharded};
+use crate::ledger::{Reason, ShardLayout, home_shard, owner_of};
+
+/// One-window pool 100-105 (window 0), as most batch tests need one shard.
+fn small(pairs: &[(&str, &str)]) -> ShardedRecord {
+    let pool = pool_of(&["100-105"], &[]);
+    sharded(&pool, vec![shard_of(&pool, 0, holders(pairs))])
+}
+
+/// A PortAllocation `name` (uid = name) with one role of `replicas` pods, one PodScoped port
+/// each, or one RoleScoped port fixed at `fixed`.
+fn allocation(name: &str, replicas: i32, fixed: Option<i32>) -> PortAllocation {
+    let request = PortRequest {
+        name: "http".into(),
+        scope: if fixed.is_some() {
+            Scope::RoleScoped
+        } else {
+            Scope::PodScoped
+        },
+        env: "HTTP_PORT".into(),
+        port: fixed,
+        ..Default::default()
+    };
+    let mut pa = PortAllocation::new(
+        name,
+        PortAllocationSpec {
+            pool: "p".into(),
+            roles: vec![Role {
+                name: "web".into(),
+                replicas,
+                ports: vec![request],
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    );
+    pa.metadata.namespace = Some("ns".into());
+    pa.metadata.uid = Some(name.into());
+    pa
+}
+
+/// An item whose known shards are its home (no status yet) in `layout`.
+fn item_in(layout: &ShardLayout, pa: &PortAllocation) -> BatchItem {
+    let owner = owner_of(pa);
+    BatchItem {
+        uid: pa.metadata.uid.clone().unwrap(),
+        known: home_shard(layout, &owner).into_iter().collect(),
+        owner,
+        operation: Operation::sync_of(pa),
+    }
+}
+
+fn sync(record: &ShardedRecord, name: &str, replicas: i32) -> BatchItem {
+    item_in(&record.layout, &allocation(name, replicas, None))
+}
+
+fn op(record: &ShardedRecord, uid: &str, operation: Operation) -> BatchItem {
+    BatchItem {
+        uid: uid.into(),
+        owner: format!("ns/{uid}"),
+        operation: Ok(operation),
+        known: home_shard(&record.layout, &format!("ns/{uid}"))
+            .into_iter()
+            .collect(),
+    }
+}
+
+fn rng() -> StdRng {
+    StdRng::seed_from_u64(11)
+}
+
+fn all_held(batch: &PoolBatch) -> Vec<u16> {
+    let mut ports: Vec<u16> = batch
+        .writes
+        .iter()
+        .flat_map(|w| &w.status.holders)
+        .flat_map(|h| {
+            crate::core::Holdings::decode(&h.ports)
+                .unwrap()
+                .ports()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    ports.sort_unstable();
+    ports
+}
+
+fn decided(batch: &PoolBatch) -> Vec<&ItemOutcome> {
+    batch.outcomes.iter().map(|o| o.as_ref().unwrap()).collect()
+}
+
+#[test]
+fn refusals_are_per_item_and_do_not_block_the_others() {
+    // 100-105: x holds 100. a takes 2, b asks for 100 (held), c is invalid, d wants 4 (only 3
+    // left after a), e takes 1, f takes the last 2: the pool ends full.
+    let record = small(&[("x", "web.http=100")]);
+    let invalid = BatchItem {
+        operation: Err(Refusal::Spec {
+            owner: "ns/c".into(),
+            error: SpecError {
+                field: "spec.roles".into(),
+                message: "no roles".into(),
+            },
+        }),
+        ..op(&record, "c", Operation::Remove)
+    };
+    let items = vec![
+        sync(&record, "a", 2),
+        item_in(&record.layout, &allocation("b", 1, Some(100))),
+        invalid,
+        sync(&record, "d", 4),
+        sync(&record, "e", 1),
+        sync(&record, "f", 2),
+    ];
+    let batch = decide_pool_batch(&record, &items, Pass::Anywhere, false, &mut rng());
+    let reasons: Vec<Option<Reason>> = decided(&batch)
+        .iter()
+        .map(|o| match o {
+            ItemOutcome::Refused { refusal, .. } => Some(refusal.reason()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            None,
+            Some(Reason::PortHeld),
+            Some(Reason::InvalidSpec),
+            Some(Reason::PoolFull),
+            None,
+            None
+        ]
+    );
+    let ItemOutcome::Refused { refusal, .. } = decided(&batch)[1] else {
+        unreachable!()
+    };
+    assert!(refusal.to_string().contains("held by ns/x"), "{refusal}");
+    assert_eq!(batch.writes.len(), 1, "one write for the one shard");
+    assert_eq!(all_held(&batch), vec![100, 101, 102, 103, 104, 105]);
+    let status = &batch.writes[0].status;
+    let uids: Vec<&str> = status.holders.iter().map(|h| h.uid.as_str()).collect();
+    assert_eq!(uids, vec!["a", "e", "f", "x"]);
+    assert_eq!(
+        (status.allocated, status.available, status.holder_count),
+        (6, 0, 4)
+    );
+    assert_eq!(batch.writes[0].resource_version.as_deref(), Some("rv0"));
+    assert!(batch.widen.is_empty());
+}
+
+#[test]
+fn a_batch_equals_its_items_one_after_another() {
+    let pool = pool_of(&["200-299"], &[]);
+    let start = sharded(
+        &pool,
+        vec![shard_of(
+            &pool,
+            0,
+            holders(&[("k", "web.http=200,201,202"), ("r", "web.http=210")]),
+        )],
+    );
+    let items = vec![
+        sync(&start, "a", 5),
+        sync(&start, "k", 1),
+        op(&start, "r", Operation::Remove),
+        sync(&start, "b", 3),
+        item_in(&start.layout, &allocation("c", 1, Some(201))),
+        op(&start, "k", Operation::Release { role: None }),
+        sync(&start, "a", 7),
+    ];
+    let batch = decide_pool_batch(&start, &items, Pass::Anywhere, false, &mut rng());
+
+    // Each item's outcome is what deciding it alone, after the items before it, gives: the
+    // same counts (placement is random, so the ports themselves may differ), the same refusal.
+    let mut one_by_one = start;
+    let mut rng = rng();
+    for (item, outcome) in items.iter().zip(decided(&batch)) {
+        let record = one_by_one.shard_record(0);
+        let operation = item.operation.as_ref().unwrap();
+        match (decide(&record, &item.uid, &item.owner, operation, &mut rng), outcome) {
+            (
+                Ok(Decision::Write {
+                    allocated,
+                    released,
+                    holdings: alone,
+                }),
+                ItemOutcome::Changed {
+                    holdings,
+                    allocated: a,
+                    released: r,
+                },
+            ) => {
+                assert_eq!((allocated, released), (*a, *r), "{}", item.owner);
+                assert_eq!(alone.port_count(), holdings.port_count());
+                one_by_one.set(&item.uid, &item.owner, holdings);
+            }
+            (Ok(Decision::Unchanged(holdings)), outcome) => {
+                assert_eq!(*outcome, ItemOutcome::Unchanged(holdings))
+            }
+            (Err(refusal), outcome) => assert!(
+                matches!(outcome, ItemOutcome::Refused { refusal: r, .. } if *r == refusal),
+                "{}: {outcome:?}",
+                item.owner
+            ),
+            (alone, outcome) => panic!("{}: {alone:?} alone, {outcome:?} in the batch", item.owner),
+        }
+    }
+    // k's scale-down to one pod freed 201 before c asked for it: later items see earlier ones.
+    assert!(matches!(
+        decided(&batch)[4],
+        ItemOutcome::Changed { allocated: 1, .. }
+    ));
+    assert!(matches!(
+        decided(&batch)[2],
+        ItemOutcome::Changed { released: 1, .. }
+    ));
+    assert_eq!(batch.writes, one_by_one.writes(false));
+}
+
+#[test]
+fn deciding_the_written_batch_again_changes_nothing() {
+    let pool = pool_of(&["300-399"], &[]);
+    let start = sharded(
+        &pool,
+        vec![shard_of(&pool, 1, vec![holder("x", "web.http=300")])],
+    );
+    let items = vec![
+        sync(&start, "a", 3),
+        sync(&start, "b", 64),
+        sync(&start, "x", 1),
+        sync(&start, "c", 1),
+    ];
+    let first = decide_pool_batch(&start, &items, Pass::Anywhere, false, &mut rng());
+    let mut written = start.clone();
+    for (item, outcome) in items.iter().zip(decided(&first)) {
+        written.set(&item.uid, &item.owner, outcome.holdings());
+    }
+    let reread = ShardedRecord::load(
+        written.pool.clone(),
+        written
+            .writes(false)
+            .into_iter()
+            .map(|w| {
+                let mut shard = shard_of(&pool, w.index, vec![]);
+                shard.status = Some(w.status);
+                shard
+            })
+            .collect(),
+    )
+    .unwrap();
+    let again = decide_pool_batch(&reread, &items, Pass::Anywhere, false, &mut rng());
+    assert!(again.writes.is_empty());
+    for (before, after) in decided(&first).iter().zip(decided(&again)) {
+        assert!(matches!(after, ItemOutcome::Unchanged(_)), "{after:?}");
+        assert_eq!(before.holdings(), after.holdings());
+    }
+    assert_eq!(all_held(&first).len(), 1 + 3 + 64 + 1);
+}
+
+#[test]
+fn nothing_to_do_writes_nothing_and_others_text_is_kept_verbatim() {
+    // Decodable but not in our encoding, and an undecodable entry: both kept byte for byte.
+    let theirs = "web.b=403 web.a=404";
+    let pool = pool_of(&["400-409"], &[]);
+    let record = sharded(
+        &pool,
+        vec![shard_of(
+            &pool,
+            1,
+            holders(&[("d", theirs), ("o", "???"), ("a", "web.http=400")]),
+        )],
+    );
+    let idle = decide_pool_batch(
+        &record,
+        &[sync(&record, "a", 1)],
+        Pass::Anywhere,
+        false,
+        &mut rng(),
+    );
+    assert!(idle.writes.is_empty());
+    let batch = decide_pool_batch(
+        &record,
+        &[sync(&record, "n", 1), op(&record, "gone", Operation::Remove)],
+        Pass::Anywhere,
+        false,
+        &mut rng(),
+    );
+    let status = &batch.writes[0].status;
+    let text = |uid: &str| {
+        status
+            .holders
+            .iter()
+            .find(|h| h.uid == uid)
+            .map(|h| h.ports.clone())
+    };
+    assert_eq!(text("d").as_deref(), Some(theirs));
+    assert_eq!(text("o").as_deref(), Some("???"));
+    assert_eq!(status.holder_count, 4);
+    // Removing the undecodable owner drops its text too.
+    let removed = decide_pool_batch(
+        &record,
+        &[op(&record, "o", Operation::Remove)],
+        Pass::Anywhere,
+        false,
+        &mut rng(),
+    );
+    assert!(removed.writes[0].status.holders.iter().all(|h| h.uid != "o"));
+}
+
+/// Pool 30000-30767 (windows 117-120): 208 + 256 + 256 + 48 ports.
+fn four_windows() -> ShardedRecord {
+    sharded(&pool_of(&["30000-30767"], &[]), vec![])
+}
+
+#[test]
+fn owners_that_fit_their_home_stay_there_and_the_first_pass_leaves_the_rest() {
+    let record = four_windows();
+    let pas: Vec<PortAllocation> = (0..40).map(|i| allocation(&format!("a{i}"), 2, None)).collect();
+    let items: Vec<BatchItem> = pas.iter().map(|pa| item_in(&record.layout, pa)).collect();
+    let batch = decide_pool_batch(&record, &items, Pass::WithinKnown, false, &mut rng());
+    for (item, (outcome, shards)) in items.iter().zip(batch.outcomes.iter().zip(&batch.shards)) {
+        assert!(matches!(outcome, Some(ItemOutcome::Changed { .. })));
+        assert_eq!(shards, &item.known, "{} stays home", item.owner);
+    }
+    assert!(batch.widen.is_empty());
+    // Only new shards are written: created with the pool's spec, one write each.
+    let touched: BTreeSet<u16> = items.iter().flat_map(|i| i.known.clone()).collect();
+    let written: BTreeSet<u16> = batch.writes.iter().map(|w| w.index).collect();
+    assert_eq!(written, touched);
+    assert!(batch.writes.iter().all(|w| w.resource_version.is_none()));
+    assert!(batch.writes.iter().all(|w| w.status.pool_spec.is_some()));
+
+    // A home too small (window 120 has 48 ports): the first pass leaves the owner, the second
+    // puts it elsewhere and asks for its status to name the new shard first.
+    let big = (0..)
+        .map(|i| allocation(&format!("big{i}"), 100, None))
+        .find(|pa| home_shard(&record.layout, &owner_of(pa)) == Some(120))
+        .unwrap();
+    let item = item_in(&record.layout, &big);
+    let first = decide_pool_batch(&record, &[item.clone()], Pass::WithinKnown, false, &mut rng());
+    assert_eq!(first.outcomes, vec![None]);
+    assert!(first.writes.is_empty());
+    let placed = place(&record, &item, &mut rng());
+    assert!(matches!(placed.outcome, ItemOutcome::Changed { allocated: 100, .. }));
+    let [index] = placed.shards.iter().copied().collect::<Vec<_>>()[..] else {
+        panic!("100 ports fit one 256-port window whole: {:?}", placed.shards);
+    };
+    assert_ne!(index, 120);
+    assert_eq!(placed.widen, Some([index, 120].into()));
+}
+
+#[test]
+fn a_full_pool_is_filled_to_the_last_port_by_one_batch_without_a_refusal() {
+    // 1,000 ports over 5 windows (30000-30999), 1,000 one-port owners: homes overflow (a hash
+    // spreads them unevenly) and the overflow goes wherever ports are left.
+    let record = sharded(&pool_of(&["30000-30999"], &[]), vec![]);
+    let items: Vec<BatchItem> = (0..1000)
+        .map(|i| sync(&record, &format!("o{i}"), 1))
+        .collect();
+    let first = decide_pool_batch(&record, &items, Pass::WithinKnown, false, &mut rng());
+    let left = first.outcomes.iter().filter(|o| o.is_none()).count();
+    assert!(left > 0, "some homes overflow");
+    // Pass 2 decides the rest against the shards as pass 1 left them.
+    let mut after = record.clone();
+    let mut rest = Vec::new();
+    for (item, outcome) in items.iter().zip(&first.outcomes) {
+        match outcome {
+            Some(ItemOutcome::Changed { holdings, .. }) => {
+                after.set(&item.uid, &item.owner, holdings)
+            }
+            Some(other) => panic!("{}: {other:?}", item.owner),
+            None => rest.push(item.clone()),
+        }
+    }
+    let all = decide_pool_batch(&after, &rest, Pass::Anywhere, false, &mut rng());
+    assert!(
+        decided(&all)
+            .iter()
+            .all(|o| matches!(o, ItemOutcome::Changed { allocated: 1, .. })),
+    );
+    assert_eq!(all.widen.len(), left, "exactly the overflow widens its status");
+    let held = all_held(&all);
+    assert_eq!(held.len(), 1000);
+    assert_eq!(held, (30000..=30999).collect::<Vec<u16>>(), "every port once");
+    // Every write is one shard's: at most its 256 ports, at most 256 entries.
+    for write in &all.writes {
+        assert!(write.status.holders.len() <= 256);
+        assert!(write.status.allocated <= 256);
+    }
+    let one_more = sync(&record, "late", 1);
+    let mut items = items;
+    items.push(one_more);
+    let over = decide_pool_batch(&record, &items, Pass::Anywhere, false, &mut rng());
+    let ItemOutcome::Refused { refusal, .. } = decided(&over)[1000] else {
+        panic!("the 1,001st is refused");
+    };
+    assert_eq!(refusal.reason(), Reason::PoolFull);
+    assert!(refusal.to_string().contains("it has 1000 ports"), "{refusal}");
+}
+
+#[test]
+fn a_newer_pool_spec_reaches_every_shard_when_propagating() {
+    let mut pool = pool_of(&["30000-30767"], &[]);
+    let shards = vec![
+        shard_of(&pool, 117, vec![holder("a", "web.http=30001")]),
+        shard_of(&pool, 118, vec![]),
+    ];
+    pool.metadata.generation = Some(2);
+    pool.spec.exclude = vec!["30300".into()];
+    let record = sharded(&pool, shards);
+    assert!(
+        decide_pool_batch(&record, &[], Pass::Anywhere, false, &mut rng())
+            .writes
+            .is_empty()
+    );
+    let writes = decide_pool_batch(&record, &[], Pass::Anywhere, true, &mut rng()).writes;
+    assert_eq!(writes.iter().map(|w| w.index).collect::<Vec<_>>(), [117, 118]);
+    for write in &writes {
+        assert_eq!(write.status.pool_generation, 2);
+        assert_eq!(write.status.pool_spec.as_ref(), Some(&pool.spec));
+    }
+    // 118 lost one port to the exclusion; 117's entry is kept byte for byte.
+    assert_eq!(writes[1].status.size, 255);
+    assert_eq!(writes[0].status.holders, vec![holder("a", "web.http=30001")]);
+}
