@@ -2,8 +2,8 @@
 //!
 //! - choose-next (`PoolState::take_next`) on a 65,535-port pool at 0%, 50% and 99% full;
 //! - planning (and carrying out) one PortAllocation of 1,000 pods x 4 ports;
-//! - encoding and decoding a PortPool's status with 10,000 holders, as the allocator does once
-//!   per attempt: `PoolRecord::status_with` + JSON, and JSON + `PoolRecord::load`.
+//! - encoding and decoding a full PortPoolShard (256 ports held), as the allocator does once per
+//!   attempt: `ShardRecord::write` + JSON, and JSON + `load_shard`.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -13,11 +13,11 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use portalloc::api::{PoolHolder, PortPool, PortPoolSpec, PortPoolStatus, StaticBandSetting};
+use portalloc::api::{PortPool, PortPoolShard, PortPoolSpec, StaticBandSetting};
 use portalloc::core::{
     Holdings, PoolState, PortDemand, PortSet, Scope, SlotKey, StaticBand, execute, plan,
 };
-use portalloc::ledger::PoolRecord;
+use portalloc::ledger::{PoolCopy, ShardRecord, ShardedRecord, load_shard, new_shard};
 
 const FULL_RANGE: &str = "1-65535";
 
@@ -113,83 +113,76 @@ fn planning(c: &mut Criterion) {
     group.finish();
 }
 
-/// A pool whose status lists `holders` PortAllocations, each holding `ports_each` ports of one
-/// pod (`worker.p0=.. worker.p1=..`), with real-looking UIDs and owners.
-fn pool_with_holders(holders: u32, ports_each: u32) -> PortPool {
+/// Window 1 (256-511) of pool `bench` as a shard listing `256 / ports_each` PortAllocations
+/// (the most one shard holds), each holding `ports_each` ports of one pod (`worker.p0=..`), with
+/// real-looking UIDs and owners.
+fn full_shard(ports_each: u32) -> (PoolCopy, PortPoolShard) {
     let mut pool = PortPool::new(
         "bench",
         PortPoolSpec {
-            ranges: vec![FULL_RANGE.into()],
+            ranges: vec!["256-511".into()],
             exclude: vec![],
             protocol: Default::default(),
-            static_band: StaticBandSetting::Auto,
+            static_band: StaticBandSetting::None,
         },
     );
-    let mut ports: Vec<u16> = (1..=65535).collect();
+    pool.metadata.uid = Some("5f0c8c2e-0000-4000-8000-000000000001".into());
+    pool.metadata.generation = Some(1);
+    let copy = PoolCopy::of_pool(&pool);
+    let mut ports: Vec<u16> = (256..=511).collect();
     ports.shuffle(&mut rng());
     let mut next = ports.into_iter();
-    let entries = (0..holders)
-        .map(|i| {
-            let holdings: Holdings = (0..ports_each)
-                .map(|p| {
-                    (
-                        SlotKey::new("worker", format!("p{p}"), 0),
-                        next.next().unwrap(),
-                    )
-                })
-                .collect();
-            PoolHolder {
-                uid: format!("{:08x}-7c1e-4f2a-9b3d-{:012x}", i, u64::from(i) * 7919),
-                owner: format!("team-{:02}/job-{i:05}", i % 50),
-                ports: holdings.encode(),
-            }
-        })
-        .collect();
-    pool.metadata.resource_version = Some("123456".into());
-    pool.metadata.uid = Some("5f0c8c2e-0000-4000-8000-000000000001".into());
-    pool.status = Some(PortPoolStatus {
-        holders: entries,
-        ..Default::default()
-    });
-    let record = PoolRecord::load(pool.clone()).unwrap();
-    assert!(record.anomalies.is_empty());
-    pool.status = Some(record.current_status());
-    pool
+    let mut sharded = ShardedRecord::load(copy.clone(), vec![]).unwrap();
+    for i in 0..256 / ports_each {
+        let holdings: Holdings = (0..ports_each)
+            .map(|p| {
+                (
+                    SlotKey::new("worker", format!("p{p}"), 0),
+                    next.next().unwrap(),
+                )
+            })
+            .collect();
+        let uid = format!("{:08x}-7c1e-4f2a-9b3d-{:012x}", i, u64::from(i) * 7919);
+        sharded.set(&uid, &format!("team-{:02}/job-{i:05}", i % 50), &holdings);
+    }
+    let write = sharded.writes(false).remove(0);
+    let mut shard = new_shard(&copy, 1);
+    shard.metadata.resource_version = Some("123456".into());
+    shard.status = Some(write.status);
+    (copy, shard)
 }
 
-fn pool_status(c: &mut Criterion) {
-    let mut group = c.benchmark_group("pool_status_10000_holders");
+fn shard_status(c: &mut Criterion) {
+    let mut group = c.benchmark_group("full_shard_status");
     for ports_each in [1, 4] {
-        let pool = pool_with_holders(10_000, ports_each);
-        let status_json = serde_json::to_vec(pool.status.as_ref().unwrap()).unwrap();
-        let object_json = serde_json::to_vec(&pool).unwrap();
+        let (copy, shard) = full_shard(ports_each);
+        let object_json = serde_json::to_vec(&shard).unwrap();
         eprintln!(
-            "pool status with 10,000 holders x {ports_each} port(s): {} bytes of JSON ({} bytes as a whole PortPool object)",
-            status_json.len(),
+            "a full shard, {} holders x {ports_each} port(s): {} bytes of JSON",
+            256 / ports_each,
             object_json.len()
         );
         group.throughput(Throughput::Bytes(object_json.len() as u64));
+        let layout = copy.layout().unwrap();
 
-        // What a write does: add one holder to what was read, re-encode every entry, serialize.
-        let record = PoolRecord::load(pool.clone()).unwrap();
-        let mut state = record.state.clone();
-        let mut mine = Holdings::new();
-        for p in 0..ports_each {
-            let port = state.take_next(&mut rng()).unwrap();
-            mine.insert(SlotKey::new("worker", format!("p{p}"), 0), port);
-        }
+        // What a write does: change one holder of what was read, re-encode, serialize.
+        let record = load_shard(&copy, &layout, 1, shard.clone());
+        let uid = record.entries()[0].uid.clone();
+        let mine = record.holdings_of(&uid);
         group.bench_function(format!("encode_{ports_each}_port_each"), |b| {
             b.iter(|| {
-                let mut updated = record.pool.clone();
-                updated.status = Some(record.status_with(&state, "new-uid", "ns/new", &mine));
+                let mut changed = ShardRecord::new(1, record.clone());
+                changed.set(&uid, "ns/new", &mine);
+                let mut updated = shard.clone();
+                updated.status = Some(changed.write(&copy, false).status);
                 black_box(serde_json::to_vec(&updated).unwrap())
             })
         });
         // What a read does: parse the object and rebuild the bitmap and every holder's holdings.
         group.bench_function(format!("decode_{ports_each}_port_each"), |b| {
             b.iter(|| {
-                let pool: PortPool = serde_json::from_slice(black_box(&object_json)).unwrap();
-                black_box(PoolRecord::load(pool).unwrap())
+                let shard: PortPoolShard = serde_json::from_slice(black_box(&object_json)).unwrap();
+                black_box(load_shard(&copy, &layout, 1, shard))
             })
         });
     }
@@ -205,6 +198,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = choose_next, planning, pool_status
+    targets = choose_next, planning, shard_status
 }
 criterion_main!(benches);

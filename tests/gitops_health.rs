@@ -128,8 +128,8 @@ fn states() -> Vec<State> {
         ),
         state(
             PP,
-            "in-use",
-            ("Healthy", Is("12 of 2768 ports allocated")),
+            "sized",
+            ("Healthy", Is("PortPool of 2768 ports")),
             ("Current", Is("Resource is current")),
         ),
     ]
@@ -231,7 +231,7 @@ fn argocd_and_flux_agree_on_every_state_but_the_never_synced_object_without_stat
 #[test]
 fn deleting_objects_are_pending_deletion_in_argocd_and_terminating_in_kstatus() {
     let cm = argocd_dir().join("argocd-cm.yaml");
-    for (kind, name) in [(PA, "allocated"), (PA, "stalled-pool-full"), (PP, "in-use")] {
+    for (kind, name) in [(PA, "allocated"), (PA, "stalled-pool-full"), (PP, "sized")] {
         let text = std::fs::read_to_string(fixture(kind, name)).unwrap();
         let deleting = text.replacen(
             "metadata:\n",
@@ -357,11 +357,7 @@ fn a_wrong_expectation_in_health_test_yaml_fails() {
     let root = copy.path().join("resource_customizations");
     let tests = root.join("portalloc.dev/PortPool/health_test.yaml");
     let text = std::fs::read_to_string(&tests).unwrap();
-    let wrong = text.replacen(
-        "12 of 2768 ports allocated",
-        "13 of 2768 ports allocated",
-        1,
-    );
+    let wrong = text.replacen("PortPool of 2768 ports", "PortPool of 2769 ports", 1);
     assert_ne!(wrong, text);
     std::fs::write(&tests, wrong).unwrap();
 
@@ -372,5 +368,5 @@ fn a_wrong_expectation_in_health_test_yaml_fails() {
         .filter(|l| l["pass"] != true)
         .map(|l| l["case"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(failed, ["portalloc.dev/PortPool/testdata/in-use.yaml"]);
+    assert_eq!(failed, ["portalloc.dev/PortPool/testdata/sized.yaml"]);
 }

@@ -3,7 +3,7 @@
 //! whether one object can hold every port of 1-65535 at all, and into how many objects (shards)
 //! a record must be split.
 
-use portalloc::api::{PoolHolder, PortPoolStatus};
+use portalloc::api::{PoolHolder, PortPoolShardStatus};
 
 use crate::{Row, dash};
 
@@ -28,7 +28,7 @@ fn owner(i: u32) -> (String, String) {
 pub fn record_sizes() -> anyhow::Result<Vec<Row>> {
     let n = HOLDERS;
     // Today: the status as the allocator writes it.
-    let today = serde_json::to_vec(&PortPoolStatus {
+    let today = serde_json::to_vec(&PortPoolShardStatus {
         holders: (0..n)
             .map(|i| {
                 let (ns, name) = owner(i);

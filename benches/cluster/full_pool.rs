@@ -1,7 +1,7 @@
-//! 2k: one sharded pool holding every port of 1-65535, each by its own one-port holder.
+//! 2k: one pool holding every port of 1-65535, each by its own one-port holder.
 //!
-//! The holders are written as an upgrade would write them (the pure `upgrade_plan` of a pool
-//! record listing them all), then measured as served: bytes per held port, the largest shard.
+//! The holders are written as the ledger cuts them into shards (`ShardedRecord::set`, one write
+//! per window), then measured as served: bytes per held port, the largest shard.
 //! Then one more allocation, through the library as `create` does it: refused while every port
 //! is held, and placed once one port per shard is freed (each new owner's home shard then has
 //! a free port, the case every allocation meets in a pool that is not full).
@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use futures::{StreamExt, stream};
+use kube::Client;
 use kube::api::{Api, PostParams};
-use kube::{Client, ResourceExt};
-use portalloc::api::{PoolHolder, PortAllocation, PortPool, PortPoolStatus};
+use portalloc::api::{PoolHolder, PortAllocation, PortPool};
+use portalloc::core::Holdings;
 use portalloc::k8s::{Allocator, ShardStore};
-use portalloc::ledger::{ShardWrite, upgrade_plan};
+use portalloc::ledger::{PoolCopy, ShardedRecord};
 
 use super::{Row, dash, workload};
 
@@ -35,36 +36,32 @@ async fn write_shards(
     pool: &PortPool,
     holders: Vec<PoolHolder>,
 ) -> anyhow::Result<()> {
-    let mut record = pool.clone();
-    record.status = Some(PortPoolStatus {
-        holders,
-        ..Default::default()
-    });
-    let plan = upgrade_plan(&record)?;
+    let copy = PoolCopy::of_pool(pool);
     let existing = store.list(POOL).await.map_err(|(e, _)| e)?;
-    let results: Vec<anyhow::Result<()>> = stream::iter(plan)
-        .map(|shard| {
-            let version = existing
-                .iter()
-                .find(|s| s.name_any() == shard.name)
-                .and_then(|s| s.resource_version());
+    let mut record = ShardedRecord::load(copy.clone(), existing)?;
+    for holder in holders {
+        record.set(
+            &holder.uid,
+            &holder.owner,
+            &Holdings::decode(&holder.ports)?,
+        );
+    }
+    let writes = record.writes(false);
+    let commits: Vec<_> = writes
+        .into_iter()
+        .map(|write| {
+            let (store, copy) = (store.clone(), copy.clone());
             async move {
-                let write = ShardWrite {
-                    index: shard.index,
-                    name: shard.name.clone(),
-                    resource_version: version,
-                    status: shard.status,
-                };
                 store
-                    .commit(pool, &write)
+                    .commit(&copy, &write)
                     .await
                     .map(|_| ())
-                    .map_err(|(e, _)| anyhow::anyhow!("shard {}: {e}", shard.name))
+                    .map_err(|(e, _)| anyhow::anyhow!("shard {}: {e}", write.name))
             }
         })
-        .buffer_unordered(16)
-        .collect()
-        .await;
+        .collect();
+    let results: Vec<anyhow::Result<()>> =
+        stream::iter(commits).buffer_unordered(16).collect().await;
     results.into_iter().collect()
 }
 
@@ -78,7 +75,7 @@ async fn allocate_one(
     let started = Instant::now();
     let result = match api.create(&PostParams::default(), &pa).await {
         Ok(created) => allocator
-            .sync(created, None)
+            .sync(created)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string()),
@@ -90,7 +87,6 @@ async fn allocate_one(
 pub async fn measure(admin: &Client, quick: bool) -> anyhow::Result<Vec<Row>> {
     let last: u32 = if quick { 4_095 } else { 65_535 };
     workload::create_namespace(admin, NS).await?;
-    let pools: Api<PortPool> = Api::all(admin.clone());
     let pool = PortPool::new(
         POOL,
         portalloc::api::PortPoolSpec {
@@ -100,8 +96,7 @@ pub async fn measure(admin: &Client, quick: bool) -> anyhow::Result<Vec<Row>> {
             static_band: portalloc::api::StaticBandSetting::None,
         },
     );
-    let created = pools.create(&PostParams::default(), &pool).await?;
-    let pool = workload::mark_sharded(&pools, created).await?;
+    let pool = portalloc::k8s::create_pool(admin, pool, true).await?;
     let store = ShardStore::new(admin.clone());
 
     let started = Instant::now();
@@ -156,7 +151,7 @@ pub async fn measure(admin: &Client, quick: bool) -> anyhow::Result<Vec<Row>> {
         Row {
             id: "2k",
             what: format!(
-                "one sharded pool, 1-{last}, every port held by its own holder ({last} holders in {} shards): bytes as served",
+                "one pool, 1-{last}, every port held by its own holder ({last} holders in {} shards): bytes as served",
                 shards.len()
             ),
             ours: format!(

@@ -66,7 +66,7 @@ pub async fn group_commit(
     let started = Instant::now();
     let mut old_conflicts = 0;
     for pa in api.list(&ListParams::default()).await?.items {
-        old_conflicts += allocator.sync(pa, None).await?.conflicts;
+        old_conflicts += allocator.sync(pa).await?.conflicts;
     }
     let one_by_one = started.elapsed();
     ensure_allocated(admin, old_ns, count).await?;

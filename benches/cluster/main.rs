@@ -17,8 +17,6 @@
 //!   us (measured) on the same workload;
 //! - 2e: `kubectl portalloc get -A` versus `kubectl get portallocations -A` on 1,000 objects, and
 //!   the start-up time of `kubectl-portalloc --help`;
-//! - 2f: the scale limit of one pool object: its size as served and the cost of one allocation
-//!   with 1,000 to 20,000 holders, up to where etcd refuses the write.
 //!
 //! - 2h: `sync --all -A` of 1,000 fresh PortAllocations into one pool (group commit), beside
 //!   the same synced one compare-and-swap at a time and beside creating 1,000 NodePort Services.
@@ -26,7 +24,7 @@
 //! - 2i: bytes per holder of the pool record, today's encoding and compact ones, against etcd's
 //!   request limit (pure arithmetic on real encodings, no server).
 //!
-//! - 2k: a sharded pool holding every port of 1-65535 by one-port holders: bytes per held port,
+//! - 2k: a pool holding every port of 1-65535 by one-port holders: bytes per held port,
 //!   and the cost of one more allocation (refused when full; placed when a port is free).
 //!
 //! - 2j: the fine-grained compare-and-swap lever (JSON Patch `test` of one block) against a
@@ -35,7 +33,7 @@
 //! `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
 //! 2b/2c cells); `PORTALLOC_BENCH_ROUNDS=1` shortens the throughput cells;
 //! `PORTALLOC_BENCH_SHARDS=1` runs the shard experiment even when its condition does not hold;
-//! `PORTALLOC_BENCH_HOLDERS=256,1000` sets the holder counts of 2f; `PORTALLOC_BENCH_RECORD=sharded` makes every pool of the cells sharded. Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
+//! Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
 //! `--bench` flag that `cargo bench` passes (so `cargo test --benches` never runs the full size).
 
 mod baseline;
@@ -62,9 +60,9 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use controlplane::ControlPlane;
-use portalloc::api::{PoolHolder, PortAllocation, PortPool, PortPoolStatus};
+use portalloc::api::{PortAllocation, PortPool};
 use portalloc::k8s::Allocator;
-use portalloc::ledger::{PoolRecord, recorded_holdings};
+use portalloc::ledger::recorded_holdings;
 use workload::Cell;
 
 /// How much of everything to do.
@@ -85,8 +83,6 @@ struct Scale {
     help_runs: usize,
     random_trials: u32,
     duplicate_pods: u32,
-    /// Holders written into one pool's status to find where a pool stops scaling.
-    holder_counts: Vec<u32>,
     /// PortAllocations applied at once for the watcher to allocate.
     burst: usize,
     /// PortAllocations synced by one `sync --all -A` (group commit).
@@ -113,17 +109,6 @@ impl Scale {
             help_runs: if quick { 3 } else { 21 },
             random_trials: if quick { 2_000 } else { 100_000 },
             duplicate_pods: if quick { 30 } else { 100 },
-            // PORTALLOC_BENCH_HOLDERS=256,1000 weighs other record sizes (a shard's, say).
-            holder_counts: std::env::var("PORTALLOC_BENCH_HOLDERS")
-                .ok()
-                .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-                .unwrap_or_else(|| {
-                    if quick {
-                        vec![100, 2_000]
-                    } else {
-                        vec![1_000, 5_000, 10_000, 15_000, 20_000]
-                    }
-                }),
             burst: if quick { 20 } else { 1000 },
             group: if quick { 40 } else { 1000 },
             cells: std::env::var("PORTALLOC_BENCH_CELLS").ok().map(|v| {
@@ -237,11 +222,6 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
         let clients = plane.clients(16).await?;
         rows.extend(levers::measure(&clients, "levers", scale.per_round).await?);
     }
-    // 2f writes holders into one pool object's status, which a sharded pool refuses (2k).
-    if scale.wants("2f") && !workload::sharded_record() {
-        eprintln!("2f: scale limits of one pool object");
-        rows.extend(scale_limits(&admin, scale).await?);
-    }
     if scale.wants("2k") {
         eprintln!("2k: a sharded pool holding every port of 1-65535");
         rows.extend(full_pool::measure(&admin, scale.quick).await?);
@@ -330,7 +310,7 @@ async fn request_counts(
     // another, deciding against the pool its last write returned, and (before) reading it first.
     let mut in_process = Vec::new();
     for remember in [false, true] {
-        let allocator = Allocator::new(admin.clone()).remember_pools(remember);
+        let allocator = Allocator::new(admin.clone()).remember_shards(remember);
         let n = 20u64;
         let before = metrics::scrape(admin).await?;
         for i in 0..n {
@@ -734,120 +714,6 @@ async fn handed_out_ports(admin: &Client, pool: &str) -> anyhow::Result<(usize, 
     Ok((handed_out, ports.len()))
 }
 
-// ---- 2f ---------------------------------------------------------------------------------------
-
-/// How far one pool object scales: its status is written with `n` holders of one port each
-/// (real-looking UIDs and owners, as the allocator writes them), then three new 1-port
-/// PortAllocations are allocated into it one after another. etcd refuses values over
-/// `--max-request-bytes` (1.5 MiB by default); the API server first drops `managedFields`
-/// (which list every holder, `holders` being a list-map keyed by uid) and tries again.
-async fn scale_limits(admin: &Client, scale: &Scale) -> anyhow::Result<Vec<Row>> {
-    let ns = "scale";
-    workload::create_namespace(admin, ns).await?;
-    let pools: Api<PortPool> = Api::all(admin.clone());
-    let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
-    let mut allocator = Allocator::new(admin.clone());
-    // A write that etcd refuses comes back as a 500, which the allocator retries as transient.
-    allocator.policy.max_attempts = 3;
-    allocator.policy.max_elapsed = Duration::from_secs(20);
-    let mut rows = Vec::new();
-    for &n in &scale.holder_counts {
-        let name = format!("scale-{n}");
-        workload::create_pool(admin, &name, "1-65535").await?;
-        let mut pool = pools.get(&name).await?;
-        pool.status = Some(PortPoolStatus {
-            holders: (0..n)
-                .map(|i| PoolHolder {
-                    uid: format!("{i:08x}-7c1e-4f2a-9b3d-{:012x}", u64::from(i) * 7919),
-                    owner: format!("team-{:02}/job-{i:05}", i % 50),
-                    ports: format!("worker.p0={}", 1000 + i),
-                })
-                .collect(),
-            ..Default::default()
-        });
-        pool.status = Some(PoolRecord::load(pool.clone())?.current_status());
-        let status_bytes = serde_json::to_vec(&pool.status)?.len();
-        let what = format!(
-            "one pool with {n} holders (1 port each; status {:.2} MB of JSON): object as served, and one more 1-port allocation (median of 3)",
-            status_bytes as f64 / 1e6
-        );
-        let started = Instant::now();
-        let written = pools
-            .replace_status(&name, &PostParams::default(), &pool)
-            .await;
-        let write_ms = started.elapsed().as_secs_f64() * 1e3;
-        let ours = match written {
-            Err(kube::Error::Api(status)) => format!(
-                "**refused** writing the status: HTTP {}: {}",
-                status.code,
-                one_line(&status.message)
-            ),
-            Err(e) => format!(
-                "**refused** writing the status: {}",
-                one_line(&e.to_string())
-            ),
-            Ok(_) => {
-                let raw = admin
-                    .request_text(
-                        http::Request::get(format!(
-                            "/apis/portalloc.dev/v1alpha1/portpools/{name}"
-                        ))
-                        .body(Vec::new())?,
-                    )
-                    .await?;
-                let object: serde_json::Value = serde_json::from_str(&raw)?;
-                let managed = object["metadata"]["managedFields"]
-                    .as_array()
-                    .is_some_and(|m| !m.is_empty());
-                let mut times = Vec::new();
-                let mut error = None;
-                for k in 0..3 {
-                    let pa = workload::allocation(&format!("{name}-{k}"), ns, &name, 1, 1);
-                    match workload::allocate(&allocator, &api, pa).await {
-                        Ok(sample) => times.push(sample.latency),
-                        Err(e) => {
-                            error = Some(one_line(&format!("{e:#}")));
-                            break;
-                        }
-                    }
-                }
-                let allocation = match error {
-                    None => format!("allocation {:.0} ms", median_ms(&times)),
-                    Some(e) => format!("allocation **failed**: {e}"),
-                };
-                format!(
-                    "{:.2} MB as served ({}managedFields); status write {write_ms:.0} ms; {allocation}",
-                    raw.len() as f64 / 1e6,
-                    if managed {
-                        "with "
-                    } else {
-                        "the server dropped "
-                    }
-                )
-            }
-        };
-        rows.push(Row {
-            id: "2f",
-            what,
-            ours,
-            anchor: dash(),
-            ratio: dash(),
-            target: dash(),
-            met: dash(),
-        });
-    }
-    Ok(rows)
-}
-
-/// The first 160 characters of a message, on one line (table cells cannot break).
-fn one_line(text: &str) -> String {
-    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    match flat.char_indices().nth(160) {
-        Some((cut, _)) => format!("{}…", &flat[..cut]),
-        None => flat,
-    }
-}
-
 // ---- 2e ---------------------------------------------------------------------------------------
 
 async fn cli_latency(
@@ -1056,15 +922,7 @@ fn table(
     );
     let _ = writeln!(out, "machine: {}  ", machine());
     let _ = writeln!(out, "source: {}  ", tree_state());
-    let _ = writeln!(
-        out,
-        "pool record (PORTALLOC_BENCH_RECORD): {}  ",
-        if workload::sharded_record() {
-            "sharded (PortPoolShards of 256 ports)"
-        } else {
-            "one object (the pool's status)"
-        }
-    );
+    let _ = writeln!(out, "pool record: PortPoolShards of 256 ports  ");
     if let Some(cells) = &scale.cells {
         let _ = writeln!(
             out,

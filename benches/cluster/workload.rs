@@ -125,6 +125,7 @@ pub async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()>
     Ok(())
 }
 
+/// A pool as `kubectl portalloc pool create` makes it: the PortPool and every window's shard.
 pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Result<()> {
     let pool = PortPool::new(
         name,
@@ -135,54 +136,24 @@ pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Re
             static_band: StaticBandSetting::Auto,
         },
     );
-    if sharded_record() {
-        // As `pool create --sharded`: every window's shard, empty, then the pool says Sharded.
-        portalloc::k8s::create_pool(client, pool, true, true)
-            .await
-            .with_context(|| format!("create sharded PortPool {name}"))?;
-        return Ok(());
-    }
-    let pools: Api<PortPool> = Api::all(client.clone());
-    pools
-        .create(&PostParams::default(), &pool)
+    portalloc::k8s::create_pool(client, pool, true)
         .await
         .with_context(|| format!("create PortPool {name}"))?;
     Ok(())
 }
 
-/// `PORTALLOC_BENCH_RECORD=sharded`: every pool the cells create records its holders in
-/// PortPoolShards (what `pool create --sharded` makes), instead of its own status.
-pub fn sharded_record() -> bool {
-    std::env::var("PORTALLOC_BENCH_RECORD").is_ok_and(|v| v == "sharded")
-}
-
-/// The pool's record as the allocator sees it: its status, or its shards joined into one.
+/// The pool's record as the allocator sees it: its shards joined into one.
 pub async fn pool_record(
     client: &Client,
     pool: &PortPool,
 ) -> anyhow::Result<portalloc::ledger::PoolRecord> {
-    if pool.status.as_ref().and_then(|s| s.format).is_none() {
-        return Ok(portalloc::ledger::PoolRecord::load(pool.clone())?);
-    }
     let name = pool.metadata.name.clone().unwrap_or_default();
     let shards = portalloc::k8s::ShardStore::new(client.clone())
         .list(&name)
         .await
         .map_err(|(e, _)| e)?;
-    Ok(portalloc::ledger::ShardedRecord::load(pool.clone(), shards)?.union_record())
-}
-
-/// Turn a new, empty pool into a sharded one (its shards are created by the first writes).
-pub async fn mark_sharded(pools: &Api<PortPool>, mut pool: PortPool) -> anyhow::Result<PortPool> {
-    let name = pool.metadata.name.clone().unwrap_or_default();
-    pool.status = Some(portalloc::api::PortPoolStatus {
-        format: Some(portalloc::api::RecordFormat::Sharded),
-        ..Default::default()
-    });
-    pools
-        .replace_status(&name, &PostParams::default(), &pool)
-        .await
-        .with_context(|| format!("mark PortPool {name} sharded"))
+    let copy = portalloc::ledger::PoolCopy::of_pool(pool);
+    Ok(portalloc::ledger::ShardedRecord::load(copy, shards)?.union_record())
 }
 
 /// One role `worker` of `replicas` pods, each with `ports_per_pod` PodScoped ports `p0..`.
@@ -229,7 +200,7 @@ pub async fn allocate(
 ) -> anyhow::Result<Sample> {
     let started = Instant::now();
     let created = api.create(&PostParams::default(), &pa).await?;
-    let report = allocator.sync(created, None).await?;
+    let report = allocator.sync(created).await?;
     Ok(Sample {
         latency: started.elapsed(),
         ports: report.holdings.len() as u64,
@@ -424,7 +395,7 @@ pub async fn run_sharded(
                 let pool = &pools[(first + k) % pools.len()];
                 let pa = allocation(&name, &namespace, pool, 1, ports);
                 let created = api.create(&PostParams::default(), &pa).await?;
-                match allocator.sync(created, None).await {
+                match allocator.sync(created).await {
                     Ok(report) => {
                         return Ok(Sample {
                             latency: started.elapsed(),

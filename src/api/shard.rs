@@ -165,7 +165,13 @@ mod tests {
         for field in ["uid", "owner", "ports"] {
             assert_eq!(entry[field]["type"], "string", "{field}");
         }
-        for field in ["size", "allocated", "available", "holderCount", "poolGeneration"] {
+        for field in [
+            "size",
+            "allocated",
+            "available",
+            "holderCount",
+            "poolGeneration",
+        ] {
             assert_eq!(status[field]["type"], "integer", "{field}");
         }
         assert!(status["poolSpec"]["properties"]["ranges"].is_object());

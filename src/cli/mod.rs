@@ -70,12 +70,11 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     Install(install::InstallArgs),
-    /// Create, list, inspect, delete and upgrade PortPools.
+    /// Create, list, inspect and delete PortPools.
     #[command(after_help = "Examples:
   kubectl portalloc pool create default --range 20000-29999
   kubectl portalloc pool get
-  kubectl portalloc pool describe default
-  kubectl portalloc pool upgrade default")]
+  kubectl portalloc pool describe default")]
     Pool(pool::PoolArgs),
     Create(create::CreateArgs),
     Sync(sync::SyncArgs),

@@ -457,11 +457,11 @@ async fn delete(client: &Client, args: DeleteArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{PoolHolder, PortPoolSpec, PortPoolStatus, StaticBandSetting};
+    use crate::api::{PoolHolder, PortPoolSpec, StaticBandSetting};
 
     #[test]
     fn describe_shows_blocks_and_free_runs() {
-        let mut pool = PortPool::new(
+        let pool = PortPool::new(
             "gpu",
             PortPoolSpec {
                 ranges: vec!["20000-20099".into()],
@@ -470,16 +470,16 @@ mod tests {
                 static_band: StaticBandSetting::None,
             },
         );
-        pool.status = Some(PortPoolStatus {
-            holders: vec![PoolHolder {
-                uid: "u1".into(),
-                owner: "ml/ray".into(),
-                ports: "ray.head=20099 ray.workers=20000-20007,20008-20015".into(),
-            }],
-            ..Default::default()
-        });
-        let record = PoolRecord::load(pool).unwrap();
-        let text = describe_text(&record, "one object", &[]);
+        let holders = vec![PoolHolder {
+            uid: "u1".into(),
+            owner: "ml/ray".into(),
+            ports: "ray.head=20099 ray.workers=20000-20007,20008-20015".into(),
+        }];
+        let copy = PoolCopy::of_pool(&pool);
+        let ports = copy.ports().unwrap();
+        let static_band = copy.spec.core_static_band();
+        let record = PoolRecord::joined(copy, ports, static_band, holders);
+        let text = describe_text(&record, "1 shard", &[]);
         assert!(
             text.contains("  ml/ray  (17 ports, uid u1)\n    ray.head=20099 ray.workers=20000-20007,20008-20015\n"),
             "{text}"

@@ -266,7 +266,8 @@ pub async fn delete_allocation(
     let owner = owner_of(&pa);
     let freed = match allocator
         .release_holder(&pa.spec.pool, &uid, &owner, pa.status.as_ref())
-        .await {
+        .await
+    {
         Ok(freed) => freed,
         Err(AllocateError::Refused(Refusal::PoolNotFound { .. })) => 0,
         Err(error) => {

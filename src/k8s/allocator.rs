@@ -299,12 +299,8 @@ impl Allocator {
             } else {
                 Outcome::Converged
             };
-            let mut status = allocation_status(
-                &pa,
-                &committed.holdings,
-                Some(&committed.pool_uid),
-                outcome,
-            );
+            let mut status =
+                allocation_status(&pa, &committed.holdings, Some(&committed.pool_uid), outcome);
             status.shards = committed.shards.iter().map(|&k| i32::from(k)).collect();
             let report = |pa: PortAllocation, attempts: &Attempts, status_written| SyncReport {
                 namespace: namespace.clone(),
@@ -355,7 +351,11 @@ impl Allocator {
 
     /// Keep the ConfigMap of the PortAllocation as the report leaves it (spec and the status
     /// just written).
-    pub(super) async fn with_configmap(&self, mut report: SyncReport, released: bool) -> SyncReport {
+    pub(super) async fn with_configmap(
+        &self,
+        mut report: SyncReport,
+        released: bool,
+    ) -> SyncReport {
         report.configmap = keep_env_configmap(&self.client, &report.allocation, released).await;
         report
     }

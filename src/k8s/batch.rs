@@ -32,8 +32,8 @@ use super::retry::{Attempts, Stop};
 use super::shards::ShardStore;
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::ledger::{
-    BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolCopy, Refusal, ShardWrite,
-    ShardedRecord, allocation_status, decide_pool_batch, known_shards, owner_of,
+    BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolCopy, Refusal, ShardWrite, ShardedRecord,
+    allocation_status, decide_pool_batch, known_shards, owner_of,
 };
 
 type ItemResult = Result<SyncReport, AllocateError>;
@@ -101,7 +101,15 @@ impl Allocator {
                 break None;
             }
             match self
-                .batch_round(pool, &mut pas, &open, &mut done, &mut pool_uid, &mut attempts, &label)
+                .batch_round(
+                    pool,
+                    &mut pas,
+                    &open,
+                    &mut done,
+                    &mut pool_uid,
+                    &mut attempts,
+                    &label,
+                )
                 .await
             {
                 Round::Again => continue,
@@ -169,10 +177,7 @@ impl Allocator {
         };
         self.pools.remember(pool, &sharded.pool);
         pool_uid.clone_from(&sharded.pool.uid);
-        let items: Vec<BatchItem> = open
-            .iter()
-            .map(|&i| item_of(&pas[i], &sharded))
-            .collect();
+        let items: Vec<BatchItem> = open.iter().map(|&i| item_of(&pas[i], &sharded)).collect();
 
         // Pass 1: within known shards; the pool's spec goes to every shard that lacks it.
         let first = decide_pool_batch(&sharded, &items, Pass::WithinKnown, true, &mut rand::rng());
@@ -236,8 +241,8 @@ impl Allocator {
             .collect();
         let widened = stream::iter(widens)
             .buffer_unordered(WRITES_AT_ONCE)
-        .collect::<Vec<_>>()
-        .await;
+            .collect::<Vec<_>>()
+            .await;
         let mut widen_failed = None;
         for (i, result) in widened {
             match result {

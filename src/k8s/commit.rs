@@ -25,8 +25,8 @@ use super::shards::ShardStore;
 use crate::api::{PortAllocation, PortPool};
 use crate::ledger::{
     BatchItem, Decision, ItemOutcome, Operation, PoolCopy, Refusal, ShardAnomaly, ShardRecord,
-    ShardWrite, ShardedRecord, decide, home_shard, known_shards, load_shard, new_shard, place,
-    owner_of, shard_name, single_shard, split_by_shard,
+    ShardWrite, ShardedRecord, decide, home_shard, known_shards, load_shard, new_shard, owner_of,
+    place, shard_name, single_shard, split_by_shard,
 };
 
 /// One operation on one pool, as the rounds of its loop share it.
@@ -68,8 +68,9 @@ impl Allocator {
                 Where::Home => match self.pool_copy(request, attempts, false).await? {
                     Some(copy) => {
                         let layout = copy.layout().map_err(|error| pool_spec(request, error))?;
-                        home_shard(&layout, request.owner)
-                            .filter(|&home| single_shard(&[home].into(), request.operation).is_some())
+                        home_shard(&layout, request.owner).filter(|&home| {
+                            single_shard(&[home].into(), request.operation).is_some()
+                        })
                     }
                     None => continue,
                 },
@@ -168,7 +169,8 @@ impl Allocator {
                     },
                 };
                 if let Some(shard) = shard.filter(|s| s.spec.pool_uid == copy.uid) {
-                    let copy = PoolCopy::of_shard(&shard).map_or(copy.clone(), |c| c.newest(Some(copy)));
+                    let copy =
+                        PoolCopy::of_shard(&shard).map_or(copy.clone(), |c| c.newest(Some(copy)));
                     let record = load_shard(&copy, &layout, home, shard.clone());
                     match decide(&record, &uid, &owner, &operation, &mut rand::rng()) {
                         Ok(_) => {
@@ -288,7 +290,7 @@ impl Allocator {
         };
         let mut changed = ShardRecord::new(index, record);
         changed.set(request.uid, request.owner, &holdings);
-        match store.commit(&copy, &changed.write(&copy)).await {
+        match store.commit(&copy, &changed.write(&copy, false)).await {
             Ok(written) => {
                 self.shards.remember(&name, &written);
                 tracing::info!(

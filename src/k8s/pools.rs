@@ -14,7 +14,9 @@ use super::retry::{Attempts, RetryPolicy, Stop};
 use super::shards::ShardStore;
 use crate::api::{PortPool, PortPoolShard, PortPoolStatus, Protocol, SpecError};
 use crate::core::{Holdings, PortSet};
-use crate::ledger::{PoolCopy, PoolOverlap, ShardRecord, ShardedRecord, load_shard, new_shard, overlapping_pool};
+use crate::ledger::{
+    PoolCopy, PoolOverlap, ShardRecord, ShardedRecord, load_shard, new_shard, overlapping_pool,
+};
 
 /// Shard writes in flight at once when a pool is created or its spec carried to its shards.
 const SHARD_WRITES_AT_ONCE: usize = 8;
@@ -165,7 +167,7 @@ async fn create_shards(client: &Client, pool: &PortPool) -> Result<(), PoolError
         .iter()
         .map(|span| {
             let record = load_shard(&copy, &layout, span.index, new_shard(&copy, span.index));
-            ShardRecord::new(span.index, record).write(&copy)
+            ShardRecord::new(span.index, record).write(&copy, true)
         })
         .collect();
     stream::iter(&writes)
@@ -234,11 +236,12 @@ pub async fn carry_spec(client: &Client, name: &str) -> Result<(), PoolError> {
     loop {
         let pool = get_pool(client, name).await?;
         let shards = store.list(name).await.map_err(kube_error)?;
-        let sharded =
-            ShardedRecord::load(PoolCopy::of_pool(&pool), shards).map_err(|error| PoolError::Invalid {
+        let sharded = ShardedRecord::load(PoolCopy::of_pool(&pool), shards).map_err(|error| {
+            PoolError::Invalid {
                 pool: name.into(),
                 error,
-            })?;
+            }
+        })?;
         let writes = sharded.writes(true);
         let results: Vec<_> = stream::iter(&writes)
             .map(|write| {

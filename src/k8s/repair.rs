@@ -16,8 +16,8 @@ use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 use super::shards::ShardStore;
 use crate::api::{PortAllocation, PortPool, PortPoolShard, SpecError};
 use crate::ledger::{
-    Change, FreeReason, PoolCopy, RepairPlan, Restored, ShardRepairPlan, ShardedRecord,
-    StaleShard, plan_sharded_repair,
+    Change, FreeReason, PoolCopy, RepairPlan, Restored, ShardRepairPlan, ShardedRecord, StaleShard,
+    plan_sharded_repair,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -133,7 +133,10 @@ impl Repairer {
         let count = objects.len();
         for object in objects {
             let listed = shards.remove(&object.name_any());
-            each(self.repair_pool(object, listed, shared.as_deref(), apply).await?);
+            each(
+                self.repair_pool(object, listed, shared.as_deref(), apply)
+                    .await?,
+            );
         }
         Ok(count)
     }
@@ -162,12 +165,10 @@ impl Repairer {
                     }
                 },
             };
-            let sharded =
-                ShardedRecord::load(PoolCopy::of_pool(&object), listed_shards.clone()).map_err(|error| {
-                    RepairError::PoolSpec {
-                        pool: pool.clone(),
-                        error,
-                    }
+            let sharded = ShardedRecord::load(PoolCopy::of_pool(&object), listed_shards.clone())
+                .map_err(|error| RepairError::PoolSpec {
+                    pool: pool.clone(),
+                    error,
                 })?;
             let planned = match listed.take() {
                 Some(all) => plan_sharded_repair(&sharded, &listed_shards, all),

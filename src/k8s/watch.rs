@@ -82,15 +82,14 @@ enum Retriable {
 const PORTALLOC: &str = crate::api::GROUP;
 
 /// What the watcher needs to be allowed: (verb, API group, resource, subresource).
-const NEEDED: [(&str, &str, &str, &str); 15] = [
+const NEEDED: [(&str, &str, &str, &str); 14] = [
     ("list", PORTALLOC, "portallocations", ""),
     ("watch", PORTALLOC, "portallocations", ""),
     ("update", PORTALLOC, "portallocations", "status"),
     ("get", PORTALLOC, "portpools", ""),
     ("list", PORTALLOC, "portpools", ""),
-    ("update", PORTALLOC, "portpools", "status"),
-    // Sharded pools: their shards are read, created lazily and written; the repair pass
-    // deletes the shards of an earlier pool of the same name.
+    // Pools' shards are read, created when missing and written; the repair pass deletes the
+    // shards of an earlier pool of the same name.
     ("get", PORTALLOC, "portpoolshards", ""),
     ("list", PORTALLOC, "portpoolshards", ""),
     ("create", PORTALLOC, "portpoolshards", ""),
@@ -336,7 +335,8 @@ async fn free(allocator: &Allocator, pa: &PortAllocation) {
     let uid = pa.uid().unwrap_or_default();
     match allocator
         .release_holder(&pa.spec.pool, &uid, &owner, pa.status.as_ref())
-        .await {
+        .await
+    {
         Ok(freed) => {
             tracing::info!(allocation = %owner, pool = %pa.spec.pool, freed, "deleted: ports freed")
         }

@@ -274,7 +274,7 @@ mod tests {
             assert!(holdings.is_empty());
             let mut shard = crate::ledger::ShardRecord::new(0, record.clone());
             shard.set(uid, "ns/x", &holdings);
-            let status = shard.write(&record.pool).status;
+            let status = shard.write(&record.pool, false).status;
             assert_eq!(status.holders.len(), 1);
             assert!(status.holders.iter().all(|h| h.uid != uid));
         }

@@ -35,7 +35,10 @@ pub fn holder(uid: &str, ports: &str) -> PoolHolder {
 
 /// Entries from `(uid, ports)` pairs.
 pub fn holders(pairs: &[(&str, &str)]) -> Vec<PoolHolder> {
-    pairs.iter().map(|(uid, ports)| holder(uid, ports)).collect()
+    pairs
+        .iter()
+        .map(|(uid, ports)| holder(uid, ports))
+        .collect()
 }
 
 /// Every port of `pool` as one record holding `holders`.

@@ -41,9 +41,7 @@ pub use allocation_status::{
     allocation_status, recorded_holdings,
 };
 pub use decision::{Decision, Operation, decide, precheck};
-pub use placement::{
-    BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place,
-};
+pub use placement::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
 pub use pool_copy::PoolCopy;
 pub use pool_record::{Anomaly, HolderEntry, PoolRecord, counted_status};
 pub use pools::{PoolOverlap, overlapping_pool};

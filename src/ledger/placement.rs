@@ -51,7 +51,10 @@ pub enum ItemOutcome {
         released: usize,
     },
     /// A lasting refusal; the item keeps what it held (`holdings`).
-    Refused { refusal: Refusal, holdings: Holdings },
+    Refused {
+        refusal: Refusal,
+        holdings: Holdings,
+    },
 }
 
 impl ItemOutcome {
@@ -109,7 +112,9 @@ pub fn decide_pool_batch(
         if let Some((_, Some(widened))) = &decided {
             batch.widen.push((i, widened.clone()));
         }
-        batch.shards.push(work.shards_of(&item.uid).into_iter().collect());
+        batch
+            .shards
+            .push(work.shards_of(&item.uid).into_iter().collect());
         batch.outcomes.push(decided.map(|(outcome, _)| outcome));
     }
     batch.writes = work.writes(propagate);
@@ -118,7 +123,13 @@ pub fn decide_pool_batch(
 
 /// One owner, decided wherever it fits (the whole-pool path of a single allocation).
 pub fn place(sharded: &ShardedRecord, item: &BatchItem, rng: &mut impl Rng) -> Placed {
-    let batch = decide_pool_batch(sharded, std::slice::from_ref(item), Pass::Anywhere, false, rng);
+    let batch = decide_pool_batch(
+        sharded,
+        std::slice::from_ref(item),
+        Pass::Anywhere,
+        false,
+        rng,
+    );
     let (outcome, shards) = (
         batch.outcomes.into_iter().next().flatten(),
         batch.shards.into_iter().next().unwrap_or_default(),

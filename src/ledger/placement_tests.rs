@@ -184,7 +184,10 @@ fn a_batch_equals_its_items_one_after_another() {
     for (item, outcome) in items.iter().zip(decided(&batch)) {
         let record = one_by_one.shard_record(0);
         let operation = item.operation.as_ref().unwrap();
-        match (decide(&record, &item.uid, &item.owner, operation, &mut rng), outcome) {
+        match (
+            decide(&record, &item.uid, &item.owner, operation, &mut rng),
+            outcome,
+        ) {
             (
                 Ok(Decision::Write {
                     allocated,
@@ -287,7 +290,10 @@ fn nothing_to_do_writes_nothing_and_others_text_is_kept_verbatim() {
     assert!(idle.writes.is_empty());
     let batch = decide_pool_batch(
         &record,
-        &[sync(&record, "n", 1), op(&record, "gone", Operation::Remove)],
+        &[
+            sync(&record, "n", 1),
+            op(&record, "gone", Operation::Remove),
+        ],
         Pass::Anywhere,
         false,
         &mut rng(),
@@ -311,7 +317,13 @@ fn nothing_to_do_writes_nothing_and_others_text_is_kept_verbatim() {
         false,
         &mut rng(),
     );
-    assert!(removed.writes[0].status.holders.iter().all(|h| h.uid != "o"));
+    assert!(
+        removed.writes[0]
+            .status
+            .holders
+            .iter()
+            .all(|h| h.uid != "o")
+    );
 }
 
 /// Pool 30000-30767 (windows 117-120): 208 + 256 + 256 + 48 ports.
@@ -322,7 +334,9 @@ fn four_windows() -> ShardedRecord {
 #[test]
 fn owners_that_fit_their_home_stay_there_and_the_first_pass_leaves_the_rest() {
     let record = four_windows();
-    let pas: Vec<PortAllocation> = (0..40).map(|i| allocation(&format!("a{i}"), 2, None)).collect();
+    let pas: Vec<PortAllocation> = (0..40)
+        .map(|i| allocation(&format!("a{i}"), 2, None))
+        .collect();
     let items: Vec<BatchItem> = pas.iter().map(|pa| item_in(&record.layout, pa)).collect();
     let batch = decide_pool_batch(&record, &items, Pass::WithinKnown, false, &mut rng());
     for (item, (outcome, shards)) in items.iter().zip(batch.outcomes.iter().zip(&batch.shards)) {
@@ -344,13 +358,25 @@ fn owners_that_fit_their_home_stay_there_and_the_first_pass_leaves_the_rest() {
         .find(|pa| home_shard(&record.layout, &owner_of(pa)) == Some(120))
         .unwrap();
     let item = item_in(&record.layout, &big);
-    let first = decide_pool_batch(&record, &[item.clone()], Pass::WithinKnown, false, &mut rng());
+    let first = decide_pool_batch(
+        &record,
+        std::slice::from_ref(&item),
+        Pass::WithinKnown,
+        false,
+        &mut rng(),
+    );
     assert_eq!(first.outcomes, vec![None]);
     assert!(first.writes.is_empty());
     let placed = place(&record, &item, &mut rng());
-    assert!(matches!(placed.outcome, ItemOutcome::Changed { allocated: 100, .. }));
+    assert!(matches!(
+        placed.outcome,
+        ItemOutcome::Changed { allocated: 100, .. }
+    ));
     let [index] = placed.shards.iter().copied().collect::<Vec<_>>()[..] else {
-        panic!("100 ports fit one 256-port window whole: {:?}", placed.shards);
+        panic!(
+            "100 ports fit one 256-port window whole: {:?}",
+            placed.shards
+        );
     };
     assert_ne!(index, 120);
     assert_eq!(placed.widen, Some([index, 120].into()));
@@ -385,10 +411,18 @@ fn a_full_pool_is_filled_to_the_last_port_by_one_batch_without_a_refusal() {
             .iter()
             .all(|o| matches!(o, ItemOutcome::Changed { allocated: 1, .. })),
     );
-    assert_eq!(all.widen.len(), left, "exactly the overflow widens its status");
+    assert_eq!(
+        all.widen.len(),
+        left,
+        "exactly the overflow widens its status"
+    );
     let held = all_held(&all);
     assert_eq!(held.len(), 1000);
-    assert_eq!(held, (30000..=30999).collect::<Vec<u16>>(), "every port once");
+    assert_eq!(
+        held,
+        (30000..=30999).collect::<Vec<u16>>(),
+        "every port once"
+    );
     // Every write is one shard's: at most its 256 ports, at most 256 entries.
     for write in &all.writes {
         assert!(write.status.holders.len() <= 256);
@@ -402,7 +436,10 @@ fn a_full_pool_is_filled_to_the_last_port_by_one_batch_without_a_refusal() {
         panic!("the 1,001st is refused");
     };
     assert_eq!(refusal.reason(), Reason::PoolFull);
-    assert!(refusal.to_string().contains("it has 1000 ports"), "{refusal}");
+    assert!(
+        refusal.to_string().contains("it has 1000 ports"),
+        "{refusal}"
+    );
 }
 
 #[test]
@@ -421,12 +458,18 @@ fn a_newer_pool_spec_reaches_every_shard_when_propagating() {
             .is_empty()
     );
     let writes = decide_pool_batch(&record, &[], Pass::Anywhere, true, &mut rng()).writes;
-    assert_eq!(writes.iter().map(|w| w.index).collect::<Vec<_>>(), [117, 118]);
+    assert_eq!(
+        writes.iter().map(|w| w.index).collect::<Vec<_>>(),
+        [117, 118]
+    );
     for write in &writes {
         assert_eq!(write.status.pool_generation, 2);
         assert_eq!(write.status.pool_spec.as_ref(), Some(&pool.spec));
     }
     // 118 lost one port to the exclusion; 117's entry is kept byte for byte.
     assert_eq!(writes[1].status.size, 255);
-    assert_eq!(writes[0].status.holders, vec![holder("a", "web.http=30001")]);
+    assert_eq!(
+        writes[0].status.holders,
+        vec![holder("a", "web.http=30001")]
+    );
 }

@@ -57,7 +57,10 @@ impl PoolCopy {
 
     /// Which shard records which of the pool's ports, with each shard's static ports.
     pub fn layout(&self) -> Result<ShardLayout, SpecError> {
-        Ok(ShardLayout::new(&self.ports()?, self.spec.core_static_band()))
+        Ok(ShardLayout::new(
+            &self.ports()?,
+            self.spec.core_static_band(),
+        ))
     }
 }
 

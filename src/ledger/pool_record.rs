@@ -162,7 +162,12 @@ impl PoolRecord {
     pub fn after(&self, status: PortPoolShardStatus) -> PoolRecord {
         let mut shard = self.shard.clone();
         shard.status = Some(status);
-        PoolRecord::load(shard, self.pool.clone(), self.ports.clone(), self.static_band())
+        PoolRecord::load(
+            shard,
+            self.pool.clone(),
+            self.ports.clone(),
+            self.static_band(),
+        )
     }
 
     /// The static band this record was loaded with, as a count of its lowest ports.
@@ -274,7 +279,11 @@ impl PoolRecord {
     /// A status with these holders, the counts of `state` and the pool copy decided under:
     /// every write carries the pool's spec along, so the next reader of the shard needs no
     /// read of the pool.
-    pub fn counted_status(&self, state: &PoolState, holders: Vec<PoolHolder>) -> PortPoolShardStatus {
+    pub fn counted_status(
+        &self,
+        state: &PoolState,
+        holders: Vec<PoolHolder>,
+    ) -> PortPoolShardStatus {
         counted_status(&self.pool, state, holders)
     }
 }

@@ -2,15 +2,15 @@
 //! randomized sweep that repairing never creates a duplicate.
 
 use super::*;
-use crate::api::{PortPool, PortPoolShard};
-use crate::ledger::fixtures::shard_of;
-use crate::ledger::{PoolCopy, load_shard};
 use crate::api::{
     PortAllocationSpec, PortAllocationStatus, PortPoolSpec, PortRequest, Role, Scope,
     StaticBandSetting,
 };
+use crate::api::{PortPool, PortPoolShard};
 use crate::core::SlotKey;
+use crate::ledger::fixtures::shard_of;
 use crate::ledger::{Outcome, allocation_status};
+use crate::ledger::{PoolCopy, load_shard};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 const POOL_UID: &str = "pool-uid-2";

@@ -96,7 +96,10 @@ mod tests {
         assert_eq!(known_shards(None, &layout, "ns/a"), [home].into());
         // Recorded ports alone say nothing: a status without `shards` was never committed.
         let recorded = status_with_ports(vec![30000, 31000], "p");
-        assert_eq!(known_shards(Some(&recorded), &layout, "ns/a"), [home].into());
+        assert_eq!(
+            known_shards(Some(&recorded), &layout, "ns/a"),
+            [home].into()
+        );
         let mut listed = recorded.clone();
         listed.shards = vec![120, 300, -1];
         assert_eq!(

@@ -4,12 +4,12 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
-use crate::ledger::PoolCopy;
 use crate::api::{
     PoolHolder, PortAllocationSpec, PortPool, PortPoolShardStatus, PortPoolSpec, PortRequest, Role,
     Scope, StaticBandSetting,
 };
 use crate::core::{Holdings, SlotKey};
+use crate::ledger::PoolCopy;
 use crate::ledger::{Outcome, allocation_status, split_by_shard};
 
 const POOL_UID: &str = "pool-uid";

@@ -134,15 +134,21 @@ impl ShardRecord {
         PoolCopy::of_shard(&self.record.shard).is_none_or(|own| own.generation < pool.generation)
     }
 
-    /// The write that commits this shard as it now is, by its own name at the version read,
-    /// carrying `pool`'s spec.
-    pub fn write(&self, pool: &PoolCopy) -> ShardWrite {
+    /// The write that commits this shard as it now is, by its own name at the version read.
+    /// It keeps the copy of the pool's spec the shard carries; with `carry` (or when it carries
+    /// none yet) it carries `pool`'s instead. Only pool administrators may change a shard's
+    /// copy (rbac/portalloc-tenancy-policy.yaml), so ordinary allocations never touch it.
+    pub fn write(&self, pool: &PoolCopy, carry: bool) -> ShardWrite {
         let holders = self.entries.values().cloned().collect();
+        let copy = match PoolCopy::of_shard(&self.record.shard) {
+            Some(own) if !carry => own,
+            _ => pool.clone(),
+        };
         ShardWrite {
             index: self.index,
             name: self.record.name().to_string(),
             resource_version: self.record.resource_version(),
-            status: super::pool_record::counted_status(pool, &self.record.state, holders),
+            status: super::pool_record::counted_status(&copy, &self.record.state, holders),
         }
     }
 }
@@ -281,12 +287,12 @@ impl ShardedRecord {
 
     /// One write per shard a decision changed, in ascending order (the order the per-shard
     /// compare-and-swaps go in); with `propagate`, also every shard that carries an older spec
-    /// of the pool, so a pool edit reaches every shard.
+    /// of the pool, and each write carries the newest, so a pool edit reaches every shard.
     pub fn writes(&self, propagate: bool) -> Vec<ShardWrite> {
         self.shards
             .values()
             .filter(|s| s.is_changed() || (propagate && s.is_behind(&self.pool)))
-            .map(|s| s.write(&self.pool))
+            .map(|s| s.write(&self.pool, propagate))
             .collect()
     }
 

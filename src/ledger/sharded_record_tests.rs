@@ -174,8 +174,7 @@ fn a_second_object_for_one_window_is_not_loaded() {
     // A write goes to the object read, whatever it is called.
     let mut only = shard(117, vec![]);
     only.metadata.name = Some("p-117-renamed".into());
-    let record = ShardedRecord::load(
-        PoolCopy::of_pool(&pool()), vec![only]).unwrap();
+    let record = ShardedRecord::load(PoolCopy::of_pool(&pool()), vec![only]).unwrap();
     let writes = record.writes_for("a", "ns/a", &holdings("x.y=30001"));
     assert_eq!(
         (
@@ -188,9 +187,11 @@ fn a_second_object_for_one_window_is_not_loaded() {
 
 #[test]
 fn a_spanning_allocation_becomes_one_write_per_shard_in_ascending_order() {
-    let record =
-        ShardedRecord::load(
-        PoolCopy::of_pool(&pool()), vec![shard(118, vec![holder("b", "db.sql=30300")])]).unwrap();
+    let record = ShardedRecord::load(
+        PoolCopy::of_pool(&pool()),
+        vec![shard(118, vec![holder("b", "db.sql=30300")])],
+    )
+    .unwrap();
     let decided = holdings("n.p=30460-30470 n.q=30005");
     let writes = record.writes_for("n", "ns/n", &decided);
     let summary: Vec<_> = writes

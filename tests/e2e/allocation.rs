@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use portalloc::api::{PoolHolder, PortAllocation, PortPool, PortPoolStatus};
+use portalloc::api::{PoolHolder, PortAllocation};
 use portalloc::core::{Holdings, SlotKey};
 use portalloc::ledger::recorded_holdings;
 
@@ -107,7 +107,7 @@ async fn resync_is_stable_and_writes_nothing() {
     let manifest = sglang("pd", &pool, 2, 31110);
     assert!(cli::run_stdin(&["create", "-f", "-", "-n", &ns], &manifest).ok());
     let before = get_pa(&client, &ns, "pd").await;
-    let pool_before = pool_record(&client, &pool).await.pool;
+    let pool_before = crate::support::invariants::shard_versions(&client, &pool).await;
 
     for args in [
         vec!["create", "-f", "-", "-n", &ns],
@@ -121,18 +121,14 @@ async fn resync_is_stable_and_writes_nothing() {
     assert!(run.ok(), "{run}");
 
     let after = get_pa(&client, &ns, "pd").await;
-    let pool_after = pool_record(&client, &pool).await.pool;
+    let pool_after = crate::support::invariants::shard_versions(&client, &pool).await;
     assert_eq!(before.status, after.status);
     assert_eq!(
         before.resource_version(),
         after.resource_version(),
         "re-sync rewrote the PortAllocation"
     );
-    assert_eq!(
-        pool_before.resource_version(),
-        pool_after.resource_version(),
-        "re-sync rewrote the pool"
-    );
+    assert_eq!(pool_before, pool_after, "re-sync rewrote the pool");
 }
 
 #[tokio::test]
@@ -288,7 +284,7 @@ async fn refusals_name_the_cause_and_change_nothing() {
         )
         .ok()
     );
-    let before = pool_record(&client, &pool).await.pool;
+    let before = crate::support::invariants::shard_versions(&client, &pool).await;
 
     // A requested port someone else holds: the holder is named.
     let thief = sglang("thief", &pool, 1, 31502);
@@ -323,12 +319,8 @@ async fn refusals_name_the_cause_and_change_nothing() {
         "{run}"
     );
 
-    let after = pool_record(&client, &pool).await.pool;
-    assert_eq!(
-        before.resource_version(),
-        after.resource_version(),
-        "a refusal wrote the pool"
-    );
+    let after = crate::support::invariants::shard_versions(&client, &pool).await;
+    assert_eq!(before, after, "a refusal wrote the pool");
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
     for name in ["thief", "greedy", "orphan"] {
         assert!(
@@ -352,20 +344,16 @@ async fn sync_completes_an_allocation_interrupted_after_the_pool_write() {
     let pa: PortAllocation = serde_yaml::from_str(&manifest).unwrap();
     let pa = api.create(&PostParams::default(), &pa).await.unwrap();
     // What the killed client committed: its pool entry, and nothing else.
-    let pools: Api<PortPool> = Api::all(client.clone());
-    let mut object = pools.get(&pool).await.unwrap();
-    object.status = Some(PortPoolStatus {
-        holders: vec![PoolHolder {
+    crate::support::invariants::set_holders(
+        &client,
+        &pool,
+        vec![PoolHolder {
             uid: pa.uid().unwrap(),
             owner: format!("{ns}/half"),
             ports: "worker.rpc=31650,31677".into(),
         }],
-        ..Default::default()
-    });
-    pools
-        .replace_status(&pool, &PostParams::default(), &object)
-        .await
-        .unwrap();
+    )
+    .await;
 
     let run = cli::run(&["sync", "half", "-n", &ns]);
     assert!(run.ok(), "{run}");

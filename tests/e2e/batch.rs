@@ -2,7 +2,7 @@
 //! refusal stays with its own PortAllocation. On a control plane of its own, since `-A` syncs
 //! every object in the cluster.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -29,10 +29,18 @@ fn fixed(name: &str, pool: &str, port: u16) -> String {
     )
 }
 
-/// `PUT .../portpools/<pool>/status` lines of a `-v 2` request log.
-fn pool_writes(stderr: &str, pool: &str) -> usize {
-    let put = format!("PUT /apis/portalloc.dev/v1alpha1/portpools/{pool}/status ");
-    stderr.lines().filter(|l| l.contains(&put)).count()
+/// `PUT .../portpoolshards/<pool>-<k>/status` lines of a `-v 2` request log, by shard.
+fn shard_writes(stderr: &str, pool: &str) -> BTreeMap<String, usize> {
+    let put = format!("PUT /apis/portalloc.dev/v1alpha1/portpoolshards/{pool}-");
+    let mut writes = BTreeMap::new();
+    for line in stderr.lines() {
+        if let Some(rest) = line.split(&put).nth(1)
+            && let Some((k, _)) = rest.split_once("/status ")
+        {
+            *writes.entry(k.to_string()).or_default() += 1;
+        }
+    }
+    writes
 }
 
 /// The PortAllocations whose status a `-v 2` request log shows written.
@@ -110,8 +118,18 @@ async fn sync_all_commits_each_pool_once_and_keeps_refusals_to_themselves() {
             .contains("3 of 207 PortAllocations could not be synced"),
         "{run}"
     );
-    assert_eq!(pool_writes(&run.stderr, "big"), 1, "{run}");
-    assert_eq!(pool_writes(&run.stderr, "tiny"), 1, "{run}");
+    // Each shard once per pass at most: within the owners' homes, then the overflow. "big"
+    // (20000-20999) is windows 78-82; "tiny" lies in window 82 alone.
+    let big_writes = shard_writes(&run.stderr, "big");
+    assert!(
+        big_writes.len() <= 5 && big_writes.values().all(|&n| n <= 2),
+        "{big_writes:?}"
+    );
+    assert_eq!(
+        shard_writes(&run.stderr, "tiny").values().sum::<usize>(),
+        1,
+        "{run}"
+    );
 
     // Every fresh one allocated, nothing held twice, statuses equal to the pool entries.
     let big = assert_consistent(&client, "big").await;
@@ -160,20 +178,23 @@ async fn sync_all_commits_each_pool_once_and_keeps_refusals_to_themselves() {
     assert_eq!(reason(&nowhere), "False/PoolNotFound");
 
     let first_writes = status_writes(&run.stderr);
-    // Every object but `owner` (allocated before) gets its status written, once.
-    assert_eq!(first_writes.len(), 206, "{run}");
-    assert_eq!(
-        first_writes.iter().collect::<BTreeSet<_>>().len(),
-        206,
-        "{run}"
-    );
+    // Every object but `owner` (allocated before) gets its status written once; an owner whose
+    // home had no room also once before, naming the shard it goes to (the kill-safe order).
+    let mut per_object: BTreeMap<&String, usize> = BTreeMap::new();
+    for name in &first_writes {
+        *per_object.entry(name).or_default() += 1;
+    }
+    assert_eq!(per_object.len(), 206, "{run}");
+    assert!(per_object.values().all(|&n| n <= 2), "{per_object:?}");
+    let widened = per_object.values().filter(|&&n| n == 2).count();
+    eprintln!("batch: {widened} of 206 left their home shard");
 
     // Again: nothing to do, so no pool write and no status write, but t3's: its PoolFull message
     // names the pool's holders, and t4 joined them after t3 was refused (one by one, the same).
     let again = cluster.run(&["sync", "--all", "-A", "-v", "2"]);
     assert_eq!(again.code, 4, "{again}");
-    assert_eq!(pool_writes(&again.stderr, "big"), 0, "{again}");
-    assert_eq!(pool_writes(&again.stderr, "tiny"), 0, "{again}");
+    assert!(shard_writes(&again.stderr, "big").is_empty(), "{again}");
+    assert!(shard_writes(&again.stderr, "tiny").is_empty(), "{again}");
     assert!(
         status_writes(&again.stderr).iter().all(|name| name == "t3"),
         "{again}"

@@ -101,7 +101,7 @@ async fn pod_scoped_blocks_are_disjoint_runs_and_a_resync_keeps_them() {
 
     // The pool text and `pool describe` write blocks first-last.
     let record = pool_record(&client, &pool).await;
-    let text = &record.pool.status.as_ref().unwrap().holders[0].ports;
+    let text = &record.entries()[0].ports;
     let block = |i: u32| mine.block(&SlotKey::new("worker", "ray", i)).unwrap();
     let expected = format!("worker.ray={},{},{}", block(0), block(1), block(2));
     assert!(text.contains(&expected), "{text} lacks {expected}");
@@ -121,12 +121,16 @@ async fn pod_scoped_blocks_are_disjoint_runs_and_a_resync_keeps_them() {
     assert_eq!(frag.free(), 200 - 25);
 
     // Re-sync: nothing moves, nothing is written.
-    let version = record.pool.resource_version();
+    let version = crate::support::invariants::shard_versions(&client, &pool).await;
     let run = cli::run(&["sync", "ray", "-n", &ns]);
     assert!(run.ok(), "{run}");
     assert!(run.stdout.contains("(unchanged)"), "{run}");
     let again = pool_record(&client, &pool).await;
-    assert_eq!(again.pool.resource_version(), version, "a no-op sync wrote");
+    assert_eq!(
+        crate::support::invariants::shard_versions(&client, &pool).await,
+        version,
+        "a no-op sync wrote"
+    );
     assert_eq!(
         again.holdings_of(&api.get("ray").await.unwrap().uid().unwrap()),
         *mine
@@ -151,7 +155,7 @@ async fn a_requested_block_over_a_held_port_is_refused_and_nothing_is_written() 
     support::create_pool(&pool, "34200-34299");
     let owner = fixed("owner", &pool, &[("admin", 34205, 1)]);
     assert!(cli::run_stdin(&["create", "-f", "-", "-n", &ns], &owner).ok());
-    let before = pool_record(&client, &pool).await.pool;
+    let before = crate::support::invariants::shard_versions(&client, &pool).await;
 
     let thief = fixed("thief", &pool, &[("nixl", 34200, 8)]);
     let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns], &thief);
@@ -173,12 +177,8 @@ async fn a_requested_block_over_a_held_port_is_refused_and_nothing_is_written() 
         "{run}"
     );
 
-    let after = pool_record(&client, &pool).await.pool;
-    assert_eq!(
-        before.resource_version(),
-        after.resource_version(),
-        "a refusal wrote the pool"
-    );
+    let after = crate::support::invariants::shard_versions(&client, &pool).await;
+    assert_eq!(before, after, "a refusal wrote the pool");
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
     for name in ["thief", "outside"] {
         assert!(
@@ -217,7 +217,7 @@ async fn a_pool_too_fragmented_for_a_block_is_refused_with_its_largest_run() {
         ],
     );
     assert!(cli::run_stdin(&["create", "-f", "-", "-n", &ns], &squatter).ok());
-    let before = pool_record(&client, &pool).await.pool;
+    let before = crate::support::invariants::shard_versions(&client, &pool).await;
 
     let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns], &ray("ray", &pool, 1, 16));
     assert_eq!(run.code, 4, "{run}");
@@ -228,12 +228,8 @@ async fn a_pool_too_fragmented_for_a_block_is_refused_with_its_largest_run() {
     ] {
         assert!(run.stderr.contains(needle), "{needle:?} missing: {run}");
     }
-    let after = pool_record(&client, &pool).await.pool;
-    assert_eq!(
-        before.resource_version(),
-        after.resource_version(),
-        "a refusal wrote the pool"
-    );
+    let after = crate::support::invariants::shard_versions(&client, &pool).await;
+    assert_eq!(before, after, "a refusal wrote the pool");
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
     assert!(api.get_opt("ray").await.unwrap().is_none());
 

@@ -68,21 +68,22 @@ async fn concurrent_processes_never_share_a_port_and_losers_leave_nothing() {
     race_to_a_full_pool(false).await;
 }
 
-/// The same race into a sharded pool whose 40 ports lie 20 and 20 in two shards: owners fill
-/// their home shard, move to the other, and the last ones span both.
+/// The same race into a pool whose 40 ports lie 20 and 20 in two shards: owners fill their home
+/// shard, move to the other, and the last ones span both.
 #[tokio::test]
-async fn concurrent_processes_never_share_a_port_in_a_sharded_pool() {
+async fn concurrent_processes_never_share_a_port_across_two_shards() {
     race_to_a_full_pool(true).await;
 }
 
-async fn race_to_a_full_pool(sharded: bool) {
+async fn race_to_a_full_pool(two_shards: bool) {
     let client = support::client().await;
     let ns = support::namespace(&client, "race").await;
     let pool = support::unique_name("race");
-    if sharded {
+    if two_shards {
         // 32236-32255 is window 125, 32256-32275 window 126.
-        support::create_sharded_pool(&client, &pool, "32236-32275").await;
+        support::create_pool(&pool, "32236-32275");
     } else {
+        // One shard: window 125.
         support::create_pool(&pool, "32000-32039");
     }
     let manifests: Vec<String> = (0..24)
@@ -133,17 +134,17 @@ async fn sixteen_concurrent_eight_port_allocations_all_succeed_without_duplicate
 }
 
 #[tokio::test]
-async fn sixteen_concurrent_eight_port_allocations_into_a_sharded_pool() {
+async fn sixteen_concurrent_eight_port_allocations_over_three_shards() {
     sixteen_by_eight(true).await;
 }
 
-async fn sixteen_by_eight(sharded: bool) {
+async fn sixteen_by_eight(three_shards: bool) {
     let client = support::client().await;
     let ns = support::namespace(&client, "race16").await;
     let pool = support::unique_name("race16");
-    if sharded {
+    if three_shards {
         // Three shards: windows 125 (32100-32255), 126 and 127 (to 32767).
-        support::create_sharded_pool(&client, &pool, "32100-32767").await;
+        support::create_pool(&pool, "32100-32767");
     } else {
         support::create_pool(&pool, "32100-32299");
     }

@@ -21,7 +21,7 @@ use crate::support::cli::BIN;
 use crate::support::invariants::assert_consistent;
 use crate::support::private_cluster::PrivateCluster;
 
-/// 100 per pool: the two pools in today's one-object record and two sharded ones.
+/// 100 per pool: two pools within one shard and two across a window edge.
 const TRIALS: usize = 400;
 const PROCESSES_PER_TRIAL: usize = 4;
 /// Trials run this many at a time.
@@ -36,8 +36,6 @@ struct PoolUnderTest {
     namespace: &'static str,
     /// Ports requested by fixed-port roles, chosen to collide.
     fixed: [u16; 2],
-    /// Created with `--sharded`: its record is PortPoolShards.
-    sharded: bool,
 }
 
 const POOLS: [PoolUnderTest; 4] = [
@@ -46,7 +44,6 @@ const POOLS: [PoolUnderTest; 4] = [
         range: "21000-21199",
         namespace: "crash-roomy",
         fixed: [21005, 21006],
-        sharded: false,
     },
     // Small enough to fill up: refusals while others crash.
     PoolUnderTest {
@@ -54,23 +51,20 @@ const POOLS: [PoolUnderTest; 4] = [
         range: "21200-21229",
         namespace: "crash-tight",
         fixed: [21201, 21202],
-        sharded: false,
     },
-    // The same two, sharded, each across a window edge (21504, 21760): owners fill a shard,
-    // move to the next, and span both when neither has room alone.
+    // The same two, each across a window edge (21504, 21760): owners fill a shard, move to
+    // the next, and span both when neither has room alone.
     PoolUnderTest {
         name: "split-roomy",
         range: "21400-21599",
         namespace: "crash-split-roomy",
         fixed: [21405, 21406],
-        sharded: true,
     },
     PoolUnderTest {
         name: "split-tight",
         range: "21745-21774",
         namespace: "crash-split-tight",
         fixed: [21758, 21761],
-        sharded: true,
     },
 ];
 
@@ -197,11 +191,7 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     let started = Instant::now();
     let client = cluster.client().await;
     for pool in &POOLS {
-        let mut args = vec!["pool", "create", pool.name, "--range", pool.range];
-        if pool.sharded {
-            args.push("--sharded");
-        }
-        let run = cluster.run(&args);
+        let run = cluster.run(&["pool", "create", pool.name, "--range", pool.range]);
         assert!(run.ok(), "{run}");
         let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": pool.namespace}});
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
@@ -249,7 +239,7 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     // Straight after the crashes: the pools' records hold no port twice.
     let mut stale_before = 0;
     for pool in &POOLS {
-        // A sharded pool's shards joined (and checked for ports in two shards).
+        // The pool's shards joined (and checked for ports in two shards).
         let record = crate::support::invariants::pool_record(&client, pool.name).await;
         assert!(
             pool_duplicates(&record).is_empty(),

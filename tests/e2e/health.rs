@@ -208,12 +208,12 @@ async fn every_state_carries_the_conditions_health_checks_read() {
     assert_eq!(kstatus, format!("Failed: {message}"));
     assert_eq!(argocd, format!("Degraded: {message}"));
 
-    // A PortPool is current once created, and says how full it is.
+    // A PortPool is current once created, and says its size.
     let pool_object = Api::<PortPool>::all(client.clone())
         .get(&pool)
         .await
         .unwrap();
     let (kstatus, argocd) = health("PortPool", &pool_object);
     assert_eq!(status_of(&kstatus), "Current", "{kstatus}");
-    assert_eq!(argocd, "Healthy: 3 of 4 ports allocated");
+    assert_eq!(argocd, "Healthy: PortPool of 4 ports");
 }

@@ -22,8 +22,6 @@ mod repair;
 mod restart;
 mod shard_rbac;
 mod shard_repair;
-mod shard_upgrade;
-mod shard_upgrade_races;
 mod sharded;
 mod simulation;
 mod verbs;

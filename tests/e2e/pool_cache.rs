@@ -1,4 +1,4 @@
-//! The Allocator decides against the pool its last write returned instead of reading it again;
+//! The Allocator decides against the shard its last write returned instead of reading it again;
 //! a copy another writer made stale costs one 409 and a fresh read, never a port held twice.
 
 use std::sync::{Arc, Mutex};
@@ -58,21 +58,29 @@ pub async fn recording_client() -> (Client, Log) {
     (client, log)
 }
 
-/// The requests since the last call, as `GET pool`, `PUT pool/status`, `PUT status`.
+/// The requests since the last call, as `GET pool`, `GET shard`, `PUT shard/status` (any
+/// shard), `GET shards` (a LIST), `PUT status` (a PortAllocation's).
 pub fn taken(log: &Log, pool: &str) -> Vec<String> {
     let pool_path = format!("/apis/portalloc.dev/v1alpha1/portpools/{pool}");
     log.lock()
         .unwrap()
         .drain(..)
         .map(|line| {
-            line.replace(&format!("{pool_path}/status"), "pool/status")
-                .replace(&pool_path, "pool")
-        })
-        .map(|line| match line.split_once("/portallocations/") {
-            Some((verb, rest)) if rest.ends_with("/status") => {
-                format!("{} status", verb.split(' ').next().unwrap())
+            let (verb, path) = line.split_once(' ').unwrap();
+            let status = if path.ends_with("/status") {
+                "/status"
+            } else {
+                ""
+            };
+            if path.ends_with("/portpoolshards") {
+                format!("{verb} shards")
+            } else if path.contains("/portpoolshards/") {
+                format!("{verb} shard{status}")
+            } else if path.contains("/portallocations/") && !status.is_empty() {
+                format!("{verb} status")
+            } else {
+                line.replace(&pool_path, "pool")
             }
-            _ => line,
         })
         .collect()
 }
@@ -82,6 +90,7 @@ async fn the_last_write_is_decided_against_and_a_stale_copy_costs_one_conflict()
     let admin = support::client().await;
     let ns = support::namespace(&admin, "pool-cache").await;
     let pool = support::unique_name("pool-cache");
+    // Window 141 (36096-36351): one shard, which carries the pool's spec.
     support::create_pool(&pool, "36100-36199");
     let api: Api<PortAllocation> = Api::namespaced(admin.clone(), &ns);
     let create = |name: &str| {
@@ -94,47 +103,48 @@ async fn the_last_write_is_decided_against_and_a_stale_copy_costs_one_conflict()
     let ours = Allocator::new(client);
     let other = Allocator::new(admin.clone());
 
-    let first = ours.sync(create("first").await, None).await.unwrap();
+    // A new object's home is computed from the pool's spec: read once, then remembered.
+    let first = ours.sync(create("first").await).await.unwrap();
     assert_eq!(first.conflicts, 0);
     assert_eq!(
         taken(&log, &pool),
-        ["GET pool", "PUT pool/status", "PUT status"]
+        ["GET pool", "GET shard", "PUT shard/status", "PUT status"]
     );
 
-    // The response to that write is the pool now: no read before the next allocation.
-    let second = ours.sync(create("second").await, None).await.unwrap();
+    // The response to that write is the shard now: no read before the next allocation.
+    let second = ours.sync(create("second").await).await.unwrap();
     assert_eq!((second.conflicts, second.holdings.len()), (0, 2));
-    assert_eq!(taken(&log, &pool), ["PUT pool/status", "PUT status"]);
+    assert_eq!(taken(&log, &pool), ["PUT shard/status", "PUT status"]);
 
-    // Another client writes the pool: our copy is stale, which the write's 409 tells.
-    other.sync(create("other").await, None).await.unwrap();
-    let third = ours.sync(create("third").await, None).await.unwrap();
+    // Another client writes the shard: our copy is stale, which the write's 409 tells.
+    other.sync(create("other").await).await.unwrap();
+    let third = ours.sync(create("third").await).await.unwrap();
     assert_eq!(third.conflicts, 1);
     assert_eq!(
         taken(&log, &pool),
         [
-            "PUT pool/status",
-            "GET pool",
-            "PUT pool/status",
+            "PUT shard/status",
+            "GET shard",
+            "PUT shard/status",
             "PUT status"
         ]
     );
 
     // Nothing to write: no compare-and-swap would check the copy, so it is read afresh.
-    let again = ours.sync(third.allocation.clone(), None).await.unwrap();
+    let again = ours.sync(third.allocation.clone()).await.unwrap();
     assert_eq!((again.allocated, again.holdings), (0, third.holdings));
-    assert_eq!(taken(&log, &pool), ["GET pool"]);
+    assert_eq!(taken(&log, &pool), ["GET shard"]);
 
     let held = assert_consistent(&admin, &pool).await;
     assert_eq!(held.values().map(|h| h.len()).sum::<usize>(), 8);
 
-    // Off, as before: every allocation reads the pool first.
+    // Off: every allocation reads the pool and its shard first.
     let (client, log) = recording_client().await;
-    let reading = Allocator::new(client).remember_pools(false);
-    reading.sync(create("fourth").await, None).await.unwrap();
-    reading.sync(create("fifth").await, None).await.unwrap();
+    let reading = Allocator::new(client).remember_shards(false);
+    reading.sync(create("fourth").await).await.unwrap();
+    reading.sync(create("fifth").await).await.unwrap();
     assert_eq!(
         taken(&log, &pool),
-        ["GET pool", "PUT pool/status", "PUT status"].repeat(2)
+        ["GET pool", "GET shard", "PUT shard/status", "PUT status"].repeat(2)
     );
 }

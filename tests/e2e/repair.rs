@@ -7,11 +7,13 @@ use std::process::{Command, Stdio};
 
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
-use portalloc::api::{PoolHolder, PortAllocation, PortPool};
+use portalloc::api::{PoolHolder, PortAllocation};
 use portalloc::core::Holdings;
-use portalloc::ledger::{PoolRecord, recorded_holdings};
+use portalloc::ledger::recorded_holdings;
 
-use crate::support::invariants::{allocations_of, assert_consistent, pool_record};
+use crate::support::invariants::{
+    allocations_of, assert_consistent, pool_record, pool_uid, set_holders, shard_versions,
+};
 use crate::support::{self, cli};
 
 fn group(name: &str, pool: &str) -> String {
@@ -34,19 +36,6 @@ spec:
     - {{name: bootstrap, scope: PodScoped, env: BOOTSTRAP_PORT}}
 "#
     )
-}
-
-/// Replace a pool's holders as a buggy or killed client might have left them (with the counts
-/// recomputed, as any client's write does).
-async fn set_holders(client: &Client, pool: &str, holders: Vec<PoolHolder>) {
-    let pools: Api<PortPool> = Api::all(client.clone());
-    let mut object = pools.get(pool).await.unwrap();
-    object.status.get_or_insert_with(Default::default).holders = holders;
-    object.status = Some(PoolRecord::load(object.clone()).unwrap().current_status());
-    pools
-        .replace_status(pool, &PostParams::default(), &object)
-        .await
-        .unwrap();
 }
 
 fn holder(uid: &str, owner: &str, ports: &str) -> PoolHolder {
@@ -87,15 +76,15 @@ async fn a_pool_deleted_and_created_again_gets_every_holding_back() {
     }
     let before = assert_consistent(&client, &pool).await;
     assert_eq!(before.values().map(Holdings::len).sum::<usize>(), 21);
-    let old_uid = pool_record(&client, &pool).await.uid().unwrap().to_string();
+    let old_uid = pool_uid(&client, &pool).await;
 
     let run = cli::run(&["pool", "delete", &pool, "--force"]);
     assert!(run.ok(), "{run}");
     support::create_pool(&pool, "33000-33199");
     let record = pool_record(&client, &pool).await;
-    assert_ne!(record.uid(), Some(old_uid.as_str()), "a new pool object");
+    assert_ne!(record.pool_uid(), old_uid, "a new pool object");
     assert!(record.holders.is_empty());
-    let version = record.pool.resource_version();
+    let version = shard_versions(&client, &pool).await;
 
     // Dry run: says what it would restore, writes nothing, exit 10.
     let run = cli::run(&["repair", "--pool", &pool]);
@@ -108,7 +97,7 @@ async fn a_pool_deleted_and_created_again_gets_every_holding_back() {
     );
     assert!(run.stderr.contains("--apply"), "{run}");
     assert_eq!(
-        pool_record(&client, &pool).await.pool.resource_version(),
+        shard_versions(&client, &pool).await,
         version,
         "a dry run wrote the pool"
     );
@@ -121,7 +110,7 @@ async fn a_pool_deleted_and_created_again_gets_every_holding_back() {
 
     let after = assert_consistent(&client, &pool).await;
     assert_eq!(after, before, "every holding came back exactly");
-    let new_uid = pool_record(&client, &pool).await.uid().unwrap().to_string();
+    let new_uid = pool_uid(&client, &pool).await;
     for pa in allocations_of(&client, &pool).await.values() {
         let status = pa.status.as_ref().unwrap();
         assert_eq!(status.pool_uid.as_deref(), Some(new_uid.as_str()));
@@ -150,12 +139,7 @@ async fn leaked_entries_are_freed_and_live_ones_kept() {
     let gone_uid = api.get("gone").await.unwrap().uid().unwrap();
     api.delete("gone", &DeleteParams::default()).await.unwrap();
     // And an entry of an object that never existed, and one nobody can read.
-    let mut holders = pool_record(&client, &pool)
-        .await
-        .pool
-        .status
-        .unwrap()
-        .holders;
+    let mut holders = pool_record(&client, &pool).await.entries().to_vec();
     holders.push(holder(
         "00000000-dead-beef-0000-000000000000",
         &format!("{ns}/ghost"),
@@ -243,7 +227,7 @@ async fn duplicates_and_stale_statuses_are_reported_and_left_alone() {
         ],
     )
     .await;
-    let version = pool_record(&client, &pool).await.pool.resource_version();
+    let version = shard_versions(&client, &pool).await;
 
     let run = cli::run(&["repair", "--pool", &pool, "--apply"]);
     assert!(run.ok(), "{run}");
@@ -256,7 +240,7 @@ async fn duplicates_and_stale_statuses_are_reported_and_left_alone() {
         assert!(run.stdout.contains(&needle), "{needle:?} missing: {run}");
     }
     assert_eq!(
-        pool_record(&client, &pool).await.pool.resource_version(),
+        shard_versions(&client, &pool).await,
         version,
         "nothing for repair to change, so nothing written"
     );

@@ -1,9 +1,9 @@
-//! The roles and the tenancy policies of rbac/ over a sharded pool's PortPoolShards, with the
+//! The roles and the tenancy policies of rbac/ over a pool's PortPoolShards, with the
 //! control plane's unprivileged certificate identities: tenant A (`portalloc-user` in tenant-a,
 //! `portalloc-pool-user` cluster-wide) and an administrator (`portalloc-admin`). Shard writes are
 //! built by the pure ledger (`ShardedRecord::writes_for`) and committed by `ShardStore::commit`,
 //! the allocator's own path: a lazy create of the window's shard, then its status CAS. Last, the
-//! tenant runs the plugin itself on the sharded pool, under the policies.
+//! tenant runs the plugin itself on the pool, under the policies.
 //!
 //! A control plane of its own: the policies would change what the other tests may do.
 
@@ -15,10 +15,10 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::Client;
 use kube::api::{Api, PostParams};
-use portalloc::api::{PoolHolder, PortPool, PortPoolShard, PortPoolShardStatus, RecordFormat};
+use portalloc::api::{PoolHolder, PortPool, PortPoolShard, PortPoolShardStatus};
 use portalloc::core::Holdings;
 use portalloc::k8s::ShardStore;
-use portalloc::ledger::{ShardedRecord, new_shard, shard_name};
+use portalloc::ledger::{PoolCopy, ShardedRecord, new_shard, shard_name};
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::invariants::assert_consistent;
@@ -48,7 +48,7 @@ async fn read(client: &Client) -> ShardedRecord {
         .await
         .unwrap();
     let shards = ShardStore::new(client.clone()).list(POOL).await.unwrap();
-    let record = ShardedRecord::load(pool, shards).unwrap();
+    let record = ShardedRecord::load(PoolCopy::of_pool(&pool), shards).unwrap();
     assert!(record.anomalies.is_empty(), "{:?}", record.anomalies);
     record
 }
@@ -106,16 +106,6 @@ where
             }
         }
     }
-}
-
-/// The pool's status written by `client`'s user with `format`, the rest as read.
-async fn write_format(client: &Client, format: RecordFormat) -> Result<(), kube::Error> {
-    let api = Api::<PortPool>::all(client.clone());
-    let mut pool = api.get(POOL).await.unwrap();
-    pool.status.get_or_insert_with(Default::default).format = Some(format);
-    api.replace_status(POOL, &PostParams::default(), &pool)
-        .await
-        .map(|_| ())
 }
 
 fn assert_holders_refusal(error: &str, shard: &str, touched: &str) {
@@ -222,25 +212,31 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     .await;
     assert_holders_refusal(&denial, &gpu91, "tenant-b/probe");
     let pools_as_tenant = Api::<PortPool>::all(tenant.clone());
-    let format_denial = until_refused("portalloc-pool-format", || async {
-        let mut pool = pools_as_tenant.get(POOL).await.unwrap();
-        pool.status.get_or_insert_with(Default::default).format = Some(RecordFormat::Migrating);
-        pools_as_tenant
-            .replace_status(POOL, &dry_run(), &pool)
+    // The copy of the pool's spec a shard carries is the administrators': a tenant's wider copy
+    // would make clients that read only the shard hand out ports the pool excludes.
+    let copy_denial = until_refused("the spec copy rule", || async {
+        let mut shard = shards_as_tenant.get(&gpu91).await.unwrap();
+        let status = shard.status.get_or_insert_with(Default::default);
+        status.pool_generation += 1;
+        if let Some(spec) = status.pool_spec.as_mut() {
+            spec.ranges.push("23296-23299".into());
+        }
+        shards_as_tenant
+            .replace_status(&gpu91, &dry_run(), &shard)
             .await
             .map(|_| ())
     })
     .await;
     assert!(
-        format_denial.contains("ValidatingAdmissionPolicy 'portalloc-pool-format'")
-            && format_denial.contains(&format!(
-                "may change status.format of PortPool {POOL} (from \"\" to \"Migrating\")"
+        copy_denial.contains("ValidatingAdmissionPolicy 'portalloc-pool-holders'")
+            && copy_denial.contains(&format!(
+                "may change the copy of the pool spec PortPoolShard {gpu91} carries"
             )),
-        "{format_denial}"
+        "{copy_denial}"
     );
     let name_denial = until_refused("portalloc-shard-names", || async {
         let pool = pools_as_tenant.get(POOL).await.unwrap();
-        let mut shard = new_shard(&pool, 91);
+        let mut shard = new_shard(&PoolCopy::of_pool(&pool), 91);
         // Sorts before gpu-91: a reader would take it for window 91's record.
         shard.metadata.name = Some("a-rival".into());
         shards_as_tenant
@@ -260,7 +256,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     let mut long_pool = pools_as_tenant.get(POOL).await.unwrap();
     let long = "p".repeat(252);
     long_pool.metadata.name = Some(long.clone());
-    let hashed = new_shard(&long_pool, 91);
+    let hashed = new_shard(&PoolCopy::of_pool(&long_pool), 91);
     assert_ne!(hashed.metadata.name, Some(format!("{long}-91")));
     shards_as_tenant
         .create(&dry_run(), &hashed)
@@ -292,7 +288,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         .expect("own namespace, existing shard");
     set_holdings(&tenant, "ua2", "tenant-a/a2", "web.http=23600")
         .await
-        .expect("own namespace, lazily created shard");
+        .expect("own namespace, another shard");
     assert_eq!(owners(&root, 92).await, ["tenant-a/a2"]);
 
     // Another namespace's entry: adding is refused; an administrator may; then changing or
@@ -322,7 +318,13 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     // follows is what is checked.
     let pool = pools_as_tenant.get(POOL).await.unwrap();
     let gpu93 = shard_name(POOL, 93);
-    let mut narrow = new_shard(&pool, 93);
+    // `pool create` made every window's shard: remove 93's to create it again as a tenant would
+    // for a pool applied with kubectl.
+    Api::<PortPoolShard>::all(root.clone())
+        .delete(&gpu93, &Default::default())
+        .await
+        .unwrap();
+    let mut narrow = new_shard(&PoolCopy::of_pool(&pool), 93);
     narrow.spec.ranges = vec!["23808-23900".into()];
     let err = shards_as_tenant
         .create(&PostParams::default(), &narrow)
@@ -339,7 +341,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         owner: "tenant-b/b3".into(),
         ports: "db.sql=23810".into(),
     };
-    let mut with_status = new_shard(&pool, 93);
+    let mut with_status = new_shard(&PoolCopy::of_pool(&pool), 93);
     with_status.status = Some(PortPoolShardStatus {
         holders: vec![foreign.clone()],
         ..Default::default()
@@ -361,13 +363,13 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     // A status write that changes no entry (the new shard's counts) passes.
     let counted = read(&tenant).await.shards[&93].record.current_status();
     let mut counts = shards_as_tenant.get(&gpu93).await.unwrap();
-    counts.status = Some(counted.into());
+    counts.status = Some(counted);
     shards_as_tenant
         .replace_status(&gpu93, &PostParams::default(), &counts)
         .await
         .expect("no entry changed");
     // The shard policy binds administrators too: a misnamed shard is wrong for every reader.
-    let mut misnamed = new_shard(&pool, 93);
+    let mut misnamed = new_shard(&PoolCopy::of_pool(&pool), 93);
     misnamed.metadata.name = Some("a-rival".into());
     let err = Api::<PortPoolShard>::all(admin.clone())
         .create(&dry_run(), &misnamed)
@@ -376,23 +378,15 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         .to_string();
     assert!(err.contains("is named gpu-93, not a-rival"), "{err}");
 
-    // The record format is the administrators': a tenant's Migrating would freeze the pool.
-    let err = write_format(&tenant, RecordFormat::Migrating)
+    // An administrator carries a new spec to a shard; a tenant's write that keeps the copy
+    // passes (every write above kept it).
+    let shards_as_admin = Api::<PortPoolShard>::all(admin.clone());
+    let mut carried = shards_as_admin.get(&gpu91).await.unwrap();
+    carried.status.as_mut().unwrap().pool_generation += 1;
+    shards_as_admin
+        .replace_status(&gpu91, &dry_run(), &carried)
         .await
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("'portalloc-pool-format'"), "{err}");
-    assert_eq!(pool_format(&root).await, None);
-    for format in [RecordFormat::Migrating, RecordFormat::Sharded] {
-        write_format(&admin, format)
-            .await
-            .expect("an administrator upgrades the pool");
-    }
-    // A tenant's status write that keeps the format passes; its shard entries go on as before.
-    write_format(&tenant, RecordFormat::Sharded)
-        .await
-        .expect("the format unchanged");
-    assert_eq!(pool_format(&root).await, Some(RecordFormat::Sharded));
+        .expect("an administrator carries a new spec");
     set_holdings(&tenant, "ua", "tenant-a/a", "")
         .await
         .expect("a tenant removes its own entry");
@@ -443,7 +437,8 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     assert!(read(&root).await.shards_of(uid).is_empty());
     assert!(assert_consistent(&root, POOL).await.is_empty());
 
-    // The watcher's ServiceAccount has on shards what an allocating user has, and delete (its
+    // The watcher's ServiceAccount has on shards what an allocating user has, update (an
+    // administrator to the tenancy policy: it carries specs and frees leaks) and delete (its
     // repair pass removes the shards an earlier pool of the same name left).
     apply_yaml(&root, &file("deploy", "watcher.yaml"), None).await;
     let watcher = (
@@ -462,7 +457,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         ("update", "status", true, true),
         ("get", "status", true, true),
         ("delete", "", false, true),
-        ("update", "", false, false),
+        ("update", "", false, true),
         ("patch", "", false, false),
         ("patch", "status", false, false),
     ] {
@@ -474,15 +469,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
             );
         }
     }
-    eprintln!("shard tenancy: {denial}\n{format_denial}\n{name_denial}");
-}
-
-async fn pool_format(client: &Client) -> Option<RecordFormat> {
-    let pool = Api::<PortPool>::all(client.clone())
-        .get(POOL)
-        .await
-        .unwrap();
-    pool.status.and_then(|s| s.format)
+    eprintln!("shard tenancy: {denial}\n{copy_denial}\n{name_denial}");
 }
 
 /// Whether `user` may `verb` portpoolshards (`subresource`), by the API server's authorizer.

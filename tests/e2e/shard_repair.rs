@@ -1,48 +1,39 @@
-//! `repair`, `pool describe|get|delete` of sharded pools against the real API server. The pools
-//! are made sharded by writing `status.format: Sharded` and the shard objects directly, and
-//! holdings are placed in shards with the same per-shard writes the allocator commits
+//! `repair`, `pool describe|get|delete` of pools across several shards against the real API
+//! server. Holdings are placed in shards with the same per-shard writes the allocator commits
 //! (`ShardedRecord::writes_for`, `ShardStore::commit`), recorded in the owners' statuses.
 
 use std::collections::BTreeMap;
 
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
-use portalloc::api::{PortAllocation, PortPool, PortPoolShard, RecordFormat};
+use portalloc::api::{PortAllocation, PortPool, PortPoolShard};
 use portalloc::core::{Holdings, SlotKey};
 use portalloc::k8s::{Allocator, FollowUp, PoolRepair, Repairer, ShardStore};
-use portalloc::ledger::{
-    Outcome, ShardWrite, ShardedRecord, allocation_status, shard_index_of, upgrade_plan,
-};
+use portalloc::ledger::{Outcome, PoolCopy, ShardedRecord, allocation_status, shard_index_of};
 
 use crate::support::{self, cli};
 
 /// 45000-45599: windows 175 (45000-45055), 176, 177 and 178 (45568-45599).
 const RANGE: &str = "45000-45599";
 
-/// Mark `pool` sharded; with `eager`, also create every shard of its layout, empty (as `pool
-/// create --sharded` does).
+/// `pool create` makes every shard of a pool's layout, empty; without `eager`, remove them, as
+/// for a pool applied with kubectl, whose shards come with its first allocations.
 async fn make_sharded(client: &Client, pool: &str, eager: bool) {
-    let pools: Api<PortPool> = Api::all(client.clone());
-    let mut object = pools.get(pool).await.unwrap();
-    let status = object.status.get_or_insert_with(Default::default);
-    status.format = Some(RecordFormat::Sharded);
-    status.holders.clear();
-    let object = pools
-        .replace_status(pool, &PostParams::default(), &object)
-        .await
-        .unwrap();
-    if !eager {
+    if eager {
         return;
     }
+    let uid = Api::<PortPool>::all(client.clone())
+        .get(pool)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
     let store = ShardStore::new(client.clone());
-    for shard in upgrade_plan(&object).unwrap() {
-        let write = ShardWrite {
-            index: shard.index,
-            name: shard.name,
-            resource_version: None,
-            status: shard.status,
-        };
-        store.commit(&object, &write).await.unwrap();
+    for shard in store.list(pool).await.unwrap() {
+        // Only this pool object's: an earlier one's shards are what some tests are about.
+        if shard.spec.pool_uid == uid {
+            store.delete(&shard.name_any()).await.unwrap();
+        }
     }
 }
 
@@ -76,12 +67,13 @@ async fn place(client: &Client, pool: &str, pa: &PortAllocation, holdings: &Hold
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.unwrap();
     let store = ShardStore::new(client.clone());
-    let sharded = ShardedRecord::load(object.clone(), store.list(pool).await.unwrap()).unwrap();
+    let sharded =
+        ShardedRecord::load(PoolCopy::of_pool(&object), store.list(pool).await.unwrap()).unwrap();
     let owner = format!("{}/{}", pa.namespace().unwrap(), pa.name_any());
     let uid = pa.uid().unwrap();
     for write in sharded.writes_for(&uid, &owner, holdings) {
         store
-            .commit(&object, &write)
+            .commit(&PoolCopy::of_pool(&object), &write)
             .await
             .map_err(|(e, _)| e)
             .unwrap();
@@ -117,7 +109,7 @@ async fn holdings_in_shards(client: &Client, pool: &str) -> BTreeMap<String, Hol
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.unwrap();
     let listed: Vec<PortPoolShard> = shards_of(client, pool).await.into_values().collect();
-    let sharded = ShardedRecord::load(object, listed).unwrap();
+    let sharded = ShardedRecord::load(PoolCopy::of_pool(&object), listed).unwrap();
     assert!(sharded.anomalies.is_empty(), "{:?}", sharded.anomalies);
     let uids: Vec<String> = sharded
         .shards
@@ -141,9 +133,11 @@ async fn place_retrying(client: &Client, pool: &str, pa: &PortAllocation, holdin
     let owner = format!("{}/{}", pa.namespace().unwrap(), pa.name_any());
     let uid = pa.uid().unwrap();
     'read: loop {
-        let sharded = ShardedRecord::load(object.clone(), store.list(pool).await.unwrap()).unwrap();
+        let sharded =
+            ShardedRecord::load(PoolCopy::of_pool(&object), store.list(pool).await.unwrap())
+                .unwrap();
         for write in sharded.writes_for(&uid, &owner, holdings) {
-            match store.commit(&object, &write).await {
+            match store.commit(&PoolCopy::of_pool(&object), &write).await {
                 Ok(_) => {}
                 Err((kube::Error::Api(s), _)) if s.code == 409 => continue 'read,
                 Err((e, target)) => panic!("{target:?}: {e}"),
@@ -237,7 +231,7 @@ async fn a_pool_deleted_and_created_again_gets_every_holding_back_in_its_shards(
     let pools: Api<PortPool> = Api::all(client.clone());
     pools.delete(&pool, &DeleteParams::default()).await.unwrap();
     support::create_pool(&pool, RANGE);
-    // Sharded with no shards yet (the old ones hold their names).
+    // No shards of its own (the old ones hold their names).
     make_sharded(&client, &pool, false).await;
     let old = shards_of(&client, &pool).await;
     assert_eq!(old.len(), 4);
@@ -352,7 +346,7 @@ async fn describe_sums_the_shards_and_delete_refuses_while_held() {
     let run = cli::run(&["pool", "describe", &pool]);
     assert!(run.ok(), "{run}");
     for line in [
-        "Record:       sharded, 4 shards\n",
+        "Record:       4 shards\n",
         "Size:         600 ports\n",
         "Available:    597\n",
         "Holders:      2\n",
@@ -383,11 +377,11 @@ async fn describe_sums_the_shards_and_delete_refuses_while_held() {
     // NAME PROTOCOL RANGES SIZE ALLOCATED AVAILABLE HOLDERS AGE
     assert_eq!(&row[3..7], &["600", "3", "597", "2"], "{run}");
 
-    // A pool in today's format says so.
+    // A small pool is one shard.
     let plain = support::unique_name("shard-describe-plain");
     support::create_pool(&plain, "45700-45709");
     let run = cli::run(&["pool", "describe", &plain]);
-    assert!(run.stdout.contains("Record:       one object\n"), "{run}");
+    assert!(run.stdout.contains("Record:       1 shard\n"), "{run}");
 
     let run = cli::run(&["pool", "delete", &pool]);
     assert!(!run.ok(), "{run}");

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
-use portalloc::api::{ConfigMapTarget, PortAllocation, PortPool};
+use portalloc::api::{ConfigMapTarget, PortAllocation};
 use portalloc::ledger::{PoolRecord, recorded_holdings};
 
 use crate::configmap::{assert_own_ports, files};
@@ -266,8 +266,7 @@ fn ready_with(pa: Option<&PortAllocation>, ports: usize) -> bool {
 }
 
 async fn record(client: &Client, pool: &str) -> PoolRecord {
-    let pools: Api<PortPool> = Api::all(client.clone());
-    PoolRecord::load(pools.get(pool).await.unwrap()).unwrap()
+    crate::support::invariants::pool_record(client, pool).await
 }
 
 /// How many ports are held, if every pool entry belongs to a live object and says what its

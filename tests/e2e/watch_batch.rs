@@ -73,11 +73,11 @@ async fn reconciles_in_flight_together_share_one_pool_write() {
     assert_eq!(held.len(), OBJECTS);
     assert!(held.values().all(|h| h.len() == 2));
     let requests = taken(&log, &pool);
-    let writes = requests.iter().filter(|r| *r == "PUT pool/status").count();
+    let writes = requests.iter().filter(|r| *r == "PUT shard/status").count();
     // One at a time this is 40 writes; eight reconciles at once share them.
     assert!(
         (1..=OBJECTS / 2).contains(&writes),
-        "{writes} pool writes for {OBJECTS} objects: {requests:?}"
+        "{writes} shard writes for {OBJECTS} objects: {requests:?}"
     );
-    eprintln!("watch-batch: {writes} pool writes for {OBJECTS} objects");
+    eprintln!("watch-batch: {writes} shard writes for {OBJECTS} objects");
 }

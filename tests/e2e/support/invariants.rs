@@ -2,26 +2,32 @@
 
 use std::collections::BTreeMap;
 
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use portalloc::api::{Phase, PortAllocation, PortPool};
+use portalloc::api::{Phase, PoolHolder, PortAllocation, PortPool, PortPoolShard};
 use portalloc::core::{Holdings, SlotKey};
 use portalloc::k8s::ShardStore;
-use portalloc::ledger::{PoolRecord, ShardAnomaly, ShardedRecord, recorded_holdings};
+use portalloc::ledger::{
+    PoolCopy, PoolRecord, ShardAnomaly, ShardedRecord, load_shard, recorded_holdings,
+    shard_index_of,
+};
 
-/// The pool as the allocator sees it: a sharded pool's shards joined into one record, after
-/// checking that no shard has a cross-shard anomaly and every shard's counts are current.
+/// The pool as the allocator sees it: its shards joined into one record, after checking that
+/// no shard has a cross-shard anomaly and every shard's counts are current.
 pub async fn pool_record(client: &Client, pool: &str) -> PoolRecord {
+    sharded_record(client, pool).await.union_record()
+}
+
+/// The pool and its shards as read, checked as [`pool_record`] says.
+pub async fn sharded_record(client: &Client, pool: &str) -> ShardedRecord {
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.expect("pool exists");
-    if object.status.as_ref().and_then(|s| s.format).is_none() {
-        return PoolRecord::load(object).expect("pool spec is valid");
-    }
     let shards = ShardStore::new(client.clone())
         .list(pool)
         .await
         .expect("list the pool's shards");
-    let sharded = ShardedRecord::load(object, shards).expect("pool spec is valid");
+    let sharded =
+        ShardedRecord::load(PoolCopy::of_pool(&object), shards).expect("pool spec is valid");
     let cross: Vec<_> = sharded
         .anomalies
         .iter()
@@ -34,11 +40,10 @@ pub async fn pool_record(client: &Client, pool: &str) -> PoolRecord {
     for shard in sharded.shards.values() {
         // A shard created but not yet written (a kill between the two requests) holds nothing
         // and claims nothing: there is no count to be stale.
-        if shard.record.pool.status.is_none() {
+        let Some(stored) = shard.record.shard.status.clone() else {
             continue;
-        }
+        };
         let counted = shard.record.current_status();
-        let stored = shard.record.pool.status.clone().unwrap_or_default();
         assert_eq!(
             (stored.allocated, stored.available, stored.holder_count),
             (counted.allocated, counted.available, counted.holder_count),
@@ -46,9 +51,7 @@ pub async fn pool_record(client: &Client, pool: &str) -> PoolRecord {
             shard.record.name()
         );
     }
-    let mut union = sharded.union_record();
-    union.pool.status = Some(union.current_status());
-    union
+    sharded
 }
 
 /// Every PortAllocation (all namespaces) that names `pool`, by UID.
@@ -107,16 +110,6 @@ pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, 
             awaiting_release.insert(uid.clone(), expected);
         }
     }
-    let status = record.pool.status.clone().unwrap_or_default();
-    assert_eq!(
-        status.allocated as usize,
-        seen.len(),
-        "pool {pool}: status.allocated is stale"
-    );
-    assert_eq!(
-        status.available as u32,
-        record.state.size() - seen.len() as u32
-    );
     record
         .holders
         .into_iter()
@@ -151,4 +144,78 @@ fn undesired_after_refusal(
         .filter(|slot| recorded.block(slot).is_none() && !in_spec(slot.spec_role(), &slot.port))
         .cloned()
         .collect()
+}
+
+/// Each shard of `pool` with its resourceVersion: equal before and after means nothing wrote
+/// the pool's record.
+pub async fn shard_versions(client: &Client, pool: &str) -> Vec<(String, Option<String>)> {
+    let mut versions: Vec<_> = ShardStore::new(client.clone())
+        .list(pool)
+        .await
+        .expect("list the pool's shards")
+        .into_iter()
+        .map(|s| (s.name_any(), s.resource_version()))
+        .collect();
+    versions.sort();
+    versions
+}
+
+/// Replace the entries of `pool`'s shards with `holders`, as a buggy or killed client might
+/// have left them (counts recomputed, as any client's write does): each entry goes to the shard
+/// of its lowest port (an undecodable one to the pool's first shard), and every shard is
+/// written. As `client`'s user; the first refused write is returned.
+pub async fn write_holders(
+    client: &Client,
+    pool: &str,
+    holders: Vec<PoolHolder>,
+) -> Result<(), kube::Error> {
+    let object = Api::<PortPool>::all(client.clone()).get(pool).await?;
+    let copy = PoolCopy::of_pool(&object);
+    let layout = copy.layout().expect("pool spec is valid");
+    let shards = ShardStore::new(client.clone())
+        .list(pool)
+        .await
+        .map_err(|(e, _)| e)?;
+    let first = layout.shards()[0].index;
+    let mut by_shard: BTreeMap<u16, Vec<PoolHolder>> = BTreeMap::new();
+    for holder in holders {
+        let index = Holdings::decode(&holder.ports)
+            .ok()
+            .and_then(|h| h.ports().min())
+            .map_or(first, shard_index_of);
+        by_shard.entry(index).or_default().push(holder);
+    }
+    let api: Api<PortPoolShard> = Api::all(client.clone());
+    for mut shard in shards.into_iter().filter(|s| s.spec.pool_uid == copy.uid) {
+        let index = shard.spec.index as u16;
+        let mut status = shard.status.clone().unwrap_or_default();
+        status.holders = by_shard.remove(&index).unwrap_or_default();
+        shard.status = Some(status);
+        let counted = load_shard(&copy, &layout, index, shard.clone()).current_status();
+        shard.status = Some(counted);
+        api.replace_status(&shard.name_any(), &PostParams::default(), &shard)
+            .await?;
+    }
+    assert!(
+        by_shard.is_empty(),
+        "every window of {pool} has a shard: {by_shard:?}"
+    );
+    Ok(())
+}
+
+/// [`write_holders`] as the administrator.
+pub async fn set_holders(client: &Client, pool: &str, holders: Vec<PoolHolder>) {
+    write_holders(client, pool, holders)
+        .await
+        .expect("write the pool's shards");
+}
+
+/// The PortPool object's UID.
+pub async fn pool_uid(client: &Client, pool: &str) -> String {
+    Api::<PortPool>::all(client.clone())
+        .get(pool)
+        .await
+        .expect("pool exists")
+        .uid()
+        .unwrap()
 }

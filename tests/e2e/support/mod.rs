@@ -129,21 +129,6 @@ pub fn create_pool(name: &str, ranges: &str) {
     assert!(run.ok(), "pool create {name}: {run}");
 }
 
-/// Create a pool whose record is sharded (PortPoolShards, one per 256-port window), as
-/// `pool create --sharded` does.
-pub async fn create_sharded_pool(_client: &Client, name: &str, ranges: &str) {
-    let run = cli::run(&[
-        "pool",
-        "create",
-        name,
-        "--range",
-        ranges,
-        "--allow-overlap",
-        "--sharded",
-    ]);
-    assert!(run.ok(), "pool create --sharded {name}: {run}");
-}
-
 /// A PortAllocation with one role of `replicas` pods, each with the given PodScoped ports.
 pub fn simple_allocation(
     name: &str,
