@@ -252,6 +252,8 @@ fn options(before: &[String]) -> ClientOptions {
         kubeconfig: flag_value(before, "kubeconfig", None).map(Into::into),
         context: flag_value(before, "context", None),
         request_timeout: Some(std::time::Duration::from_secs(5)),
+        // Completion reads, never allocates: no shard copies to keep.
+        cache_dir: None,
     }
 }
 
@@ -268,7 +270,8 @@ fn contexts(before: &[String]) -> Vec<String> {
 /// Completion must never fail loudly: no cluster simply means no names. Names come from
 /// metadata-only lists: a pool's status or an allocation's spec would be read only to be dropped.
 async fn namespace_and_client(before: &[String]) -> Option<(kube::Client, String)> {
-    let (client, default_namespace) = k8s::connect(&options(before)).await.ok()?;
+    let connection = k8s::connect(&options(before)).await.ok()?;
+    let (client, default_namespace) = (connection.client, connection.namespace);
     let namespace = flag_value(before, "namespace", Some('n')).unwrap_or(default_namespace);
     Some((client, namespace))
 }

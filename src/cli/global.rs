@@ -26,6 +26,17 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "DURATION", value_parser = parse_duration)]
     pub request_timeout: Option<Duration>,
 
+    /// Where to keep copies of pool shards between commands, as kubectl keeps discovery: a
+    /// command then starts from the shard the last one wrote (default: $KUBECACHEDIR, else
+    /// ~/.kube/cache; "" keeps nothing). A stale copy costs one retry, never a wrong port.
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from)
+    )]
+    pub cache_dir: Option<PathBuf>,
+
     /// Log verbosity on stderr: 0 warnings only, 1 what the command decided, 2 also each API
     /// request (method, path, status, duration), 3 and up everything, the client's internals too.
     #[arg(
@@ -44,6 +55,21 @@ impl GlobalArgs {
             kubeconfig: self.kubeconfig.clone(),
             context: self.context.clone(),
             request_timeout: self.request_timeout.filter(|t| !t.is_zero()),
+            cache_dir: match &self.cache_dir {
+                Some(dir) if dir.as_os_str().is_empty() => None,
+                Some(dir) => Some(dir.clone()),
+                None => default_cache_dir(),
+            },
         }
+    }
+}
+
+/// kubectl's default cache directory: `$KUBECACHEDIR`, else `~/.kube/cache`.
+fn default_cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("KUBECACHEDIR") {
+        Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+        _ => std::env::var_os("HOME")
+            .filter(|home| !home.is_empty())
+            .map(|home| PathBuf::from(home).join(".kube").join("cache")),
     }
 }

@@ -38,7 +38,7 @@ pub async fn run(global: &GlobalArgs, args: InstallArgs) -> anyhow::Result<()> {
         print!("{}", crate::api::crds_yaml());
         return Ok(());
     }
-    let (client, _) = k8s::connect(&global.client_options()).await?;
+    let client = k8s::connect(&global.client_options()).await?.client;
     for name in k8s::install_crds(&client, args.timeout).await? {
         println!("customresourcedefinition/{name} installed and established");
     }

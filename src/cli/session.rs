@@ -15,8 +15,9 @@ pub struct Session {
 
 impl Session {
     pub async fn connect(global: &GlobalArgs) -> anyhow::Result<Session> {
-        let (client, default_namespace) = k8s::connect(&global.client_options()).await?;
-        let mut allocator = Allocator::new(client.clone());
+        let connection = k8s::connect(&global.client_options()).await?;
+        let (client, default_namespace) = (connection.client, connection.namespace);
+        let mut allocator = Allocator::new(client.clone()).cache_dir(connection.cache_dir);
         if let Some(timeout) = global.request_timeout.filter(|t| !t.is_zero()) {
             // A retry budget longer than the user's patience would hide the timeout they asked for.
             allocator.policy.max_elapsed = allocator.policy.max_elapsed.min(timeout * 4);

@@ -144,6 +144,16 @@ impl Allocator {
         }
     }
 
+    /// Keep the copies in `dir` too (one cluster's directory), so the next process starts from
+    /// them: a CLI command's first allocation then needs no read of the pool or its shard.
+    pub fn cache_dir(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        if let Some(dir) = dir {
+            self.shards = ShardCache::on_disk(dir.join("shards"));
+            self.pools = PoolCache::on_disk(dir.join("pools"));
+        }
+        self
+    }
+
     /// Whether to decide against the shards returned by the last writes (default) or read
     /// every shard before deciding (one more request each; for comparison).
     pub fn remember_shards(mut self, on: bool) -> Self {

@@ -22,6 +22,18 @@ pub struct ClientOptions {
     pub context: Option<String>,
     /// Bounds every single request (connect, read, write); `None` keeps kube's defaults.
     pub request_timeout: Option<Duration>,
+    /// Where copies of shards and pool specs are kept between commands (kubectl's
+    /// `--cache-dir`); `None`: not kept.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// A client for the selected cluster.
+pub struct Connection {
+    pub client: Client,
+    /// The namespace the selected context defaults to.
+    pub namespace: String,
+    /// This cluster's directory under `ClientOptions::cache_dir`.
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// One line: a YAML error from the kubeconfig parser carries a multi-line source excerpt after
@@ -36,8 +48,8 @@ fn config_error(message: String) -> KubeError {
     KubeError::config(message)
 }
 
-/// A client and the namespace the selected context defaults to.
-pub async fn connect(options: &ClientOptions) -> Result<(Client, String), KubeError> {
+/// A client, the namespace the selected context defaults to, and the cluster's cache directory.
+pub async fn connect(options: &ClientOptions) -> Result<Connection, KubeError> {
     let kube_options = KubeConfigOptions {
         context: options.context.clone(),
         ..Default::default()
@@ -66,11 +78,19 @@ pub async fn connect(options: &ClientOptions) -> Result<(Client, String), KubeEr
         config.write_timeout = Some(timeout);
     }
     let namespace = config.default_namespace.clone();
+    let cache_dir = options
+        .cache_dir
+        .as_deref()
+        .map(|base| super::pool_cache::cluster_cache_dir(base, &config.cluster_url.to_string()));
     let client = ClientBuilder::try_from(config)
         .map_err(|e| config_error(format!("cannot build a client for the cluster: {e}")))?
         .with_layer(&RequestLog)
         .build();
-    Ok((client, namespace))
+    Ok(Connection {
+        client,
+        namespace,
+        cache_dir,
+    })
 }
 
 /// One DEBUG line per API request (`-v 2`), as kubectl's `-v 6` prints: method, path with its

@@ -158,7 +158,9 @@ impl Allocator {
                     return Err(pool_spec_empty(&request));
                 };
                 let name = shard_name(request.pool, home);
-                let shard = match self.shards.get(&name) {
+                let remembered = self.shards.get(&name);
+                let from_memory = remembered.is_some();
+                let shard = match remembered {
                     Some(shard) => Some(shard),
                     None => match store.get(&name).await {
                         Ok(shard) => shard,
@@ -176,6 +178,11 @@ impl Allocator {
                         Ok(_) => {
                             self.shards.remember(&name, &shard);
                             return Ok(());
+                        }
+                        // A remembered copy may be stale: refuse only on a fresh read.
+                        Err(_) if from_memory => {
+                            self.shards.forget(&name);
+                            continue;
                         }
                         // No room there, or a port of another window: the whole pool decides.
                         Err(Refusal::Core { .. }) => {}
@@ -226,7 +233,13 @@ impl Allocator {
         let shard = match remembered {
             Some(shard) => Some(shard),
             None => match store.get(&name).await {
-                Ok(shard) => shard,
+                Ok(shard) => {
+                    // A fresh read is the current object: the next decision may start from it.
+                    if let Some(shard) = &shard {
+                        self.shards.remember(&name, shard);
+                    }
+                    shard
+                }
                 Err((e, target)) => {
                     self.retry(request, attempts, e, target).await?;
                     return Ok(Step::Again);

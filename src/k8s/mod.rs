@@ -26,7 +26,7 @@ pub use allocations::{
     list_allocations,
 };
 pub use allocator::{AllocateError, Allocator, SyncReport};
-pub use client::{ClientOptions, connect};
+pub use client::{ClientOptions, Connection, connect};
 pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};
 pub use crds::install_crds;
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};

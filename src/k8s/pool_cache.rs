@@ -1,6 +1,7 @@
 //! The last copy of each shard an [`super::Allocator`] read or wrote, and of each pool's spec,
 //! so the next allocation can skip the read: the response to a successful write already is the
-//! current object.
+//! current object. A CLI command is one short process, so it keeps its copies on disk too (as
+//! kubectl keeps discovery under `~/.kube/cache`): the next command starts from them.
 //!
 //! A copy is only ever a guess. A write decided against it carries its resourceVersion, so a
 //! stale copy costs one 409 and then a fresh read, never a wrong port. A decision that writes
@@ -8,8 +9,11 @@
 //! makes those only against a fresh read.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::api::PortPoolShard;
 use crate::ledger::PoolCopy;
@@ -23,9 +27,11 @@ pub type PoolCache = ObjectCache<PoolCopy>;
 /// Shared by the clones of one Allocator (the watcher's tasks, `sync --all`'s batches).
 #[derive(Clone, Debug)]
 pub struct ObjectCache<T> {
-    objects: Arc<Mutex<HashMap<String, (T, Instant)>>>,
-    /// Off: every allocation reads the pool first (the behaviour before the cache; the
-    /// benchmark compares both).
+    objects: Arc<Mutex<HashMap<String, T>>>,
+    /// Where copies are kept between processes (`<name>.json`); `None`: memory only.
+    dir: Option<PathBuf>,
+    /// Off: every allocation reads first (the behaviour before the cache; the benchmark
+    /// compares both).
     disabled: bool,
 }
 
@@ -33,12 +39,13 @@ impl<T> Default for ObjectCache<T> {
     fn default() -> Self {
         ObjectCache {
             objects: Arc::default(),
+            dir: None,
             disabled: false,
         }
     }
 }
 
-impl<T: Clone> ObjectCache<T> {
+impl<T: Clone + Serialize + DeserializeOwned> ObjectCache<T> {
     pub fn disabled() -> ObjectCache<T> {
         ObjectCache {
             disabled: true,
@@ -46,19 +53,25 @@ impl<T: Clone> ObjectCache<T> {
         }
     }
 
-    pub fn get(&self, name: &str) -> Option<T> {
-        self.get_younger_than(name, Duration::MAX)
+    /// Kept in `dir` as well, for the next process. A directory that cannot be written (a
+    /// read-only root file system in a pod) leaves the cache in memory only.
+    pub fn on_disk(dir: PathBuf) -> ObjectCache<T> {
+        ObjectCache {
+            dir: Some(dir),
+            ..Default::default()
+        }
     }
 
-    /// The copy of `name` if it was remembered less than `age` ago.
-    pub fn get_younger_than(&self, name: &str, age: Duration) -> Option<T> {
+    pub fn get(&self, name: &str) -> Option<T> {
         if self.disabled {
             return None;
         }
-        self.lock()
-            .get(name)
-            .filter(|(_, at)| at.elapsed() < age)
-            .map(|(object, _)| object.clone())
+        if let Some(object) = self.lock().get(name) {
+            return Some(object.clone());
+        }
+        let object: T = serde_json::from_slice(&std::fs::read(self.file(name)?).ok()?).ok()?;
+        self.lock().insert(name.to_string(), object.clone());
+        Some(object)
     }
 
     /// Keep `object` as the latest copy of `name`.
@@ -66,18 +79,73 @@ impl<T: Clone> ObjectCache<T> {
         if self.disabled || name.is_empty() {
             return;
         }
-        self.lock()
-            .insert(name.to_string(), (object.clone(), Instant::now()));
+        self.lock().insert(name.to_string(), object.clone());
+        if let Some(path) = self.file(name)
+            && let Err(e) = write_atomically(&path, object)
+        {
+            tracing::debug!("cache {}: {e}", path.display());
+        }
     }
 
     pub fn forget(&self, name: &str) {
         self.lock().remove(name);
+        if let Some(path) = self.file(name) {
+            let _ = std::fs::remove_file(path);
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (T, Instant)>> {
+    /// The file of `name`; names are Kubernetes object names (DNS subdomains), safe as file
+    /// names.
+    fn file(&self, name: &str) -> Option<PathBuf> {
+        let valid = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && !name.starts_with('.');
+        Some(self.dir.as_ref()?.join(format!("{name}.json"))).filter(|_| valid)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, T>> {
         // A panic elsewhere while holding the lock leaves a map that is still just a cache.
         self.objects.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Write through a temporary file and a rename, so a concurrent reader (another process) sees
+/// the old copy or the new one, never half of one.
+fn write_atomically(path: &Path, object: &impl Serialize) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, serde_json::to_vec(object)?)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The cache directory for one cluster under `base` (kubectl's `--cache-dir`, by default
+/// `~/.kube/cache`): `<base>/portalloc/<host_port>`, as kubectl names its discovery cache.
+pub fn cluster_cache_dir(base: &Path, cluster_url: &str) -> PathBuf {
+    let authority = cluster_url
+        .split("://")
+        .nth(1)
+        .unwrap_or(cluster_url)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let safe: String = authority
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    base.join("portalloc").join(safe)
 }
 
 #[cfg(test)]
@@ -96,12 +164,40 @@ mod tests {
         let off: ObjectCache<u32> = ObjectCache::disabled();
         off.remember("p", &3);
         assert_eq!(off.get("p"), None);
-        cache.remember("p", &4);
-        assert!(
-            cache
-                .get_younger_than("p", Duration::from_secs(60))
-                .is_some()
+    }
+
+    #[test]
+    fn a_copy_on_disk_reaches_the_next_process_and_forget_removes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let first: ObjectCache<u32> = ObjectCache::on_disk(dir.path().join("c"));
+        first.remember("pool-12", &7);
+        // A new cache over the same directory: what the next command starts from.
+        let next: ObjectCache<u32> = ObjectCache::on_disk(dir.path().join("c"));
+        assert_eq!(next.get("pool-12"), Some(7));
+        next.forget("pool-12");
+        assert_eq!(
+            ObjectCache::<u32>::on_disk(dir.path().join("c")).get("pool-12"),
+            None
         );
-        assert!(cache.get_younger_than("p", Duration::ZERO).is_none());
+        // Only object names become files.
+        first.remember("../x", &1);
+        assert!(!dir.path().join("x.json").exists());
+        assert_eq!(first.get("../x"), Some(1), "kept in memory all the same");
+        // A corrupt file is no copy.
+        std::fs::write(dir.path().join("c/bad.json"), "{").unwrap();
+        assert_eq!(next.get("bad"), None);
+    }
+
+    #[test]
+    fn one_directory_per_cluster_named_by_host_and_port() {
+        let base = Path::new("/home/u/.kube/cache");
+        assert_eq!(
+            cluster_cache_dir(base, "https://10.0.0.1:6443"),
+            base.join("portalloc/10.0.0.1_6443")
+        );
+        assert_eq!(
+            cluster_cache_dir(base, "https://api.example.com/prefix"),
+            base.join("portalloc/api.example.com")
+        );
     }
 }

@@ -12,7 +12,7 @@ use crate::core::PortSet;
 use super::shard_layout::ShardLayout;
 
 /// One PortPool as a decision sees it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PoolCopy {
     pub name: String,
     pub uid: String,

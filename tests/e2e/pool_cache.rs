@@ -148,3 +148,101 @@ async fn the_last_write_is_decided_against_and_a_stale_copy_costs_one_conflict()
         ["GET pool", "GET shard", "PUT shard/status", "PUT status"].repeat(2)
     );
 }
+
+/// The `-v 2` request log of one CLI run, named as [`taken`] names them (`PUT status` is the
+/// PortAllocation's), a PortAllocation's create or read as `POST object` or `GET object`.
+fn requests_of(stderr: &str, pool: &str) -> Vec<String> {
+    let log = Log::default();
+    for line in stderr.lines() {
+        // "DEBUG GET /apis/... 200 4.1ms"
+        let mut words = line
+            .split_whitespace()
+            .skip_while(|w| !matches!(*w, "GET" | "PUT" | "POST" | "DELETE"));
+        if let (Some(verb), Some(path)) = (words.next(), words.next()) {
+            let path = path.split('?').next().unwrap_or(path);
+            log.lock().unwrap().push(format!("{verb} {path}"));
+        }
+    }
+    taken(&log, pool)
+        .into_iter()
+        .map(|r| {
+            let verb = r.split(' ').next().unwrap_or_default().to_string();
+            if r.ends_with("/portallocations") || r.contains("/portallocations/") {
+                format!("{verb} object")
+            } else {
+                r
+            }
+        })
+        .collect()
+}
+
+/// A CLI command keeps the shard it wrote (and the pool's spec) in its cache directory, so the
+/// next command starts from them: a create is then 3 requests, a fresh object's sync 3, a sync
+/// with nothing to do 2; a copy another client made stale costs one 409 and one read.
+#[tokio::test]
+async fn cli_commands_start_from_the_shard_the_last_one_wrote() {
+    let admin = support::client().await;
+    let ns = support::namespace(&admin, "cli-cache").await;
+    let pool = support::unique_name("cli-cache");
+    // Window 141 again: one shard.
+    support::create_pool(&pool, "36200-36299");
+    let cache = tempfile::tempdir().unwrap();
+    let dir = cache.path().to_str().unwrap();
+    let cli = |args: &[&str], stdin: Option<String>| {
+        let mut all = vec!["--cache-dir", dir, "-v", "2", "-n", &ns];
+        all.extend_from_slice(args);
+        let run = match stdin {
+            Some(text) => support::cli::run_stdin(&all, &text),
+            None => support::cli::run(&all),
+        };
+        assert!(run.ok(), "{args:?}: {run}");
+        requests_of(&run.stderr, &pool)
+    };
+    let manifest = |name: &str| simple_allocation(name, &pool, "web", 2, &["http"]);
+
+    // An empty cache: the pool's spec (for the home) and the shard are read first.
+    assert_eq!(
+        cli(&["create", "-f", "-"], Some(manifest("a"))),
+        [
+            "GET pool",
+            "GET shard",
+            "POST object",
+            "PUT shard/status",
+            "PUT status"
+        ]
+    );
+    // From the copies the last command kept.
+    assert_eq!(
+        cli(&["create", "-f", "-"], Some(manifest("b"))),
+        ["POST object", "PUT shard/status", "PUT status"]
+    );
+
+    // A freshly applied object (as GitOps leaves it): GET it, write the shard, its status.
+    let api: Api<PortAllocation> = Api::namespaced(admin.clone(), &ns);
+    let fresh: PortAllocation = serde_yaml::from_str(&manifest("c")).unwrap();
+    api.create(&PostParams::default(), &fresh).await.unwrap();
+    assert_eq!(
+        cli(&["sync", "c"], None),
+        ["GET object", "PUT shard/status", "PUT status"]
+    );
+    // Nothing to do: the object, and the shard read afresh (no compare-and-swap checks it).
+    assert_eq!(cli(&["sync", "c"], None), ["GET object", "GET shard"]);
+
+    // Another client (no cache) writes the shard: the next command's copy is stale.
+    let run = support::cli::run_stdin(
+        &["--cache-dir", "", "create", "-f", "-", "-n", &ns],
+        &manifest("d"),
+    );
+    assert!(run.ok(), "{run}");
+    let stale = cli(&["create", "-f", "-"], Some(manifest("e")));
+    assert_eq!(
+        stale
+            .iter()
+            .filter(|r| r.contains("shard"))
+            .collect::<Vec<_>>(),
+        ["PUT shard/status", "GET shard", "PUT shard/status"],
+        "{stale:?}"
+    );
+    let held = assert_consistent(&admin, &pool).await;
+    assert_eq!(held.values().map(|h| h.len()).sum::<usize>(), 10);
+}
