@@ -131,7 +131,7 @@ pub async fn group_commit(
 }
 
 /// `count` new PortAllocations, as `kubectl apply` leaves them (16 concurrent creates).
-async fn apply(clients: &[Client], ns: &str, pool: &str, count: usize) -> anyhow::Result<()> {
+pub async fn apply(clients: &[Client], ns: &str, pool: &str, count: usize) -> anyhow::Result<()> {
     let apis: std::sync::Arc<Vec<Api<PortAllocation>>> = std::sync::Arc::new(
         clients
             .iter()
@@ -157,7 +157,7 @@ async fn apply(clients: &[Client], ns: &str, pool: &str, count: usize) -> anyhow
     Ok(())
 }
 
-async fn ensure_allocated(admin: &Client, ns: &str, count: usize) -> anyhow::Result<()> {
+pub async fn ensure_allocated(admin: &Client, ns: &str, count: usize) -> anyhow::Result<()> {
     let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
     let mut ports = Vec::new();
     for pa in api.list(&ListParams::default()).await?.items {

@@ -27,10 +27,14 @@
 //! - 2k: a pool holding every port of 1-65535 by one-port holders: bytes per held port,
 //!   and the cost of one more allocation (refused when full; placed when a port is free).
 //!
+//! - 2l: 16 concurrent `kubectl portalloc create -f` processes (process start included), p50/p99.
+//! - 2m: `sync --all` of 25,000 and 65,535 fresh PortAllocations into one 1-65535 pool.
+//!
 //! - 2j: the fine-grained compare-and-swap lever (JSON Patch `test` of one block) against a
 //!   whole-object compare-and-swap, on a ConfigMap stand-in of a pool record's size.
 //!
-//! `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
+//! `PORTALLOC_BENCH_BIN=PATH` runs 2l and 2m with another build of the plugin (its CRDs installed
+//! by it), for a before/after on one machine. `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
 //! 2b/2c cells); `PORTALLOC_BENCH_ROUNDS=1` shortens the throughput cells;
 //! `PORTALLOC_BENCH_SHARDS=1` runs the shard experiment even when its condition does not hold;
 //! Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
@@ -47,6 +51,7 @@ mod full_pool;
 mod group_commit;
 mod levers;
 mod metrics;
+mod scale;
 mod workload;
 
 use std::fmt::Write as _;
@@ -160,7 +165,16 @@ fn main() -> anyhow::Result<()> {
         if quick { "quick" } else { "full" }
     );
     let mut plane = ControlPlane::up("bench-cluster")?;
-    controlplane::install_crds(&plane.kubeconfig)?;
+    if std::env::var_os("PORTALLOC_BENCH_BIN").is_some() {
+        // An older build under test (2l, 2m): its own CRDs.
+        let status = Command::new(scale::binary())
+            .args(["install", "--timeout", "60s"])
+            .env("KUBECONFIG", &plane.kubeconfig)
+            .status()?;
+        ensure!(status.success(), "install with {}", scale::binary());
+    } else {
+        controlplane::install_crds(&plane.kubeconfig)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -221,6 +235,14 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
         eprintln!("2j: the JSON Patch `test` lever against whole-object compare-and-swap");
         let clients = plane.clients(16).await?;
         rows.extend(levers::measure(&clients, "levers", scale.per_round).await?);
+    }
+    if scale.wants("2l") {
+        eprintln!("2l: 16 concurrent CLI processes creating");
+        rows.extend(scale::cli_race(plane, &admin, scale.quick).await?);
+    }
+    if scale.wants("2m") {
+        eprintln!("2m: sync --all of 25,000 and 65,535 PortAllocations");
+        rows.extend(scale::sync_all_at_scale(plane, &admin, scale.quick).await?);
     }
     if scale.wants("2k") {
         eprintln!("2k: a sharded pool holding every port of 1-65535");
