@@ -290,6 +290,31 @@ async fn request_counts(
     let dir = tempfile::tempdir()?;
     let kubeconfig = &plane.kubeconfig;
     let mut measured: [Vec<(u32, u64, String)>; 3] = Default::default();
+    // The first command of a machine (an empty cache): it reads the pool's spec and the shard.
+    let cold_cache = tempfile::tempdir()?;
+    let cold_file = dir.path().join("cold.yaml");
+    std::fs::write(
+        &cold_file,
+        serde_yaml::to_string(&workload::allocation("cold", ns, pool, 1, 1))?,
+    )?;
+    let cold_file = cold_file.to_string_lossy().into_owned();
+    let cold_dir = cold_cache.path().to_string_lossy().into_owned();
+    let cold = count_requests(admin, || {
+        cli::run(
+            kubeconfig,
+            &["create", "-f", &cold_file, "--cache-dir", &cold_dir],
+        )
+    })
+    .await?;
+    // The rest share one cache directory, as one user's commands do.
+    let warm_cache = tempfile::tempdir()?;
+    let warm_dir = warm_cache.path().to_string_lossy().into_owned();
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--cache-dir", warm_dir.as_str()]);
+        cli::run(kubeconfig, &all)
+    };
+    run(&["sync", "cold", "-n", ns]);
     for &ports in &scale.request_ports {
         // `create -f` of a new object: the path users run.
         let name = format!("create-{ports}");
@@ -299,13 +324,11 @@ async fn request_counts(
             serde_yaml::to_string(&workload::allocation(&name, ns, pool, ports, 1))?,
         )?;
         let file = file.to_string_lossy().into_owned();
-        let (count, breakdown) =
-            count_requests(admin, || cli::run(kubeconfig, &["create", "-f", &file])).await?;
+        let (count, breakdown) = count_requests(admin, || run(&["create", "-f", &file])).await?;
         measured[0].push((ports, count, breakdown));
 
         // `sync` of that object, already allocated: nothing to write.
-        let (count, breakdown) =
-            count_requests(admin, || cli::run(kubeconfig, &["sync", &name, "-n", ns])).await?;
+        let (count, breakdown) = count_requests(admin, || run(&["sync", &name, "-n", ns])).await?;
         measured[1].push((ports, count, breakdown));
 
         // `sync` of an object applied by someone else (kubectl apply, Argo CD): allocate it.
@@ -315,8 +338,7 @@ async fn request_counts(
             &workload::allocation(&fresh, ns, pool, ports, 1),
         )
         .await?;
-        let (count, breakdown) =
-            count_requests(admin, || cli::run(kubeconfig, &["sync", &fresh, "-n", ns])).await?;
+        let (count, breakdown) = count_requests(admin, || run(&["sync", &fresh, "-n", ns])).await?;
         measured[2].push((ports, count, breakdown));
         let held = api
             .get(&fresh)
@@ -363,24 +385,36 @@ async fn request_counts(
             ours: format!("{per:.2} ({breakdown})"),
             anchor: dash(),
             ratio: dash(),
-            target: "≤ 4".into(),
-            met: yes_no(*per <= 4.0),
+            target: "≤ 3".into(),
+            met: yes_no(*per <= 3.0),
         })
         .collect();
-    rows.extend(labels.iter().zip(measured).map(|(label, results)| {
+    rows.push(Row {
+        id: "2a",
+        what: "API requests per `kubectl portalloc create -f` (new object, 1 port), empty cache directory".into(),
+        ours: format!("{} ({})", cold.0, cold.1),
+        anchor: dash(),
+        ratio: dash(),
+        target: "—".into(),
+        met: dash(),
+    });
+    let targets = [4, 2, 3];
+    rows.extend(labels.iter().zip(measured).zip(targets).map(|((label, results), target)| {
         let sizes: Vec<String> = results.iter().map(|(p, _, _)| p.to_string()).collect();
         let counts: Vec<String> = results.iter().map(|(_, c, _)| c.to_string()).collect();
         let mut breakdowns: Vec<&str> = results.iter().map(|(_, _, b)| b.as_str()).collect();
         breakdowns.dedup();
-        let max = results.iter().map(|(_, c, _)| *c).max().unwrap_or(0);
         Row {
             id: "2a",
-            what: format!("API requests per {label}, {} ports", sizes.join(" / ")),
+            what: format!(
+                "API requests per {label}, {} ports, the cache directory kept from the command before",
+                sizes.join(" / ")
+            ),
             ours: format!("{} ({})", counts.join(" / "), breakdowns.join("; ")),
             anchor: dash(),
             ratio: dash(),
-            target: "≤ 4".into(),
-            met: yes_no(max <= 4),
+            target: format!("≤ {target} (1 port)"),
+            met: yes_no(results.first().is_some_and(|(_, c, _)| *c <= target)),
         }
     }));
     Ok(rows)
