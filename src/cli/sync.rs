@@ -165,9 +165,12 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
             )),
         options.resync
     );
+    // A long-lived process keeps its copies in memory; none on disk (a pod's root file system is
+    // read-only, and no later command would read them).
+    let allocator = k8s::Allocator::new(session.client.clone()).with_policy(session.allocator.policy);
     k8s::watch(
         session.client,
-        session.allocator,
+        allocator,
         options,
         readiness,
         shutdown_signal(),

@@ -144,6 +144,12 @@ impl Allocator {
         }
     }
 
+    /// The same, retrying by `policy`.
+    pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
     /// Keep the copies in `dir` too (one cluster's directory), so the next process starts from
     /// them: a CLI command's first allocation then needs no read of the pool or its shard.
     pub fn cache_dir(mut self, dir: Option<std::path::PathBuf>) -> Self {
