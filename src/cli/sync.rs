@@ -167,7 +167,8 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
     );
     // A long-lived process keeps its copies in memory; none on disk (a pod's root file system is
     // read-only, and no later command would read them).
-    let allocator = k8s::Allocator::new(session.client.clone()).with_policy(session.allocator.policy);
+    let allocator =
+        k8s::Allocator::new(session.client.clone()).with_policy(session.allocator.policy);
     k8s::watch(
         session.client,
         allocator,
