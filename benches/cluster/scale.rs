@@ -145,6 +145,9 @@ pub async fn sync_all_at_scale(
             .stdin(Stdio::null())
             .output()?;
         let wall = started.elapsed();
+        // The admin client's connections sat idle through the sync; the server may have closed
+        // them, and a request sent on one just closed fails: start afresh.
+        let admin = &plane.client().await?;
         let log = String::from_utf8_lossy(&output.stderr);
         let shard_writes = log
             .lines()
