@@ -30,7 +30,7 @@ fn holder(port: u32) -> PoolHolder {
     }
 }
 
-/// Write the shards of `pool` as its record would be with `holders`, 16 at a time.
+/// Write the shards of `pool` as its record would be with exactly `holders`, 16 at a time.
 async fn write_shards(
     store: &ShardStore,
     pool: &PortPool,
@@ -39,7 +39,18 @@ async fn write_shards(
     let copy = PoolCopy::of_pool(pool);
     let existing = store.list(POOL).await.map_err(|(e, _)| e)?;
     let mut record = ShardedRecord::load(copy.clone(), existing)?;
-    for holder in holders {
+    let kept: std::collections::BTreeSet<&str> = holders.iter().map(|h| h.uid.as_str()).collect();
+    let gone: Vec<(String, String)> = record
+        .shards
+        .values()
+        .flat_map(|s| s.record.holders.iter())
+        .filter(|(uid, _)| !kept.contains(uid.as_str()))
+        .map(|(uid, entry)| (uid.clone(), entry.owner.clone()))
+        .collect();
+    for (uid, owner) in gone {
+        record.set(&uid, &owner, &Holdings::new());
+    }
+    for holder in &holders {
         record.set(
             &holder.uid,
             &holder.owner,

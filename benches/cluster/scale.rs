@@ -32,7 +32,14 @@ pub async fn cli_race(
 ) -> anyhow::Result<Vec<Row>> {
     let per_process = if quick { 2 } else { 6 };
     let mut rows = Vec::new();
-    for (tag, shared_cache) in [("cache", true), ("nocache", false)] {
+    // An older build has no cache directory to keep or not.
+    let older = std::env::var_os("PORTALLOC_BENCH_BIN").is_some();
+    let variants: &[(&str, bool)] = if older {
+        &[("older", false)]
+    } else {
+        &[("cache", true), ("nocache", false)]
+    };
+    for &(tag, shared_cache) in variants {
         let (ns, pool) = (format!("cli-race-{tag}"), format!("cli-race-{tag}"));
         workload::create_namespace(admin, &ns).await?;
         workload::create_pool(admin, &pool, "20000-29999").await?;
@@ -62,13 +69,18 @@ pub async fn cli_race(
                     .collect();
                 let (kubeconfig, ns, cache_dir) =
                     (plane.kubeconfig.clone(), ns.clone(), cache_dir.clone());
+                let cache_args: Vec<String> = if older {
+                    Vec::new()
+                } else {
+                    vec!["--cache-dir".into(), cache_dir]
+                };
                 std::thread::spawn(move || -> anyhow::Result<Vec<Duration>> {
                     let mut took = Vec::new();
                     for file in mine {
                         let started = Instant::now();
                         let output = std::process::Command::new(binary())
                             .args(["create", "-f", file.to_str().unwrap(), "-n", &ns])
-                            .args(["--cache-dir", &cache_dir])
+                            .args(&cache_args)
                             .env("KUBECONFIG", &kubeconfig)
                             .env("NO_COLOR", "1")
                             .stdin(Stdio::null())
@@ -103,10 +115,12 @@ pub async fn cli_race(
             what: format!(
                 "{PROCESSES} concurrent `kubectl portalloc create -f` processes x {per_process} \
                  new 1-port objects, process start included, {}",
-                if shared_cache {
-                    "copies kept in one shared cache directory"
+                if older {
+                    format!("the build at {}", binary())
+                } else if shared_cache {
+                    "copies kept in one shared cache directory".to_string()
                 } else {
-                    "no cache (`--cache-dir ''`)"
+                    "no cache (`--cache-dir ''`)".to_string()
                 }
             ),
             ours: format!(
