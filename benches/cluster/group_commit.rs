@@ -160,14 +160,23 @@ pub async fn apply(clients: &[Client], ns: &str, pool: &str, count: usize) -> an
 pub async fn ensure_allocated(admin: &Client, ns: &str, count: usize) -> anyhow::Result<()> {
     let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
     let mut ports = Vec::new();
-    for pa in api.list(&ListParams::default()).await?.items {
-        ports.extend(
-            pa.status
-                .as_ref()
-                .map(recorded_holdings)
-                .unwrap_or_default()
-                .ports(),
-        );
+    // In pages: one list of 65,535 objects outlasts the API server's request timeout.
+    let mut params = ListParams::default().limit(2_000);
+    loop {
+        let page = api.list(&params).await?;
+        for pa in &page.items {
+            ports.extend(
+                pa.status
+                    .as_ref()
+                    .map(recorded_holdings)
+                    .unwrap_or_default()
+                    .ports(),
+            );
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
     }
     let held = ports.len();
     ports.sort_unstable();
