@@ -205,3 +205,46 @@ proptest! {
         prop_assert!(occupancy(&state) >= 0.9, "refused after churn at {:.3}", occupancy(&state));
     }
 }
+
+proptest! {
+    #[test]
+    fn occupancy_at_refusal_is_what_filling_with_that_block_reaches(
+        seed in any::<u64>(),
+        count in prop_oneof![Just(1u32), Just(8), Just(64), 2u32..100],
+        band in prop_oneof![Just(StaticBand::Auto), Just(StaticBand::None), (0u32..300).prop_map(StaticBand::Count)],
+    ) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut state = pool("1000-1799,1810-2047", band);
+        let mut owners = Vec::new();
+        for _ in 0..rng.random_range(0..30) {
+            owners.extend(add(&mut state, &random_mix(&mut rng), &mut rng));
+        }
+        owners.shuffle(&mut rng);
+        for gone in owners.split_off(owners.len() / 2) {
+            remove(&mut state, &gone);
+        }
+        let predicted = state.occupancy_at_refusal(count);
+        let mut filled = state.clone();
+        while filled.take_block(count, &mut rng).is_some() {}
+        // Only the run the band split cuts can hold one block fewer than predicted.
+        let short = predicted - occupancy(&filled);
+        prop_assert!(
+            (0.0..=f64::from(count) / f64::from(state.size()) + 1e-9).contains(&short),
+            "predicted {predicted}, filled to {}", occupancy(&filled)
+        );
+    }
+}
+
+#[test]
+fn occupancy_at_refusal_counts_the_blocks_each_run_holds() {
+    let mut state = pool("100-299", StaticBand::None);
+    assert_eq!(state.occupancy_at_refusal(64), 192.0 / 200.0);
+    // Runs of 99 and 100: one block of 64 each; 72 of 200 ports stay free.
+    state.take_requested(199).unwrap();
+    assert_eq!(state.occupancy_at_refusal(64), 129.0 / 200.0);
+    assert_eq!(state.occupancy_at_refusal(1), 1.0);
+    assert_eq!(
+        PoolState::new(PortSet::empty(), StaticBand::None).occupancy_at_refusal(8),
+        0.0
+    );
+}

@@ -163,6 +163,20 @@ impl PoolState {
         }))
     }
 
+    /// The share of the pool held (0 to 1) when a block of `count` ports would
+    /// first be refused, if only such blocks came from now on: each free run
+    /// then holds as many as fit in it, as packed placement tiles a run from
+    /// one end (a run the band split cuts may hold one fewer). `pool describe`
+    /// quotes it for the largest block the pool's holders use.
+    pub fn occupancy_at_refusal(&self, count: u32) -> f64 {
+        if self.size() == 0 {
+            return 0.0;
+        }
+        let count = count.max(1);
+        let held = self.held_count() + count * self.fragmentation().fits(count);
+        f64::from(held) / f64::from(self.size())
+    }
+
     /// Takes a free port chosen automatically, or `None` if the pool is full.
     ///
     /// The dynamic band first; only when it is full, the static band, so
