@@ -9,6 +9,7 @@ use rand::Rng;
 use super::alloc_error::AllocError;
 use super::block::PortBlock;
 use super::holding::{Holdings, SlotKey};
+use super::placement::Aim;
 use super::pool_state::PoolState;
 
 /// Whether a port is shared by a role or held once per replica.
@@ -172,8 +173,9 @@ pub fn plan(demands: &[PortDemand], current: &Holdings) -> Plan {
 /// owner), then every requested port or block (so an automatic choice never
 /// takes a port another slot of the plan asked for), then automatic blocks,
 /// largest first (long runs are the scarce resource; single ports fit in
-/// any gap), then automatic single ports. On any error `state` is exactly
-/// as it was before the call.
+/// any gap), then automatic single ports, all leaning toward one end of
+/// their runs so the allocation's ports lie together. On any error `state`
+/// is exactly as it was before the call.
 pub fn execute(
     plan: &Plan,
     state: &mut PoolState,
@@ -226,9 +228,12 @@ fn apply(plan: &Plan, state: &mut PoolState, rng: &mut impl Rng) -> Result<Holdi
         .collect();
     // Stable: equal sizes keep slot order.
     automatic.sort_by_key(|(_, want)| std::cmp::Reverse(want.count));
+    // One aim for the whole allocation: its ports lean the same way and lie
+    // together (see `Placement`); only the first, largest block has a choice.
+    let mut aim = Aim::first(rng);
     let mut placed = 0u32;
     for (slot, want) in automatic {
-        let block = state.take_block(want.count, rng).ok_or_else(|| {
+        let block = state.take_aimed(want.count, aim, rng).ok_or_else(|| {
             if want.count > 1 {
                 AllocError::NoRun {
                     slot: slot.clone(),
@@ -241,6 +246,7 @@ fn apply(plan: &Plan, state: &mut PoolState, rng: &mut impl Rng) -> Result<Holdi
             }
         })?;
         placed += want.count;
+        aim = aim.then();
         holdings.insert_block(slot.clone(), block);
     }
     Ok(holdings)

@@ -9,6 +9,7 @@ use super::band::{Band, Bands, StaticBand};
 use super::bitmap::PortBitmap;
 use super::block::PortBlock;
 use super::fragmentation::Fragmentation;
+use super::placement::{Aim, Placement};
 use super::range::PortSet;
 
 /// Held and total ports of one band (what `pool describe` prints).
@@ -29,6 +30,7 @@ pub struct PoolState {
     ports: PortSet,
     bands: Bands,
     held: PortBitmap,
+    placement: Placement,
 }
 
 impl PoolState {
@@ -39,7 +41,18 @@ impl PoolState {
             bands: Bands::new(total, static_band),
             held: PortBitmap::new(total),
             ports,
+            placement: Placement::default(),
         }
+    }
+
+    /// The same pool choosing automatic ports by `placement` (benchmarks compare them).
+    pub fn with_placement(mut self, placement: Placement) -> PoolState {
+        self.placement = placement;
+        self
+    }
+
+    pub fn placement(&self) -> Placement {
+        self.placement
     }
 
     /// Records a port that stored holdings say is held. Errors (rather than
@@ -100,56 +113,37 @@ impl PoolState {
     /// Takes a free block of `count` contiguous ports chosen automatically,
     /// or `None` if no free run is that long.
     ///
-    /// Like single ports: first a run inside the dynamic band, scanned from
-    /// a random start and wrapping within the band; only when it has none,
-    /// a run anywhere in the pool (so one may reach into the static band).
-    /// The random start is rounded down to a multiple of `count` from the
-    /// band's start, so blocks of one size placed in an empty band tile it
-    /// instead of leaving gaps too short for another block.
+    /// Like single ports: first a run inside the dynamic band; only when it
+    /// has none, a run anywhere in the pool (so one may reach into the static
+    /// band). Where in there is the placement's choice (`Placement`).
     pub fn take_block(&mut self, count: u32, rng: &mut impl Rng) -> Option<PortBlock> {
-        if count <= 1 {
-            return self.take_next(rng).map(PortBlock::single);
-        }
-        let dynamic = self.bands.dynamic_indices();
+        let aim = Aim::first(rng);
+        self.take_aimed(count, aim, rng)
+    }
+
+    /// `take_block` with the aim the planner keeps for one allocation.
+    pub(super) fn take_aimed(
+        &mut self,
+        count: u32,
+        aim: Aim,
+        rng: &mut impl Rng,
+    ) -> Option<PortBlock> {
+        let count = count.max(1);
+        // Single ports fall back to the static band only; a block may straddle the split.
+        let fallback = if count == 1 {
+            self.bands.static_indices()
+        } else {
+            0..self.bands.total
+        };
+        let (held, ports) = (&self.held, &self.ports);
         let start = self
-            .random_run(dynamic, count, rng)
-            .or_else(|| self.random_run(0..self.bands.total, count, rng))?;
+            .placement
+            .place(held, ports, self.bands.dynamic_indices(), count, aim, rng)
+            .or_else(|| self.placement.place(held, ports, fallback, count, aim, rng))?;
         for index in start..start + count {
             self.held.set(index);
         }
         PortBlock::new(self.ports.nth(start)?, count)
-    }
-
-    /// The first run of `count` free contiguous ports inside `indices`,
-    /// from an aligned random start, wrapping to the start of `indices`.
-    fn random_run(
-        &self,
-        indices: std::ops::Range<u32>,
-        count: u32,
-        rng: &mut impl Rng,
-    ) -> Option<u32> {
-        if indices.end.saturating_sub(indices.start) < count {
-            return None;
-        }
-        let offset = rng.random_range(0..indices.end - indices.start);
-        let start = indices.start + offset / count * count;
-        self.first_run(start..indices.end, indices.end, count)
-            .or_else(|| self.first_run(indices.start..start, indices.end, count))
-    }
-
-    /// The lowest index in `starts` where `count` free ports begin that are
-    /// contiguous ports (inside one range of the pool) and end by `limit`.
-    fn first_run(&self, starts: std::ops::Range<u32>, limit: u32, count: u32) -> Option<u32> {
-        self.ports.index_spans().find_map(|span| {
-            let from = span.start.max(starts.start);
-            let to = span.end.min(limit);
-            if from >= starts.end || from >= to {
-                return None;
-            }
-            self.held
-                .find_clear_run(from, to, count)
-                .filter(|&start| start < starts.end)
-        })
     }
 
     /// Frees every port of a block; returns how many were held.
@@ -169,29 +163,28 @@ impl PoolState {
         }))
     }
 
-    /// Takes a free port chosen automatically, or `None` if the pool is full.
-    ///
-    /// The dynamic band is scanned from a uniformly random index, wrapping
-    /// within the band, so concurrent allocators rarely race for one port.
-    /// Only when the dynamic band is full is the static band scanned, also
-    /// from a random index (as Kubernetes does for Service IPs), so the
-    /// fallback doesn't always take the ports users are likeliest to request.
-    pub fn take_next(&mut self, rng: &mut impl Rng) -> Option<u16> {
-        let index = self
-            .random_free_index(Band::Dynamic, rng)
-            .or_else(|| self.random_free_index(Band::Static, rng))?;
-        self.held.set(index);
-        self.ports.nth(index)
+    /// The share of the pool held (0 to 1) when a block of `count` ports would
+    /// first be refused, if only such blocks came from now on: each free run
+    /// then holds as many as fit in it, as packed placement tiles a run from
+    /// one end (a run the band split cuts may hold one fewer). `pool describe`
+    /// quotes it for the largest block the pool's holders use.
+    pub fn occupancy_at_refusal(&self, count: u32) -> f64 {
+        if self.size() == 0 {
+            return 0.0;
+        }
+        let count = count.max(1);
+        let held = self.held_count() + count * self.fragmentation().fits(count);
+        f64::from(held) / f64::from(self.size())
     }
 
-    fn random_free_index(&self, band: Band, rng: &mut impl Rng) -> Option<u32> {
-        let indices = self.bands.indices(band);
-        if indices.is_empty() {
-            return None;
-        }
-        let start = rng.random_range(indices.clone());
-        self.held
-            .first_clear_wrapping(start, indices.start, indices.end)
+    /// Takes a free port chosen automatically, or `None` if the pool is full.
+    ///
+    /// The dynamic band first; only when it is full, the static band, so
+    /// users keep the ports they are likeliest to request. Where in the band
+    /// is the placement's choice (`Placement`), random among several ports so
+    /// concurrent allocators seldom race for one.
+    pub fn take_next(&mut self, rng: &mut impl Rng) -> Option<u16> {
+        self.take_block(1, rng).map(|block| block.first)
     }
 
     /// Frees a port; returns whether it was held. Ports outside the pool were
