@@ -352,10 +352,7 @@ mod tests {
         let Slot::Subcommand(names) = slot else {
             panic!("{slot:?}")
         };
-        assert_eq!(
-            names,
-            vec!["create", "get", "describe", "delete", "upgrade"]
-        );
+        assert_eq!(names, vec!["create", "get", "describe", "delete"]);
 
         assert_eq!(
             locate(&words("pool describe"), "").1,
