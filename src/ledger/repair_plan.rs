@@ -227,8 +227,8 @@ pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> Repai
     plan_repair_scoped(record, allocations, &RepairScope::default())
 }
 
-/// What part of a pool `record` is: the whole one-object record (the default), or one shard of
-/// a sharded pool (`record` then carries the pool's name and UID, the shard's version).
+/// What part of a pool `record` is: a whole record (the default, as the unit tests build), or
+/// one shard (`record` then carries the pool's name and UID, the shard's version).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RepairScope {
     /// The shard's window: only the pieces of recorded holdings inside it are this record's.

@@ -10,9 +10,9 @@
 //!
 //! Each shard is given only the pieces of PortAllocation statuses that lie in its window, so an
 //! owner holding ports in two shards is never "outside the pool" in the other one. Two restore
-//! cases exist besides the one-object record's "pool recreated" (statuses naming an earlier
-//! pool UID are restored into the current shards): a shard missing for a window where statuses
-//! naming this very pool object record ports is recreated with those holdings. Cross-shard
+//! cases: "pool recreated" (statuses naming an earlier pool UID are restored into the current
+//! shards), and a shard missing for a window where statuses naming this very pool object record
+//! ports, which is recreated with those holdings. Cross-shard
 //! anomalies are reported, never moved. Shards of an earlier pool object of the same name are
 //! deleted (a garbage collector would have; none may run): they would block this pool's.
 //!

@@ -306,7 +306,7 @@ impl ShardedRecord {
 
     /// The whole pool as one record, for deciding an owner whose ports do not fit one shard:
     /// every owner's parts joined into one entry, undecodable entries kept verbatim (their ports
-    /// stay unknown, as in a one-object record). Decide on it, then cut the owner's decided
+    /// stay unknown). Decide on it, then cut the owner's decided
     /// holdings back into shards with [`ShardedRecord::writes_for`].
     pub fn union_record(&self) -> PoolRecord {
         self.union_of_windows(None)
