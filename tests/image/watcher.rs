@@ -68,13 +68,33 @@ fn ready(admin: &Path, name: &str, ports: &str) -> Duration {
     )
 }
 
+/// Poll until the pool's shards hold `expected` ports in all (each shard counts its own window).
 fn allocated(admin: &Path, expected: usize) -> Duration {
-    let query = "jsonpath={.status.allocated}";
-    until(
-        admin,
-        &["get", "portpool", "quickstart", "-o", query],
-        &expected.to_string(),
-    )
+    let args = [
+        "get",
+        "portpoolshards",
+        "--field-selector",
+        "spec.pool=quickstart",
+        "-o",
+        "jsonpath={.items[*].status.allocated}",
+    ];
+    let started = Instant::now();
+    loop {
+        let output = kubectl(admin).args(args).output().unwrap();
+        let held: usize = String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .filter_map(|n| n.parse::<usize>().ok())
+            .sum();
+        if output.status.success() && held == expected {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the shards of pool quickstart never held {expected} ports: {}",
+            show(&output)
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
 }
 
 fn manifest(name: &str, replicas: u32) -> String {
