@@ -381,6 +381,21 @@ pub fn describe_text(record: &PoolRecord, kind: &str, extra: &[String]) -> Strin
         frag.largest(),
         fits.join(", ")
     );
+    // How full the pool can get before the largest block its holders use is refused: the
+    // figure to size a pool by (packed placement keeps it near 100 %).
+    let largest_block = record
+        .holders
+        .values()
+        .flat_map(|h| h.holdings.iter().map(|(_, block)| u32::from(block.count)))
+        .filter(|&n| n > 1)
+        .max();
+    if let Some(size) = largest_block {
+        let _ = writeln!(
+            out,
+            "Refuses:      a block of {size} at {:.1} % full, if only such blocks came from now on",
+            state.occupancy_at_refusal(size) * 100.0
+        );
+    }
     let _ = writeln!(out, "Bands:");
     let bands = state.bands();
     for (band, label) in [(Band::Static, "static "), (Band::Dynamic, "dynamic")] {
@@ -488,6 +503,13 @@ mod tests {
         assert!(
             text.contains(
                 "Free runs:    2 (largest 48 ports); blocks that fit: 10 of 8, 5 of 16, 2 of 32\n"
+            ),
+            "{text}"
+        );
+        // 17 held; the runs of 34 and 48 take 4 and 6 more blocks of 8: 97 of 99 ports.
+        assert!(
+            text.contains(
+                "Refuses:      a block of 8 at 98.0 % full, if only such blocks came from now on\n"
             ),
             "{text}"
         );
