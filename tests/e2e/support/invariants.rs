@@ -120,10 +120,11 @@ pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, 
         .collect()
 }
 
-/// A refused sync changes nothing in the pool. If the spec it refused also dropped a port, the
-/// pool still holds that port for the object (the next sync that succeeds releases it) while its
-/// status, which lists the spec's ports, no longer shows it. The slots so explained: held, not
-/// recorded, on a Failed object, and of a (role, port) its spec no longer has.
+/// A refused sync changes nothing in the pool. If the spec it refused also dropped a port (a port
+/// removed, or pods scaled down), the pool still holds that port for the object (the next sync
+/// that succeeds releases it) while its status, which lists the spec's ports, no longer shows
+/// it. The slots so explained: held, not recorded, on a Failed object, and not asked for by its
+/// spec.
 fn undesired_after_refusal(
     pa: &PortAllocation,
     recorded: &Holdings,
@@ -133,15 +134,23 @@ fn undesired_after_refusal(
     if !refused {
         return Vec::new();
     }
-    let in_spec = |role: &str, port: &str| {
-        pa.spec
+    // The slots the spec asks for: a scale-down drops indices, not only whole ports.
+    let desired = pa
+        .spec
+        .demands()
+        .map(|demands| portalloc::core::desired_slots(&demands))
+        .ok();
+    let in_spec = |slot: &SlotKey| match &desired {
+        Some(desired) => desired.contains_key(slot),
+        None => pa
+            .spec
             .roles
             .iter()
-            .any(|r| r.name == role && r.ports.iter().any(|p| p.name == port))
+            .any(|r| r.name == slot.spec_role() && r.ports.iter().any(|p| p.name == slot.port)),
     };
     held.iter()
         .map(|(slot, _)| slot)
-        .filter(|slot| recorded.block(slot).is_none() && !in_spec(slot.spec_role(), &slot.port))
+        .filter(|slot| recorded.block(slot).is_none() && !in_spec(slot))
         .cloned()
         .collect()
 }
