@@ -55,8 +55,9 @@ pub enum AllocError {
     },
 
     #[error(
-        "no room for a block: {slot} needs a block of {count} contiguous ports; {runs}{}; nothing was allocated. Lower the port's count, release blocks no longer in use, or add a range to the pool (`kubectl portalloc pool describe` shows its free runs)",
-        placed_note(*.placed)
+        "no room for a block: {slot} needs a block of {count} contiguous ports; {runs}{}; nothing was allocated. {}",
+        placed_note(*.placed),
+        no_run_advice(*.count, *.longest_range)
     )]
     NoRun {
         slot: SlotKey,
@@ -64,6 +65,9 @@ pub enum AllocError {
         runs: RunSummary,
         /// Ports this allocation had already placed automatically when the block did not fit.
         placed: u32,
+        /// The pool's longest range of contiguous ports, held or not: a block longer than that
+        /// never fits, whatever is deleted.
+        longest_range: u32,
     },
 
     #[error(
@@ -90,6 +94,21 @@ fn runs_note(runs: &Option<RunSummary>) -> String {
         )
     })
     .unwrap_or_default()
+}
+
+/// What to do about a block that did not fit: free or grow, or, when even an empty pool has no
+/// run that long, grow.
+fn no_run_advice(count: u32, longest_range: u32) -> String {
+    if count > longest_range {
+        format!(
+            "The pool must grow: its longest range of contiguous ports is {longest_range}, so deleting \
+             PortAllocations cannot make room; add a range of at least {count} ports, or lower the port's count"
+        )
+    } else {
+        "Lower the port's count, release blocks no longer in use, or add a range to the pool \
+         (`kubectl portalloc pool describe` shows its free runs)"
+            .to_string()
+    }
 }
 
 fn placed_note(placed: u32) -> String {

@@ -240,6 +240,7 @@ fn apply(plan: &Plan, state: &mut PoolState, rng: &mut impl Rng) -> Result<Holdi
                     count: want.count,
                     runs: state.fragmentation().summary(),
                     placed,
+                    longest_range: state.longest_range(),
                 }
             } else {
                 state.full_error(needed)

@@ -244,8 +244,17 @@ fn a_gap_between_ranges_breaks_a_run() {
                     runs: 2,
                     largest: 5
                 },
+                longest_range: 5,
                 ..
             }
+        ),
+        "{err}"
+    );
+    // No deletion can make a run of 6 in ranges of 5: the message says the pool must grow.
+    assert!(
+        err.to_string().contains(
+            "The pool must grow: its longest range of contiguous ports is 5, so deleting \
+             PortAllocations cannot make room; add a range of at least 6 ports"
         ),
         "{err}"
     );

@@ -154,6 +154,15 @@ impl PoolState {
             .sum()
     }
 
+    /// The length of the pool's longest range of contiguous ports, held or not.
+    pub fn longest_range(&self) -> u32 {
+        self.ports
+            .index_spans()
+            .map(|span| span.end - span.start)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The pool's free runs of contiguous ports (see `Fragmentation`).
     pub fn fragmentation(&self) -> Fragmentation {
         Fragmentation::from_lengths(self.ports.index_spans().flat_map(|span| {
