@@ -427,12 +427,7 @@ pub(super) enum Where {
 
 impl Where {
     pub(super) fn of(status: Option<&PortAllocationStatus>) -> Where {
-        let listed: BTreeSet<u16> = status
-            .iter()
-            .flat_map(|s| &s.shards)
-            .filter_map(|&k| u16::try_from(k).ok())
-            .filter(|&k| k <= 255)
-            .collect();
+        let listed = crate::ledger::listed_shards(status);
         if listed.is_empty() {
             Where::Home
         } else {

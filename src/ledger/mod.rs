@@ -50,7 +50,7 @@ pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_re
 pub use shard_layout::{
     SHARD_WINDOW, ShardLayout, ShardSpan, fnv1a, shard_index_of, shard_name, window,
 };
-pub use shard_placement::{home_shard, known_shards, single_shard};
+pub use shard_placement::{home_shard, known_shards, listed_shards, single_shard};
 pub use shard_repair::{ShardRepairPlan, StaleShard, plan_sharded_repair};
 pub use shard_view::shard_warnings;
 pub use sharded_record::{

@@ -24,16 +24,21 @@ pub fn known_shards(
     layout: &ShardLayout,
     owner: &str,
 ) -> BTreeSet<u16> {
-    let listed: BTreeSet<u16> = status
-        .iter()
-        .flat_map(|status| &status.shards)
-        .filter_map(|&k| u16::try_from(k).ok())
-        .filter(|&k| k <= 255)
-        .collect();
+    let listed = listed_shards(status);
     if !listed.is_empty() {
         return listed;
     }
     home_shard(layout, owner).into_iter().collect()
+}
+
+/// The windows a status names in `status.shards` (0-255; anything else is ignored).
+pub fn listed_shards(status: Option<&PortAllocationStatus>) -> BTreeSet<u16> {
+    status
+        .iter()
+        .flat_map(|status| &status.shards)
+        .filter_map(|&k| u16::try_from(k).ok())
+        .filter(|&k| k <= 255)
+        .collect()
 }
 
 /// The first shard of the owner's home order (dynamic-band shards first).
