@@ -22,7 +22,7 @@ use super::error::{KubeError, Target, is_unknown_resource};
 use super::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
 use super::retry::Attempts;
 use super::shards::ShardStore;
-use crate::api::{PortAllocation, PortPool};
+use crate::api::{PortAllocation, PortPool, PortPoolShard};
 use crate::ledger::{
     BatchItem, Decision, ItemOutcome, Operation, PoolCopy, Refusal, ShardAnomaly, ShardRecord,
     ShardWrite, ShardedRecord, decide, home_shard, known_shards, load_shard, new_shard, owner_of,
@@ -158,17 +158,10 @@ impl Allocator {
                     return Err(pool_spec_empty(&request));
                 };
                 let name = shard_name(request.pool, home);
-                let remembered = self.shards.get(&name);
-                let from_memory = remembered.is_some();
-                let shard = match remembered {
-                    Some(shard) => Some(shard),
-                    None => match store.get(&name).await {
-                        Ok(shard) => shard,
-                        Err((e, target)) => {
-                            self.retry(&request, &mut attempts, e, target).await?;
-                            continue;
-                        }
-                    },
+                let Some((shard, from_memory)) =
+                    self.shard_copy(&request, &mut attempts, &name).await?
+                else {
+                    continue;
                 };
                 if let Some(shard) = shard.filter(|s| s.spec.pool_uid == copy.uid) {
                     let copy =
@@ -219,6 +212,33 @@ impl Allocator {
         }
     }
 
+    /// Shard `name` (`None` inside: it does not exist), and whether it is a remembered copy
+    /// rather than a read made now. A fresh read is the current object and is remembered, so
+    /// the next decision may start from it. `None`: the read failed and was waited for; go round
+    /// again.
+    async fn shard_copy(
+        &self,
+        request: &Request<'_>,
+        attempts: &mut Attempts,
+        name: &str,
+    ) -> Result<Option<(Option<PortPoolShard>, bool)>, AllocateError> {
+        if let Some(shard) = self.shards.get(name) {
+            return Ok(Some((Some(shard), true)));
+        }
+        match ShardStore::new(self.client.clone()).get(name).await {
+            Ok(shard) => {
+                if let Some(shard) = &shard {
+                    self.shards.remember(name, shard);
+                }
+                Ok(Some((shard, false)))
+            }
+            Err((e, target)) => {
+                self.retry(request, attempts, e, target).await?;
+                Ok(None)
+            }
+        }
+    }
+
     /// Decide against one shard (a remembered copy when there is one) and write it.
     async fn one_shard(
         &self,
@@ -228,23 +248,8 @@ impl Allocator {
     ) -> Result<Step, Failed> {
         let store = ShardStore::new(self.client.clone());
         let name = shard_name(request.pool, index);
-        let remembered = self.shards.get(&name);
-        let from_memory = remembered.is_some();
-        let shard = match remembered {
-            Some(shard) => Some(shard),
-            None => match store.get(&name).await {
-                Ok(shard) => {
-                    // A fresh read is the current object: the next decision may start from it.
-                    if let Some(shard) = &shard {
-                        self.shards.remember(&name, shard);
-                    }
-                    shard
-                }
-                Err((e, target)) => {
-                    self.retry(request, attempts, e, target).await?;
-                    return Ok(Step::Again);
-                }
-            },
+        let Some((shard, from_memory)) = self.shard_copy(request, attempts, &name).await? else {
+            return Ok(Step::Again);
         };
         // The pool's spec: the shard's copy (newer than a remembered one, if any); for a shard
         // not written yet, the pool itself, read now, so no shard is created for a pool that

@@ -817,11 +817,21 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
             stdin: Some(x(&web("1", HTTP))),
             ..case(
                 "forbidden create",
-                // Its first read: the pool's spec, or (a copy of it kept from an earlier
-                // command) the owner's shard; either way named with its verb.
-                &["create", "-f", "-", "-n", ns, "--context", USER_CONTEXT],
+                // No kept copies (the earlier cases' commands left some): its first request
+                // is the read of the pool's spec, refused and named with its verb.
+                &[
+                    "create",
+                    "-f",
+                    "-",
+                    "-n",
+                    ns,
+                    "--context",
+                    USER_CONTEXT,
+                    "--cache-dir",
+                    "",
+                ],
                 5,
-                &["forbidden: you may not get portpool"],
+                &["forbidden: you may not get portpools.portalloc.dev"],
             )
         },
     ];
