@@ -33,6 +33,8 @@ pub const MAX_REPLICAS: i32 = 1024;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.pool == oldSelf.pool").message("spec.pool is immutable: delete the PortAllocation (which releases its ports) and create it again").field_path(".pool"))]
+#[x_kube(validation = Rule::new(REFERENCED_ROLES_EXIST).message(REFERENCED_ROLES_MESSAGE).field_path(".roles"))]
+#[x_kube(validation = Rule::new(REFERENCED_PORTS_EXIST).message(REFERENCED_PORTS_MESSAGE).field_path(".roles"))]
 pub struct PortAllocationSpec {
     /// Name of the PortPool to allocate from.
     #[schemars(
@@ -185,6 +187,28 @@ pub struct PortReference {
     #[schemars(length(max = 16))]
     pub join: Option<String>,
 }
+
+// Apply-time checks of what references name, so `kubectl apply --dry-run=server` and GitOps
+// diffs catch a reference to a missing role or port before the plugin sees the object. A
+// reference's role is the leading label of `from` (`find('^[-a-z0-9]+')`), its port the label
+// after the dot. Messages list the offending references, so the one line says what to fix.
+
+// A reference's role is the leading label of `from` (`find('^[-a-z0-9]+')`), its port the label
+// after the dot. CRD rules have no `cel.bind`: a one-element list `[x].all(name, ...)` computes a
+// value once, so the role walk inside a reference does no regex (the API server's cost budget
+// refuses the rule otherwise).
+const REFERENCED_ROLES_EXIST: &str = "[self.roles.map(t, t.name)].all(names, \
+     self.roles.all(r, !has(r.references) || \
+       r.references.all(f, f.from.find('^[-a-z0-9]+') in names)))";
+
+const REFERENCED_ROLES_MESSAGE: &str = "every references[].from must name a role of this PortAllocation (the part before the dot or bracket)";
+
+const REFERENCED_PORTS_EXIST: &str = "self.roles.all(r, !has(r.references) || r.references.all(f, \
+     !f.from.contains('.') || [f.from.find('[.][-a-z0-9]+').substring(1)].all(port, \
+       self.roles.all(t, !f.from.startsWith(t.name + '.') || \
+         (has(t.ports) && t.ports.exists(p, p.name == port))))))";
+
+const REFERENCED_PORTS_MESSAGE: &str = "a port reference (role.port) must name a port of that role: the part after the dot is one of its ports[].name";
 
 const REFERENCE_SYNTAX_RULE: &str = r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?([.][a-z]([-a-z0-9]*[a-z0-9])?)?(\\[([0-9]+|\\*)\\])?$')";
 

@@ -4,52 +4,18 @@
 //! `kubectl wait --for=condition=Ready`.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 use kube::Client;
 use kube::api::{Api, PostParams};
 use portalloc::api::{PortAllocation, PortPool};
 use serde::Serialize;
 
-use crate::support::{self, cli};
-
-/// kubectl, built from its pinned Go module by `scripts/build-krew.sh` (cached).
-fn kubectl() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let output = Command::new(support::repo_root().join("scripts/build-krew.sh"))
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .expect("run scripts/build-krew.sh");
-        assert!(output.status.success(), "scripts/build-krew.sh failed");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        PathBuf::from(stdout.lines().last().expect("a bin dir").trim())
-    })
-    .join("kubectl")
-}
-
-/// kstatus and argocd-lua, built from their pinned Go modules by `scripts/build-test-tools.sh`.
-fn test_tools() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let output = Command::new(support::repo_root().join("scripts/build-test-tools.sh"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/build-test-tools.sh");
-        assert!(
-            output.status.success(),
-            "scripts/build-test-tools.sh failed"
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        PathBuf::from(stdout.lines().last().expect("a bin dir").trim())
-    })
-}
+use crate::support::{self, cli, tools};
 
 /// `status: message` of one object as the tool judges it (the object on stdin, as JSON).
 fn judge(tool: &str, args: &[&str], object: &impl Serialize) -> String {
-    let mut child = Command::new(test_tools().join(tool))
+    let mut child = Command::new(tools::test_tool(tool))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -105,7 +71,7 @@ fn conditions(pa: &PortAllocation) -> Vec<String> {
 }
 
 fn wait_ready(ns: &str, name: &str, timeout: &str) -> std::process::Output {
-    Command::new(kubectl())
+    Command::new(tools::kubectl())
         .arg("--kubeconfig")
         .arg(&support::cluster().kubeconfig)
         .args(["wait", "--for=condition=Ready", "-n", ns])

@@ -18,6 +18,7 @@ mod import;
 mod pods;
 mod pool_cache;
 mod rbac;
+mod reference_validation;
 mod repair;
 mod restart;
 mod shard_rbac;

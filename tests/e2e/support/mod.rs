@@ -13,6 +13,7 @@ pub mod control_plane;
 pub mod fault_proxy;
 pub mod invariants;
 pub mod private_cluster;
+pub mod tools;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

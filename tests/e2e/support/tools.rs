@@ -1,0 +1,33 @@
+//! Go-built tools the tests run as processes, each built once from its pinned Go module by a
+//! script of ours (cached by the pins) and found through the directory the script prints.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use super::repo_root;
+
+/// The last line a build script prints: the directory holding what it built.
+fn built_by(script: &str) -> PathBuf {
+    let output = Command::new(repo_root().join("scripts").join(script))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run scripts/{script}: {e}"));
+    assert!(output.status.success(), "scripts/{script} failed");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    PathBuf::from(stdout.lines().last().expect("a bin dir").trim())
+}
+
+/// kubectl, built by `scripts/build-krew.sh`.
+pub fn kubectl() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| built_by("build-krew.sh"))
+        .join("kubectl")
+}
+
+/// kstatus, argocd-lua and promtool, built by `scripts/build-test-tools.sh`.
+pub fn test_tool(name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| built_by("build-test-tools.sh"))
+        .join(name)
+}
