@@ -153,3 +153,27 @@ async fn references_to_missing_roles_and_ports_are_refused_at_apply() {
         run.stderr
     );
 }
+
+/// Every rule of the checked-in CRDs within the API server's static cost limits, by the API
+/// server's own estimator (the figures go in the README).
+#[test]
+fn crd_rules_are_within_the_cost_budget() {
+    let crds = support::repo_root().join("crds/portalloc-crds.yaml");
+    let out = Command::new(tools::celcost())
+        .arg(&crds)
+        .output()
+        .expect("run celcost");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let totals: Vec<&str> = text.lines().filter(|l| l.contains("(total)")).collect();
+    assert_eq!(totals.len(), 3, "one total per CRD: {text}");
+    assert!(totals.iter().all(|l| l.contains(" ok (")), "{text}");
+    assert!(
+        text.contains("[self.roles.map(t, t.name)].all(names"),
+        "the reference rules are among those estimated: {text}"
+    );
+}

@@ -31,3 +31,10 @@ pub fn test_tool(name: &str) -> PathBuf {
     DIR.get_or_init(|| built_by("build-test-tools.sh"))
         .join(name)
 }
+
+/// celcost: the API server's own CEL cost estimates for our CRDs, built by
+/// `scripts/build-celcost.sh` (the script prints the binary's path).
+pub fn celcost() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| built_by("build-celcost.sh")).clone()
+}
