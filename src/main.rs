@@ -50,7 +50,11 @@ fn main() -> ExitCode {
             if is_closed_stdout(&err) {
                 die_of_sigpipe();
             }
-            eprintln!("error: {}", cli::render_error(&err));
+            // An empty message is an exit status alone (`diff` found differences).
+            let message = cli::render_error(&err);
+            if !message.is_empty() {
+                eprintln!("error: {message}");
+            }
             exit_for(&err).code()
         }
     }

@@ -3,6 +3,7 @@
 use clap::Args;
 use kube::ResourceExt;
 
+use super::dry_run::DryRunArg;
 use super::manifest::{Manifest, read_manifests};
 use super::output::{OutputFormat, print_names, print_objects};
 use super::report::{print_report, take_configmap_error};
@@ -24,13 +25,18 @@ use crate::ledger::owner_of;
   cat sglang-pd.yaml | kubectl portalloc create -f -
 
   # Re-running is idempotent: every pod keeps its port
-  kubectl portalloc create -f sglang-pd.yaml -o yaml")]
+  kubectl portalloc create -f sglang-pd.yaml -o yaml
+
+  # Which ports it would take, with nothing written (server: the API server checks the writes)
+  kubectl portalloc create -f sglang-pd.yaml --dry-run=server")]
 pub struct CreateArgs {
     /// A YAML file of PortAllocations and PortPools, or - for standard input.
     #[arg(short = 'f', long = "filename", value_name = "FILE")]
     pub file: String,
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<OutputFormat>,
+    #[command(flatten)]
+    pub dry_run: DryRunArg,
 }
 
 pub async fn run(global: &GlobalArgs, args: CreateArgs) -> anyhow::Result<()> {
@@ -62,13 +68,12 @@ pub async fn run(global: &GlobalArgs, args: CreateArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if let Some(mode) = args.dry_run.mode() {
+        return dry_run(&session, pools, allocations, mode, args.output).await;
+    }
     for pool in pools {
         let name = pool.name_any();
-        let verb = match k8s::apply_pool(&session.client, pool).await? {
-            Applied::Created => "created",
-            Applied::Unchanged => "unchanged",
-            Applied::Configured => "configured",
-        };
+        let verb = applied_verb(k8s::apply_pool(&session.client, pool).await?);
         println!("portpool.portalloc.dev/{name} {verb}");
     }
     let mut results = Vec::new();
@@ -106,6 +111,37 @@ pub async fn run(global: &GlobalArgs, args: CreateArgs) -> anyhow::Result<()> {
             )
             .into())
         }
+    }
+}
+
+/// `create --dry-run`: what applying the pools would do, then each PortAllocation's preview.
+async fn dry_run(
+    session: &Session,
+    pools: Vec<crate::api::PortPool>,
+    allocations: Vec<PortAllocation>,
+    mode: k8s::DryRun,
+    output: Option<OutputFormat>,
+) -> anyhow::Result<()> {
+    let suffix = match mode {
+        k8s::DryRun::Client => "(dry run)",
+        k8s::DryRun::Server => "(server dry run)",
+    };
+    for pool in &pools {
+        let verb = applied_verb(k8s::preview_pool(&session.client, pool, mode).await?);
+        println!("portpool.portalloc.dev/{} {verb} {suffix}", pool.name_any());
+    }
+    let items = allocations
+        .into_iter()
+        .map(|pa| (pa, k8s::Intent::Apply))
+        .collect();
+    super::dry_run::run(session, items, mode, output, &pools).await
+}
+
+fn applied_verb(applied: Applied) -> &'static str {
+    match applied {
+        Applied::Created => "created",
+        Applied::Unchanged => "unchanged",
+        Applied::Configured => "configured",
     }
 }
 

@@ -2,6 +2,7 @@
 
 use clap::Args;
 
+use super::dry_run::DryRunArg;
 use super::{GlobalArgs, Session};
 use crate::k8s;
 
@@ -12,13 +13,23 @@ use crate::k8s;
 /// reverse order could free ports of an object that is still in use.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
-  kubectl portalloc delete sglang-pd -n llm")]
+  kubectl portalloc delete sglang-pd -n llm
+
+  # Which ports it would free, with nothing deleted
+  kubectl portalloc delete sglang-pd -n llm --dry-run=server")]
 pub struct DeleteArgs {
     pub name: String,
+    #[command(flatten)]
+    pub dry_run: DryRunArg,
 }
 
 pub async fn run(global: &GlobalArgs, args: DeleteArgs) -> anyhow::Result<()> {
     let session = Session::connect(global).await?;
+    if let Some(mode) = args.dry_run.mode() {
+        let pa = k8s::get_allocation(&session.client, &session.namespace, &args.name).await?;
+        let items = vec![(pa, k8s::Intent::Delete)];
+        return super::dry_run::run(&session, items, mode, None, &[]).await;
+    }
     let deleted = k8s::delete_allocation(
         &session.allocator,
         &session.client,

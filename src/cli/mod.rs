@@ -6,6 +6,8 @@ mod completion;
 mod create;
 mod delete;
 mod describe;
+mod diff;
+mod dry_run;
 mod duration;
 mod exit;
 mod get;
@@ -83,6 +85,7 @@ pub enum Command {
     Resolve(resolve::ResolveArgs),
     Release(release::ReleaseArgs),
     Delete(delete::DeleteArgs),
+    Diff(diff::DiffArgs),
     Repair(repair::RepairArgs),
     Import(import::ImportArgs),
     Completion(completion::CompletionArgs),
@@ -102,6 +105,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resolve(args) => resolve::run(global, args).await,
         Command::Release(args) => release::run(global, args).await,
         Command::Delete(args) => delete::run(global, args).await,
+        Command::Diff(args) => diff::run(global, args).await,
         Command::Repair(args) => repair::run(global, args).await,
         Command::Import(args) => import::run(args),
         Command::Completion(args) => completion::run(args),

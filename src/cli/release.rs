@@ -2,9 +2,10 @@
 
 use clap::Args;
 
+use super::dry_run::DryRunArg;
 use super::report::{print_report, take_configmap_error};
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::k8s::get_allocation;
+use crate::k8s::{Intent, get_allocation};
 use crate::ledger::{owner_of, recorded_holdings};
 
 /// Give a PortAllocation's ports (or one role's) back to the pool; the object stays.
@@ -14,12 +15,17 @@ use crate::ledger::{owner_of, recorded_holdings};
   kubectl portalloc release sglang-pd -n llm
 
   # Free only the decode role's ports; `sync` allocates them again
-  kubectl portalloc release sglang-pd --role decode")]
+  kubectl portalloc release sglang-pd --role decode
+
+  # Which ports it would free, with nothing written
+  kubectl portalloc release sglang-pd --role decode --dry-run=client")]
 pub struct ReleaseArgs {
     pub name: String,
     /// Release only this role's ports.
     #[arg(long)]
     pub role: Option<String>,
+    #[command(flatten)]
+    pub dry_run: DryRunArg,
 }
 
 pub async fn run(global: &GlobalArgs, args: ReleaseArgs) -> anyhow::Result<()> {
@@ -44,6 +50,10 @@ pub async fn run(global: &GlobalArgs, args: ReleaseArgs) -> anyhow::Result<()> {
             )
             .into());
         }
+    }
+    if let Some(mode) = args.dry_run.mode() {
+        let items = vec![(pa, Intent::Release { role: args.role })];
+        return super::dry_run::run(&session, items, mode, None, &[]).await;
     }
     let mut report = session.allocator.release(pa, args.role).await?;
     let configmap_error = take_configmap_error(&mut report);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use kube::ResourceExt;
 
+use super::dry_run::DryRunArg;
 use super::output::{OutputFormat, print_names, print_objects};
 use super::report::{print_report, take_configmap_error};
 use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
@@ -23,6 +24,9 @@ const STATUS_WRITES: usize = 16;
 
   # Every PortAllocation in every namespace, e.g. after `kubectl apply` or an Argo CD sync
   kubectl portalloc sync --all -A
+
+  # What a sync would take and free, with nothing written
+  kubectl portalloc sync --all -n llm --dry-run=client
 
   # Keep syncing as PortAllocations are created, changed and deleted (in a pod: see deploy/)
   kubectl portalloc sync --watch -A --probe-address 0.0.0.0:8080")]
@@ -52,6 +56,8 @@ pub struct SyncArgs {
     pub probe_address: Option<SocketAddr>,
     #[arg(short = 'o', long, value_enum, conflicts_with = "watch")]
     pub output: Option<OutputFormat>,
+    #[command(flatten)]
+    pub dry_run: DryRunArg,
 }
 
 pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
@@ -64,6 +70,13 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
     }
     let session = Session::connect(global).await?;
     if args.watch {
+        if args.dry_run.mode().is_some() {
+            return Err(CliError::new(
+                Exit::Usage,
+                "--dry-run previews one run; it cannot be combined with --watch",
+            )
+            .into());
+        }
         return watch(session, args).await;
     }
     let targets = match &args.name {
@@ -73,6 +86,13 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
             list_allocations(&session.client, namespace).await?
         }
     };
+    if let Some(mode) = args.dry_run.mode() {
+        let items = targets
+            .into_iter()
+            .map(|pa| (pa, k8s::Intent::Sync))
+            .collect();
+        return super::dry_run::run(&session, items, mode, args.output, &[]).await;
+    }
     let total = targets.len();
     let mut failures = Vec::new();
     let mut synced = Vec::new();

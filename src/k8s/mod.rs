@@ -15,6 +15,7 @@ mod error;
 mod pool_cache;
 mod pool_view;
 mod pools;
+mod preview;
 mod repair;
 mod resources;
 mod retry;
@@ -35,6 +36,7 @@ pub use pools::{
     Applied, DeletedPool, PoolError, apply_pool, carry_spec, create_pool, delete_pool, get_pool,
     list_pools, pool_ports,
 };
+pub use preview::{DryRun, Intent, Preview, preview, preview_pool};
 pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};

@@ -75,6 +75,37 @@ impl ShardStore {
             .map_err(|e| (e, SHARD_STATUS.on("update", &write.name, None)))
     }
 
+    /// The write [`ShardStore::commit`] would send, with `dryRun=All`: the API server checks
+    /// it (schema, admission policies, RBAC) and stores nothing. A shard that does not exist yet
+    /// is checked by its create alone (no status can be written to an object never stored).
+    pub async fn commit_dry_run(
+        &self,
+        pool: &PoolCopy,
+        write: &ShardWrite,
+    ) -> Result<(), KubeError> {
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let mut shard = new_shard(pool, write.index);
+        shard.metadata.name = Some(write.name.clone());
+        let Some(version) = &write.resource_version else {
+            return self
+                .api
+                .create(&dry_run, &shard)
+                .await
+                .map(|_| ())
+                .map_err(|e| KubeError::from_kube(e, SHARDS.on("create", &write.name, None)));
+        };
+        shard.metadata.resource_version = Some(version.clone());
+        shard.status = Some(write.status.clone());
+        self.api
+            .replace_status(&write.name, &dry_run, &shard)
+            .await
+            .map(|_| ())
+            .map_err(|e| KubeError::from_kube(e, SHARD_STATUS.on("update", &write.name, None)))
+    }
+
     /// Delete one shard (pool deletion, and tests).
     pub async fn delete(&self, name: &str) -> Result<(), KubeError> {
         match self.api.delete(name, &Default::default()).await {

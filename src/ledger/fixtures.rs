@@ -1,7 +1,8 @@
 //! Pools, entries and records for the ledger's unit tests.
 
 use crate::api::{
-    PoolHolder, PortPool, PortPoolShard, PortPoolShardStatus, PortPoolSpec, StaticBandSetting,
+    PoolHolder, PortAllocation, PortAllocationSpec, PortPool, PortPoolShard, PortPoolShardStatus,
+    PortPoolSpec, PortRequest, Role, Scope, StaticBandSetting,
 };
 
 use super::pool_copy::PoolCopy;
@@ -65,4 +66,36 @@ pub fn shard_of(pool: &PortPool, index: u16, holders: Vec<PoolHolder>) -> PortPo
 /// `pool` and the given shards, loaded.
 pub fn sharded(pool: &PortPool, shards: Vec<PortPoolShard>) -> ShardedRecord {
     ShardedRecord::load(PoolCopy::of_pool(pool), shards).expect("a valid test pool")
+}
+
+/// A PortAllocation `name` (uid = name) with one role of `replicas` pods, one PodScoped port
+/// each, or one RoleScoped port fixed at `fixed`.
+pub fn allocation(name: &str, replicas: i32, fixed: Option<i32>) -> PortAllocation {
+    let request = PortRequest {
+        name: "http".into(),
+        scope: if fixed.is_some() {
+            Scope::RoleScoped
+        } else {
+            Scope::PodScoped
+        },
+        env: "HTTP_PORT".into(),
+        port: fixed,
+        ..Default::default()
+    };
+    let mut pa = PortAllocation::new(
+        name,
+        PortAllocationSpec {
+            pool: "p".into(),
+            roles: vec![Role {
+                name: "web".into(),
+                replicas,
+                ports: vec![request],
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    );
+    pa.metadata.namespace = Some("ns".into());
+    pa.metadata.uid = Some(name.into());
+    pa
 }

@@ -14,6 +14,7 @@
 //!   entry, so it can be recomputed at any time.
 //! - [`plan_sharded_repair`]: the diff that makes a pool's shards match the live
 //!   PortAllocations, one [`plan_repair`] per shard.
+//! - [`preview`]: a dry run's decisions, against a copy of the record nothing writes back.
 //! - [`overlapping_pool`]: whether a new pool would share ports with an existing one.
 //! - [`shard_warnings`]: what readers (`pool describe`) say about the shards.
 //!
@@ -27,6 +28,7 @@ mod placement;
 mod pool_copy;
 mod pool_record;
 mod pools;
+mod preview;
 mod refusal;
 mod repair_plan;
 mod repair_text;
@@ -45,6 +47,7 @@ pub use placement::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool
 pub use pool_copy::PoolCopy;
 pub use pool_record::{Anomaly, HolderEntry, PoolRecord, counted_status};
 pub use pools::{PoolOverlap, overlapping_pool};
+pub use preview::{PortChanges, Previewed, preview};
 pub use refusal::{Reason, Refusal};
 pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_repair};
 pub use shard_layout::{

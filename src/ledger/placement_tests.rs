@@ -4,46 +4,14 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::*;
-use crate::api::{PortAllocation, PortAllocationSpec, PortRequest, Role, Scope, SpecError};
-use crate::ledger::fixtures::{holder, holders, pool_of, shard_of, sharded};
+use crate::api::{PortAllocation, SpecError};
+use crate::ledger::fixtures::{allocation, holder, holders, pool_of, shard_of, sharded};
 use crate::ledger::{Reason, ShardLayout, home_shard, owner_of};
 
 /// One-window pool 100-105 (window 0), as most batch tests need one shard.
 fn small(pairs: &[(&str, &str)]) -> ShardedRecord {
     let pool = pool_of(&["100-105"], &[]);
     sharded(&pool, vec![shard_of(&pool, 0, holders(pairs))])
-}
-
-/// A PortAllocation `name` (uid = name) with one role of `replicas` pods, one PodScoped port
-/// each, or one RoleScoped port fixed at `fixed`.
-fn allocation(name: &str, replicas: i32, fixed: Option<i32>) -> PortAllocation {
-    let request = PortRequest {
-        name: "http".into(),
-        scope: if fixed.is_some() {
-            Scope::RoleScoped
-        } else {
-            Scope::PodScoped
-        },
-        env: "HTTP_PORT".into(),
-        port: fixed,
-        ..Default::default()
-    };
-    let mut pa = PortAllocation::new(
-        name,
-        PortAllocationSpec {
-            pool: "p".into(),
-            roles: vec![Role {
-                name: "web".into(),
-                replicas,
-                ports: vec![request],
-                ..Default::default()
-            }],
-            ..Default::default()
-        },
-    );
-    pa.metadata.namespace = Some("ns".into());
-    pa.metadata.uid = Some(name.into());
-    pa
 }
 
 /// An item whose known shards are its home (no status yet) in `layout`.

@@ -11,6 +11,7 @@ mod concurrency;
 mod configmap;
 mod crash;
 mod crd_validation;
+mod dry_run;
 mod examples;
 mod faults;
 mod health;
