@@ -25,8 +25,10 @@ pub async fn watcher_burst(admin: &Client, count: usize) -> anyhow::Result<(Dura
             namespace: Some(ns.into()),
             resync: Duration::from_secs(300),
             concurrency: 4,
+            pool_metrics: false,
         },
         readiness.clone(),
+        portalloc::k8s::Metrics::default(),
         async move {
             let _ = stopped.await;
         },

@@ -1,6 +1,7 @@
 //! Liveness and readiness endpoints for `sync --watch` in a pod: `GET /healthz` answers 200
 //! while the process runs, `GET /readyz` 200 once the watcher has read every PortAllocation
-//! (503 before). Plain HTTP/1.1 on one port, which is all kubelet's probes need.
+//! (503 before), and `GET /metrics` the Prometheus text format. Plain HTTP/1.1 on one port,
+//! which is all kubelet's probes and a Prometheus scrape need.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,11 +9,18 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::k8s::Readiness;
+use crate::k8s::{Metrics, Readiness};
+
+/// The Prometheus text exposition format.
+const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Bind `address` now (so a taken port is an error at start), then answer probes until the
 /// process ends.
-pub async fn serve(address: SocketAddr, readiness: Readiness) -> std::io::Result<SocketAddr> {
+pub async fn serve(
+    address: SocketAddr,
+    readiness: Readiness,
+    metrics: Metrics,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(address).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
@@ -21,6 +29,7 @@ pub async fn serve(address: SocketAddr, readiness: Readiness) -> std::io::Result
                 continue;
             };
             let readiness = readiness.clone();
+            let metrics = metrics.clone();
             tokio::spawn(async move {
                 // Read the whole request head: it may arrive in several segments, and closing
                 // with unread bytes would reset the connection under the client's feet.
@@ -40,14 +49,20 @@ pub async fn serve(address: SocketAddr, readiness: Readiness) -> std::io::Result
                 }
                 let line = String::from_utf8_lossy(&request);
                 let path = line.split_whitespace().nth(1).unwrap_or_default();
-                let (status, body) = match path {
-                    "/healthz" | "/livez" => ("200 OK", "ok\n"),
-                    "/readyz" if readiness.is_ready() => ("200 OK", "ok\n"),
-                    "/readyz" => ("503 Service Unavailable", "initial list not complete\n"),
-                    _ => ("404 Not Found", "not found\n"),
+                let text = "text/plain; charset=utf-8";
+                let (status, body, content_type) = match path {
+                    "/healthz" | "/livez" => ("200 OK", "ok\n".to_string(), text),
+                    "/readyz" if readiness.is_ready() => ("200 OK", "ok\n".to_string(), text),
+                    "/readyz" => (
+                        "503 Service Unavailable",
+                        "initial list not complete\n".to_string(),
+                        text,
+                    ),
+                    "/metrics" => ("200 OK", metrics.render(), METRICS_CONTENT_TYPE),
+                    _ => ("404 Not Found", "not found\n".to_string(), text),
                 };
                 let response = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = stream.write_all(response.as_bytes()).await;

@@ -51,7 +51,8 @@ pub struct SyncArgs {
     /// With --watch: how many PortAllocations are synced at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..), requires = "watch")]
     pub concurrency: u16,
-    /// With --watch: serve /healthz and /readyz on this address (e.g. 0.0.0.0:8080).
+    /// With --watch: serve /healthz, /readyz and Prometheus /metrics on this address (e.g.
+    /// 0.0.0.0:8080).
     #[arg(long, value_name = "HOST:PORT", requires = "watch")]
     pub probe_address: Option<SocketAddr>,
     #[arg(short = 'o', long, value_enum, conflicts_with = "watch")]
@@ -164,16 +165,18 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
     let namespace = (!args.all_namespaces).then(|| session.namespace.clone());
     k8s::check_access(&session.client, namespace.as_deref()).await?;
     let readiness = Readiness::default();
+    let metrics = k8s::Metrics::default();
     if let Some(address) = args.probe_address {
-        let bound = super::probes::serve(address, readiness.clone())
+        let bound = super::probes::serve(address, readiness.clone(), metrics.clone())
             .await
             .map_err(|e| CliError::new(Exit::Usage, format!("--probe-address {address}: {e}")))?;
-        tracing::info!("serving /healthz and /readyz on {bound}");
+        tracing::info!("serving /healthz, /readyz and /metrics on {bound}");
     }
     let options = WatchOptions {
         namespace,
         resync: args.resync,
         concurrency: args.concurrency,
+        pool_metrics: args.probe_address.is_some(),
     };
     eprintln!(
         "watching PortAllocations in {} (resync every {:?}); stop with SIGTERM or Ctrl-C",
@@ -194,6 +197,7 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
         allocator,
         options,
         readiness,
+        metrics,
         shutdown_signal(),
     )
     .await;

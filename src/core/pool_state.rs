@@ -250,6 +250,26 @@ impl PoolState {
         }
     }
 
+    /// The longest run of free, contiguous ports inside one band (a run never crosses a gap
+    /// between ranges): the largest block that band could still give.
+    pub fn largest_free_run(&self, band: Band) -> u32 {
+        let band = self.bands.indices(band);
+        self.ports
+            .index_spans()
+            .filter_map(|span| {
+                let (start, end) = (span.start.max(band.start), span.end.min(band.end));
+                (start < end).then(|| {
+                    self.held
+                        .clear_runs(start, end)
+                        .map(|r| r.end - r.start)
+                        .max()
+                })
+            })
+            .flatten()
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn static_usage(&self) -> BandUsage {
         self.usage(Band::Static)
     }
@@ -317,6 +337,28 @@ mod tests {
         assert!(!state.release(30080));
         assert!(!state.release(1));
         assert_eq!(state.free_count(), 2768);
+    }
+
+    #[test]
+    fn largest_free_run_stays_inside_its_band_and_its_range() {
+        // Two ranges (a gap at 106-199), ten static ports at the low end.
+        let mut state = pool("100-105,200-213", StaticBand::Count(10));
+        assert_eq!(state.bands().static_len, 10);
+        // Static: 100-105 and 200-203; dynamic: 204-213.
+        assert_eq!(state.largest_free_run(Band::Static), 6);
+        assert_eq!(state.largest_free_run(Band::Dynamic), 10);
+        state.take_requested(102).unwrap();
+        state.take_requested(208).unwrap();
+        assert_eq!(
+            state.largest_free_run(Band::Static),
+            4,
+            "200-203, not 103-105 + 200"
+        );
+        assert_eq!(state.largest_free_run(Band::Dynamic), 5, "209-213");
+        for port in 204..=213 {
+            let _ = state.take_requested(port);
+        }
+        assert_eq!(state.largest_free_run(Band::Dynamic), 0);
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod commit;
 mod configmaps;
 mod crds;
 mod error;
+mod metrics;
 mod pool_cache;
 mod pool_view;
 mod pools;
@@ -31,6 +32,7 @@ pub use client::{ClientOptions, Connection, connect};
 pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};
 pub use crds::install_crds;
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
+pub use metrics::{Metrics, SyncResult};
 pub use pool_view::{PoolView, pool_view};
 pub use pools::{
     Applied, DeletedPool, PoolError, apply_pool, carry_spec, create_pool, delete_pool, get_pool,

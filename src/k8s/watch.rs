@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::authorization::v1::{
@@ -25,7 +25,10 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::controller::{
+    Action, Config as ControllerConfig, Controller, Error as ControllerError,
+};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
@@ -33,6 +36,7 @@ use super::allocator::{AllocateError, Allocator};
 use super::combiner::Combiner;
 use super::configmaps::{Change, ConfigMapError, EnvConfigMap};
 use super::error::{ApiErrorKind, KubeError, Target};
+use super::metrics::{self, Metrics, SyncResult};
 use super::repair::Repairer;
 use crate::api::PortAllocation;
 use crate::ledger::{CONDITION_READY, owner_of};
@@ -46,6 +50,9 @@ pub struct WatchOptions {
     pub resync: Duration,
     /// How many PortAllocations are synced at once.
     pub concurrency: u16,
+    /// Whether to read every pool's shards each [`metrics::REFRESH`] for the pool gauges
+    /// (when `/metrics` is served).
+    pub pool_metrics: bool,
 }
 
 /// Whether the watcher has read every PortAllocation once (and, cluster-wide, repaired).
@@ -67,6 +74,7 @@ struct Context {
     /// Syncs go through it: reconciles of one pool in flight together share one pool write.
     combiner: Combiner,
     resync: Duration,
+    metrics: Metrics,
 }
 
 /// Why one reconciliation failed in a way worth retrying soon (transport trouble, conflicts
@@ -169,6 +177,7 @@ pub async fn watch(
     allocator: Allocator,
     options: WatchOptions,
     readiness: Readiness,
+    metrics: Metrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let api: Api<PortAllocation> = match &options.namespace {
@@ -185,12 +194,20 @@ pub async fn watch(
         allocator.clone(),
         repairer,
         options.resync,
-        stop_rx,
+        metrics.clone(),
+        stop_rx.clone(),
     ));
 
     let controller = Controller::new(api, watcher::Config::default())
         .with_config(ControllerConfig::default().concurrency(options.concurrency));
     let store = controller.store();
+    tokio::spawn(refresh_gauges(
+        client.clone(),
+        store.clone(),
+        metrics.clone(),
+        options.pool_metrics,
+        stop_rx,
+    ));
     tokio::spawn(async move {
         // Polled rather than awaited: the controller waits on the same store, and only one of
         // two concurrent waiters was ever woken.
@@ -208,13 +225,19 @@ pub async fn watch(
         combiner: Combiner::new(allocator.clone(), usize::from(options.concurrency)),
         allocator,
         resync: options.resync,
+        metrics: metrics.clone(),
     });
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
-        .for_each(|outcome| async move {
-            if let Err(e) = outcome {
-                tracing::debug!("watch: {e}");
+        .for_each(|outcome| {
+            if let Err(ControllerError::QueueError(_)) = &outcome {
+                metrics.record_watch_restart("allocations");
+            }
+            async move {
+                if let Err(e) = outcome {
+                    tracing::debug!("watch: {e}");
+                }
             }
         })
         .await;
@@ -235,7 +258,24 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
         let outcome = ctx.allocator.keep_configmap(&pa).await;
         return configmap_outcome(&owner, outcome, requeue);
     }
-    match ctx.combiner.sync_or_record((*pa).clone()).await {
+    let started = Instant::now();
+    let synced = ctx.combiner.sync_or_record((*pa).clone()).await;
+    let (result, conflicts, attempts) = match &synced {
+        Ok(report) if report.allocated + report.released > 0 => {
+            (SyncResult::Changed, report.conflicts, report.attempts)
+        }
+        Ok(report) => (SyncResult::Unchanged, report.conflicts, report.attempts),
+        Err(AllocateError::Refused(_)) => (SyncResult::Refused, 0, 1),
+        Err(AllocateError::Exhausted {
+            conflicts,
+            attempts,
+            ..
+        }) => (SyncResult::Error, *conflicts, *attempts),
+        Err(_) => (SyncResult::Error, 0, 1),
+    };
+    ctx.metrics
+        .record_sync(result, started.elapsed(), conflicts, attempts);
+    match synced {
         Ok(mut report) => {
             tracing::info!(
                 allocation = %owner,
@@ -304,6 +344,7 @@ async fn free_deleted(
     allocator: Allocator,
     repairer: Option<Repairer>,
     resync: Duration,
+    metrics: Metrics,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut events = watcher(api).boxed();
@@ -318,8 +359,34 @@ async fn free_deleted(
                 Ok(Some(Event::InitDone)) => repair(repairer.as_ref()).await,
                 Ok(Some(_)) => {}
                 Ok(None) => return,
-                Err(e) => tracing::warn!("watching deletions: {e}"),
+                Err(e) => {
+                    metrics.record_watch_restart("deletions");
+                    tracing::warn!("watching deletions: {e}");
+                }
             },
+        }
+    }
+}
+
+/// Keep the gauges current: PortAllocations by phase from the controller's cache, and (with
+/// `pools`) every pool's bands from its shards.
+async fn refresh_gauges(
+    client: Client,
+    store: Store<PortAllocation>,
+    metrics: Metrics,
+    pools: bool,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(metrics::REFRESH);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = ticker.tick() => {
+                metrics.set_allocations(store.state().iter().map(|pa| pa.as_ref()));
+                if pools {
+                    metrics.refresh_pools(&client).await;
+                }
+            }
         }
     }
 }

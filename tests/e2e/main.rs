@@ -16,6 +16,7 @@ mod examples;
 mod faults;
 mod health;
 mod import;
+mod metrics;
 mod pods;
 mod pool_cache;
 mod rbac;

@@ -26,7 +26,7 @@ use crate::support::{self};
 
 /// A kubeconfig for ServiceAccount `namespace/name` of the cluster behind `admin`: a token from
 /// the TokenRequest API, as the kubelet mounts into a pod.
-async fn service_account_kubeconfig(
+pub(crate) async fn service_account_kubeconfig(
     client: &Client,
     admin: &Path,
     namespace: &str,
@@ -74,13 +74,13 @@ async fn service_account_kubeconfig(
 }
 
 /// A running watcher, killed when dropped.
-struct WatcherProcess {
+pub(crate) struct WatcherProcess {
     child: Child,
     probes: u16,
 }
 
 impl WatcherProcess {
-    fn start(kubeconfig: &Path) -> WatcherProcess {
+    pub(crate) fn start(kubeconfig: &Path) -> WatcherProcess {
         let probes = free_port();
         let child = Command::new(BIN)
             .args(["sync", "--watch", "-A", "--resync", "20s", "-v", "1"])
@@ -98,12 +98,17 @@ impl WatcherProcess {
     }
 
     fn probe(&self, path: &str) -> Option<u16> {
+        self.get(path)?.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// The whole HTTP answer to `GET path` on the probe port.
+    pub(crate) fn get(&self, path: &str) -> Option<String> {
         let mut stream = TcpStream::connect(("127.0.0.1", self.probes)).ok()?;
         let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
         stream.write_all(request.as_bytes()).ok()?;
         let mut answer = String::new();
         stream.read_to_string(&mut answer).ok()?;
-        answer.split_whitespace().nth(1)?.parse().ok()
+        Some(answer)
     }
 
     fn wait_ready(&self) {
@@ -119,7 +124,7 @@ impl WatcherProcess {
     }
 
     /// SIGTERM, then the exit code and what it logged.
-    fn terminate(mut self) -> (Option<i32>, String) {
+    pub(crate) fn terminate(mut self) -> (Option<i32>, String) {
         let pid = self.child.id() as i32;
         // SAFETY: sending a signal to our own child process.
         unsafe { libc_kill(pid, 15) };

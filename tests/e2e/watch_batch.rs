@@ -35,8 +35,10 @@ async fn reconciles_in_flight_together_share_one_pool_write() {
             namespace: Some(ns.clone()),
             resync: Duration::from_secs(300),
             concurrency: 8,
+            pool_metrics: false,
         },
         Readiness::default(),
+        portalloc::k8s::Metrics::default(),
         async move {
             let _ = stopped.await;
         },
