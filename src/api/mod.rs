@@ -4,6 +4,7 @@
 //! (`kubectl-portalloc crds > ...`, see `scripts/gen-crds.sh`) and a test fails when the
 //! checked-in YAML drifts.
 
+mod admission;
 mod allocation;
 mod env_file;
 #[cfg(test)]
@@ -19,6 +20,9 @@ mod static_band;
 mod validate;
 mod workload;
 
+pub use admission::{
+    POD_ALLOCATION_LABEL, POD_ROLE_LABEL, PORTS_ANNOTATION, PodInjection, pod_patch,
+};
 pub use allocation::*;
 pub use env_file::{ALLOCATION_LABEL, env_configmap, env_lines, quote_env_value};
 pub use pods::{Pod, find_pod};

@@ -435,4 +435,4 @@ impl PortAllocation {
 
 #[cfg(test)]
 #[path = "resolve_tests.rs"]
-mod tests;
+pub(crate) mod tests;

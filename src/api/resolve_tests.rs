@@ -79,7 +79,7 @@ fn formatted(env: &str, from: &str, format: &str, join: Option<&str>) -> PortRef
 
 /// SGLang PD with workloads: a router Deployment, prefill and decode StatefulSets behind
 /// headless Services, the router told every server's URL.
-fn sglang_pd() -> PortAllocation {
+pub(crate) fn sglang_pd() -> PortAllocation {
     let mut roles = pd_roles(2, 2);
     roles[0].workload = workload(WorkloadKind::Deployment, "router", Some("router"));
     roles[1]
@@ -120,7 +120,7 @@ fn sglang_pd() -> PortAllocation {
 
 /// An LWS of 2 groups of size 3: leader (dist port RoleScoped per group, a block of 4 for
 /// NIXL) and 2 workers each, every worker told its own group's leader.
-fn lws() -> PortAllocation {
+pub(crate) fn lws() -> PortAllocation {
     let mut leader = role(
         "leader",
         1,

@@ -29,7 +29,10 @@ const STATUS_WRITES: usize = 16;
   kubectl portalloc sync --all -n llm --dry-run=client
 
   # Keep syncing as PortAllocations are created, changed and deleted (in a pod: see deploy/)
-  kubectl portalloc sync --watch -A --probe-address 0.0.0.0:8080")]
+  kubectl portalloc sync --watch -A --probe-address 0.0.0.0:8080
+
+  # Also inject ports into labelled pods as env vars (the pod webhook; see deploy/webhook.yaml)
+  kubectl portalloc sync --watch -A --probe-address 0.0.0.0:8080 --webhook-address 0.0.0.0:9443")]
 #[command(group = clap::ArgGroup::new("mode").args(["all", "watch"]))]
 pub struct SyncArgs {
     /// The PortAllocation to sync.
@@ -59,6 +62,8 @@ pub struct SyncArgs {
     pub output: Option<OutputFormat>,
     #[command(flatten)]
     pub dry_run: DryRunArg,
+    #[command(flatten)]
+    pub webhook: super::webhook_server::WebhookArgs,
 }
 
 pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
@@ -192,6 +197,13 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
     // read-only, and no later command would read them).
     let allocator =
         k8s::Allocator::new(session.client.clone()).with_policy(session.allocator.policy);
+    super::webhook_server::start(
+        &session.client,
+        &args.webhook,
+        allocator.clone(),
+        metrics.clone(),
+    )
+    .await?;
     k8s::watch(
         session.client,
         allocator,

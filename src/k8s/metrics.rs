@@ -62,12 +62,42 @@ struct BandGauges {
     largest_free_run: u32,
 }
 
+/// A latency histogram over [`SYNC_BUCKETS`].
+#[derive(Default)]
+struct Histogram {
+    buckets: [u64; SYNC_BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        for (count, bound) in self.buckets.iter_mut().zip(SYNC_BUCKETS) {
+            if seconds <= bound {
+                *count += 1;
+            }
+        }
+        self.sum += seconds;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str) {
+        for (count, bound) in self.buckets.iter().zip(SYNC_BUCKETS) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
 #[derive(Default)]
 struct Values {
     syncs: BTreeMap<SyncResult, u64>,
-    sync_buckets: [u64; SYNC_BUCKETS.len()],
-    sync_seconds_sum: f64,
-    sync_count: u64,
+    sync_seconds: Histogram,
+    admissions: BTreeMap<&'static str, u64>,
+    admission_seconds: Histogram,
     conflicts: u64,
     retries: u64,
     watch_restarts: BTreeMap<&'static str, u64>,
@@ -92,18 +122,20 @@ impl Metrics {
 
     /// One sync: how it ended, how long it took, and its conflicts and attempts.
     pub fn record_sync(&self, result: SyncResult, took: Duration, conflicts: u32, attempts: u32) {
-        let seconds = took.as_secs_f64();
         self.with(|v| {
             *v.syncs.entry(result).or_default() += 1;
-            for (count, bound) in v.sync_buckets.iter_mut().zip(SYNC_BUCKETS) {
-                if seconds <= bound {
-                    *count += 1;
-                }
-            }
-            v.sync_seconds_sum += seconds;
-            v.sync_count += 1;
+            v.sync_seconds.observe(took);
             v.conflicts += u64::from(conflicts);
             v.retries += u64::from(attempts.saturating_sub(1));
+        });
+    }
+
+    /// One answer of the pod webhook: `allowed`, `denied`, `invalid` (not a pod review) or
+    /// `error`.
+    pub fn record_admission(&self, result: &'static str, took: Duration) {
+        self.with(|v| {
+            *v.admissions.entry(result).or_default() += 1;
+            v.admission_seconds.observe(took);
         });
     }
 
@@ -207,12 +239,24 @@ impl Metrics {
                 "histogram",
                 "How long one sync took, from its first read to its last write.",
             );
-            for (count, bound) in v.sync_buckets.iter().zip(SYNC_BUCKETS) {
-                let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
+            v.sync_seconds.render(&mut out, name);
+            let name = family(
+                &mut out,
+                "portalloc_admissions_total",
+                "counter",
+                "Answers of the pod webhook, by result (allowed, denied, invalid, error).",
+            );
+            for result in ["allowed", "denied", "invalid", "error"] {
+                let count = v.admissions.get(result).copied().unwrap_or(0);
+                let _ = writeln!(out, "{name}{{result=\"{result}\"}} {count}");
             }
-            let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", v.sync_count);
-            let _ = writeln!(out, "{name}_sum {}", v.sync_seconds_sum);
-            let _ = writeln!(out, "{name}_count {}", v.sync_count);
+            let name = family(
+                &mut out,
+                "portalloc_admission_duration_seconds",
+                "histogram",
+                "How long the pod webhook took to answer, a sync of a new PortAllocation included.",
+            );
+            v.admission_seconds.render(&mut out, name);
             let name = family(&mut out, "portalloc_cas_conflicts_total",
                 "counter",
                 "Writes refused with 409 Conflict (someone wrote the shard or object first), each followed by a new read.",

@@ -22,6 +22,8 @@ mod resources;
 mod retry;
 mod shards;
 mod watch;
+mod webhook;
+mod webhook_tls;
 
 pub use allocations::{
     ApplyError, DeleteError, Deleted, apply_allocation, delete_allocation, get_allocation,
@@ -44,6 +46,8 @@ pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS}
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 pub use shards::ShardStore;
 pub use watch::{Readiness, WatchOptions, check_access, watch};
+pub use webhook::{PodWebhook, WEBHOOK_TIMEOUT};
+pub use webhook_tls::{ClientConfig, ServingCert, WebhookTlsError, register_webhook, serving_cert};
 
 /// The field manager name our writes are recorded under.
 pub const FIELD_MANAGER: &str = "kubectl-portalloc";

@@ -327,7 +327,7 @@ fn error_policy(pa: Arc<PortAllocation>, error: &Retriable, _: Arc<Context>) -> 
 
 /// Ready for the generation it describes: nothing for a sync to do. (A pool recreated under it
 /// is repair's business, as for the CLI.)
-fn is_current(pa: &PortAllocation) -> bool {
+pub(super) fn is_current(pa: &PortAllocation) -> bool {
     pa.status.as_ref().is_some_and(|status| {
         status.observed_generation == pa.metadata.generation
             && status

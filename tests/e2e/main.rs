@@ -30,3 +30,4 @@ mod simulation;
 mod verbs;
 mod watch;
 mod watch_batch;
+mod webhook;
