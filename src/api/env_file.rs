@@ -41,10 +41,11 @@ pub fn env_configmap(pa: &PortAllocation, name: Option<&str>) -> Result<ConfigMa
         .map(str::to_string)
         .or_else(|| pa.spec.config_map.as_ref().map(|c| c.name.clone()))
         .unwrap_or_else(|| format!("{}-ports", pa.name_any()));
-    let data = all
+    let mut data: BTreeMap<String, String> = all
         .iter()
         .map(|(pod, env)| (format!("{pod}.env"), env_lines(env, "")))
         .collect();
+    data.insert(super::TOPOLOGY_FILE.to_string(), pa.topology_yaml()?);
     let owner = kube::Resource::controller_owner_ref(pa, &());
     Ok(ConfigMap {
         metadata: ObjectMeta {

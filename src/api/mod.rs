@@ -17,6 +17,7 @@ mod reference_check;
 mod resolve;
 mod shard;
 mod static_band;
+mod topology;
 mod validate;
 mod workload;
 
@@ -32,6 +33,7 @@ pub use rbg::{ImportError, Imported, RBG_ANNOTATION, import_rbg};
 pub use resolve::{EnvVar, ResolveError, index_from_pod_name};
 pub use shard::*;
 pub use static_band::StaticBandSetting;
+pub use topology::{TOPOLOGY_FILE, Topology, TopologyPod, TopologyRole};
 pub use validate::SpecError;
 pub use workload::{ConfigMapTarget, LwsMember, Workload, WorkloadKind};
 

@@ -87,13 +87,13 @@ pub fn index_from_pod_name(pod: &str, role: &str) -> Result<u32, ResolveError> {
 
 /// A port's allocated value for one slot: the first port and, for a block, how many.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Held {
-    first: u16,
-    count: u16,
+pub(super) struct Held {
+    pub(super) first: u16,
+    pub(super) count: u16,
 }
 
 impl Held {
-    fn last(self) -> u16 {
+    pub(super) fn last(self) -> u16 {
         self.first.saturating_add(self.count.saturating_sub(1))
     }
 
@@ -170,7 +170,7 @@ impl PortAllocation {
 
     /// What `pod` of `role` holds of port `port_name`: its own value (PodScoped) or its
     /// group's (RoleScoped).
-    fn held(
+    pub(super) fn held(
         &self,
         role: &Role,
         port_name: &str,

@@ -170,7 +170,9 @@ async fn keep(
             });
         }
     };
-    let files = desired.data.as_ref().map_or(0, BTreeMap::len);
+    let files = desired.data.as_ref().map_or(0, |data| {
+        data.keys().filter(|k| k.ends_with(".env")).count()
+    });
     let kube_error = |source| ConfigMapError::Kube {
         owner: owner.clone(),
         name: name.clone(),
@@ -222,7 +224,9 @@ fn env_configmap_shell(pa: &PortAllocation, name: &str) -> ConfigMap {
     // A copy without roles always resolves: it has no pods, hence no files.
     let mut bare = pa.clone();
     bare.spec.roles.clear();
-    env_configmap(&bare, Some(name)).unwrap_or_default()
+    let mut shell = env_configmap(&bare, Some(name)).unwrap_or_default();
+    shell.data = None;
+    shell
 }
 
 fn get_target(name: &str, namespace: &str) -> Target {

@@ -6,7 +6,7 @@
 //! Assertions stay on what holds whatever the env files' keys and reference formats become:
 //! roles without a workload keep `<role>-<index>.env`, and each file holds its pod's own ports.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -70,8 +70,19 @@ fn assert_line(run: &Run, name: &str, change: &str, files: usize) {
 }
 
 /// The names of its env files.
+/// `topology.yaml` lists every pod of `pa` with the ports its status records.
+pub fn assert_topology(cm: &ConfigMap, pa: &PortAllocation) {
+    let text = &cm.data.as_ref().unwrap()["topology.yaml"];
+    let written: serde_yaml::Value = serde_yaml::from_str(text).unwrap();
+    let expected = serde_yaml::to_value(pa.topology().unwrap()).unwrap();
+    assert_eq!(written, expected, "{text}");
+}
+
+/// The env files of `cm` (every key but `topology.yaml`).
 pub fn files(cm: &ConfigMap) -> BTreeSet<String> {
-    cm.data.clone().unwrap_or_default().into_keys().collect()
+    let mut keys: BTreeSet<String> = cm.data.clone().unwrap_or_default().into_keys().collect();
+    keys.remove("topology.yaml");
+    keys
 }
 
 /// `VAR`'s value in an env file (`VAR=value` lines).
@@ -134,6 +145,7 @@ async fn the_configmap_follows_create_scale_sync_and_release() {
         ])
     );
     assert_own_ports(&cm, &pa);
+    assert_topology(&cm, &pa);
     let owner = &cm.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
         (
@@ -212,6 +224,8 @@ async fn the_configmap_follows_create_scale_sync_and_release() {
         ])
     );
     assert_own_ports(&cm, &pa);
+    // The topology follows the scaling too: a router re-reading it needs no restart.
+    assert_topology(&cm, &pa);
     assert_ne!(cm.metadata.resource_version, version);
     let version = cm.metadata.resource_version.clone();
     assert_line(
@@ -353,6 +367,5 @@ async fn a_configmap_controlled_by_another_object_is_refused_and_the_ports_stay(
         after.metadata.resource_version,
         before.metadata.resource_version
     );
-    let data: BTreeMap<_, _> = after.data.unwrap_or_default();
-    assert_eq!(data.len(), 3);
+    assert_eq!(files(&after).len(), 3);
 }

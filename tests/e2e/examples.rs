@@ -113,7 +113,11 @@ async fn sglang_prefill_decode_on_host_network() {
         .await
         .unwrap();
     let data = configmap.data.unwrap();
-    let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+    let keys: Vec<&str> = data
+        .keys()
+        .map(String::as_str)
+        .filter(|k| *k != "topology.yaml")
+        .collect();
     assert_eq!(
         keys,
         vec![
@@ -235,7 +239,7 @@ async fn statefulset_reads_its_port_from_the_configmap() {
         .unwrap()
         .data
         .unwrap();
-    assert_eq!(data.len(), 4);
+    assert_eq!(data.len(), 4 + 1, "4 env files and topology.yaml");
     // The file name the pod's shell computes (worker-${POD_NAME##*-}.env) exists for every pod.
     for ordinal in 0..4 {
         let pod = format!("workers-{ordinal}");

@@ -166,7 +166,11 @@ async fn the_router_gets_every_prefill_and_decode_endpoint() {
     ]);
     let object: k8s_openapi::api::core::v1::ConfigMap =
         serde_yaml::from_str(&configmap.stdout).unwrap();
-    let data = object.data.unwrap();
+    let mut data = object.data.unwrap();
+    assert!(
+        data.remove("topology.yaml").is_some(),
+        "the topology file is there too"
+    );
     assert_eq!(
         data.keys().collect::<Vec<_>>(),
         vec![

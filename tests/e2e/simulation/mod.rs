@@ -288,7 +288,7 @@ impl Scenario {
     /// Pods that were there before the last scaling kept their env files (their ports), except
     /// `changed`; the files of pods that went away are gone.
     pub fn assert_kept(&self, changed: &[&str]) {
-        for (key, before) in &self.previous {
+        for (key, before) in self.previous.iter().filter(|(k, _)| k.ends_with(".env")) {
             let pod = key.trim_end_matches(".env");
             match self.configmap.get(key) {
                 Some(now) if changed.contains(&pod) => {
