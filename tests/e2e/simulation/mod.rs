@@ -78,8 +78,52 @@ fn kubectl(args: &[&str], input: Option<&str>) -> cli::Run {
     }
 }
 
+/// The pod webhook as a process (`sync --watch` of an empty namespace, so only admission
+/// syncs), registered by URL; returned once the API server's configuration points at it.
+async fn start_webhook(client: &Client, ns: &str) -> std::process::Child {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let quiet = format!("{ns}-quiet");
+    support::create_namespace(client, &quiet).await;
+    let mut child = Command::new(cli::BIN)
+        .args(["sync", "--watch", "-n", &quiet])
+        .args(["--webhook-address", &format!("127.0.0.1:{port}")])
+        .args(["--webhook-url", &format!("https://127.0.0.1:{port}")])
+        .args(["--webhook-namespace", ns])
+        .env("KUBECONFIG", &support::cluster().kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the pod webhook");
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let url = format!("https://127.0.0.1:{port}/mutate");
+    let started = Instant::now();
+    loop {
+        let registered = api
+            .get_opt("portalloc")
+            .await
+            .unwrap()
+            .and_then(|c| c.webhooks?.into_iter().next()?.client_config.url);
+        if registered.as_deref() == Some(url.as_str()) {
+            return child;
+        }
+        if started.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the webhook never registered");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// One example, deployed in its own namespace with its pool renamed (pools are cluster-wide).
 pub struct Scenario {
+    /// The example's file name.
+    pub example: String,
     client: Client,
     ns: String,
     allocation: String,
@@ -88,13 +132,93 @@ pub struct Scenario {
     configmap: BTreeMap<String, String>,
     /// The ConfigMap's data before the last scaling.
     previous: BTreeMap<String, String>,
+    /// With the pod webhook: the process, and each pod's spec as admitted.
+    webhook: Option<std::process::Child>,
+    admitted: BTreeMap<String, Value>,
     _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        if let Some(mut webhook) = self.webhook.take() {
+            let _ = webhook.kill();
+            let _ = webhook.wait();
+            kubectl(
+                &[
+                    "delete",
+                    "mutatingwebhookconfiguration",
+                    "portalloc",
+                    "--ignore-not-found",
+                ],
+                None,
+            );
+        }
+    }
 }
 
 impl Scenario {
     /// `kubectl portalloc create -f`, then `kubectl apply -f` of the same file, as the example's
     /// header says; then the ConfigMap of env files, as the plugin wrote it.
     pub async fn deploy(example: &str, pool: &str) -> Scenario {
+        let mut scenario = Scenario::prepare(example, pool).await;
+        let file = scenario.file.to_str().unwrap().to_string();
+        let run = cli::run(&["create", "-f", &file, "-n", &scenario.ns]);
+        assert!(run.ok(), "{run}");
+        let run = kubectl(&["apply", "-f", &file, "-n", &scenario.ns], None);
+        assert!(run.ok(), "kubectl apply of the example: {run}");
+        scenario.configmap = scenario.wait_for_configmap().await;
+        scenario
+    }
+
+    /// `kubectl apply -f` alone, as its header says, with the pod webhook running (a process
+    /// the API server calls): every pod the workloads would make is created as a Pod object,
+    /// and runs with the env it was admitted with.
+    pub async fn deploy_admitted(example: &str, pool: &str) -> Scenario {
+        let mut scenario = Scenario::prepare(example, pool).await;
+        scenario.webhook = Some(start_webhook(&scenario.client, &scenario.ns).await);
+        let file = scenario.file.to_str().unwrap().to_string();
+        let run = kubectl(&["apply", "-f", &file, "-n", &scenario.ns], None);
+        assert!(run.ok(), "kubectl apply of the example: {run}");
+        scenario.admit().await;
+        scenario.configmap = scenario.wait_for_configmap().await;
+        scenario
+    }
+
+    /// Create every pod (again) as the workload controllers would, and keep what was admitted.
+    async fn admit(&mut self) {
+        use k8s_openapi::api::core::v1::Pod;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        for pod in api.list(&Default::default()).await.unwrap() {
+            let name = pod.metadata.name.unwrap();
+            api.delete(&name, &Default::default()).await.unwrap();
+        }
+        self.admitted.clear();
+        for pod in pods::pods(&self.manifest, &self.ns) {
+            // A Deployment's pods are named after admission (generateName).
+            let identity = if pod.workload.starts_with("Deployment/") {
+                let prefix = &pod.name[..=pod.name.rfind('-').unwrap()];
+                serde_json::json!({"generateName": prefix})
+            } else {
+                serde_json::json!({"name": pod.name})
+            };
+            let mut metadata = identity;
+            metadata["labels"] = serde_json::to_value(&pod.labels).unwrap();
+            let object: Pod = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod.spec,
+            }))
+            .unwrap();
+            let created = api
+                .create(&Default::default(), &object)
+                .await
+                .unwrap_or_else(|e| panic!("pod {} not admitted: {e}", pod.name));
+            self.admitted.insert(
+                pod.name.clone(),
+                serde_json::to_value(created.spec).unwrap(),
+            );
+        }
+    }
+
+    async fn prepare(example: &str, pool: &str) -> Scenario {
         let turn = ONE_AT_A_TIME.lock().await;
         let client = support::client().await;
         let ns = support::namespace(&client, &format!("sim-{}", &example[..10])).await;
@@ -154,11 +278,8 @@ impl Scenario {
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
-        let run = cli::run(&["create", "-f", file.to_str().unwrap(), "-n", &ns]);
-        assert!(run.ok(), "{run}");
-        let run = kubectl(&["apply", "-f", file.to_str().unwrap(), "-n", &ns], None);
-        assert!(run.ok(), "kubectl apply of the example: {run}");
-        let mut scenario = Scenario {
+        Scenario {
+            example: example.to_string(),
             client,
             ns,
             allocation,
@@ -166,10 +287,10 @@ impl Scenario {
             manifest,
             configmap: BTreeMap::new(),
             previous: BTreeMap::new(),
+            webhook: None,
+            admitted: BTreeMap::new(),
             _turn: turn,
-        };
-        scenario.configmap = scenario.wait_for_configmap().await;
-        scenario
+        }
     }
 
     fn configmap_name(&self) -> String {
@@ -203,7 +324,7 @@ impl Scenario {
 
     /// Run every pod; print the env files and what the stand-ins did (`--nocapture` shows it).
     pub fn simulate(&self, label: &str) -> Outcome {
-        let pods = pods::pods(&self.manifest, &self.ns);
+        let pods = pods::pods_admitted(&self.manifest, &self.ns, &self.admitted);
         let dns = pods::dns(&self.manifest, &pods, &self.ns);
         let configmaps = BTreeMap::from([(self.configmap_name(), self.configmap.clone())]);
         let outcome = run::run(&pods, &dns, &configmaps, TIMEOUT);
@@ -279,8 +400,13 @@ impl Scenario {
         let file = self.file.to_str().unwrap();
         let run = kubectl(&["apply", "-f", file, "-n", &self.ns], None);
         assert!(run.ok(), "kubectl apply: {run}");
-        let run = cli::run(&["sync", &self.allocation, "-n", &self.ns]);
-        assert!(run.ok(), "{run}");
+        if self.webhook.is_some() {
+            // No sync: the pods' admission syncs the new spec.
+            self.admit().await;
+        } else {
+            let run = cli::run(&["sync", &self.allocation, "-n", &self.ns]);
+            assert!(run.ok(), "{run}");
+        }
         self.previous = self.wait_for_configmap().await;
         std::mem::swap(&mut self.previous, &mut self.configmap);
     }

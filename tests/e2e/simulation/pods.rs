@@ -71,6 +71,8 @@ pub struct Pod {
     /// Whether the pod resolves cluster names (hostNetwork pods need ClusterFirstWithHostNet).
     pub cluster_dns: bool,
     pub containers: Vec<Container>,
+    /// The pod spec it was made from (its template's, or the admitted pod's).
+    pub spec: Value,
 }
 
 const LWS: &str = "leaderworkerset.sigs.k8s.io";
@@ -79,6 +81,22 @@ pub const NODE: &str = "sim-node";
 
 /// Every pod of every workload in the manifest.
 pub fn pods(manifest: &Manifest, ns: &str) -> Vec<Pod> {
+    pods_admitted(manifest, ns, &BTreeMap::new())
+}
+
+/// The same, each pod named in `admitted` run with that spec: the pod as the API server stored
+/// it after admission (the pod webhook's env in its containers) instead of its template's.
+pub fn pods_admitted(
+    manifest: &Manifest,
+    ns: &str,
+    admitted: &BTreeMap<String, Value>,
+) -> Vec<Pod> {
+    let chosen = |name: &str, template: &Value| -> Value {
+        match admitted.get(name) {
+            Some(spec) => serde_json::json!({"metadata": template["metadata"], "spec": spec}),
+            None => template.clone(),
+        }
+    };
     let mut pods = Vec::new();
     for sts in manifest.of_kind("StatefulSet") {
         let name = sts["metadata"]["name"].as_str().unwrap();
@@ -93,13 +111,13 @@ pub fn pods(manifest: &Manifest, ns: &str) -> Vec<Pod> {
                 ),
                 ("apps.kubernetes.io/pod-index".into(), i.to_string()),
             ]);
-            let template = &sts["spec"]["template"];
+            let template = chosen(&pod_name, &sts["spec"]["template"]);
             pods.push(pod(
                 ns,
                 &pod_name,
                 &format!("StatefulSet/{name}"),
                 None,
-                template,
+                &template,
                 extra,
                 service.clone(),
                 Vec::new(),
@@ -144,12 +162,13 @@ pub fn pods(manifest: &Manifest, ns: &str) -> Vec<Pod> {
                     ("LWS_GROUP_SIZE".to_string(), size.to_string()),
                     ("LWS_WORKER_INDEX".to_string(), w.to_string()),
                 ];
+                let template = chosen(&pod_name, template);
                 pods.push(pod(
                     ns,
                     &pod_name,
                     &format!("LeaderWorkerSet/{name}"),
                     Some(g),
-                    template,
+                    &template,
                     extra,
                     Some(subdomain.clone()),
                     injected,
@@ -166,7 +185,7 @@ pub fn pods(manifest: &Manifest, ns: &str) -> Vec<Pod> {
                 "{name}-6d4cf56db6-{}",
                 ["x7k2q", "m9w4z", "p3v8t"][i as usize % 3]
             );
-            let template = &deployment["spec"]["template"];
+            let template = chosen(&pod_name, &deployment["spec"]["template"]);
             let extra = BTreeMap::from([("pod-template-hash".into(), "6d4cf56db6".into())]);
             let subdomain = template["spec"]["subdomain"].as_str().map(str::to_string);
             pods.push(pod(
@@ -174,7 +193,7 @@ pub fn pods(manifest: &Manifest, ns: &str) -> Vec<Pod> {
                 &pod_name,
                 &format!("Deployment/{name}"),
                 None,
-                template,
+                &template,
                 extra,
                 subdomain,
                 Vec::new(),
@@ -226,6 +245,7 @@ fn pod(
         cluster_dns,
         containers,
         labels,
+        spec: spec.clone(),
     }
 }
 

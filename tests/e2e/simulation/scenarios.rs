@@ -16,7 +16,8 @@ fn names(prefix: &str, count: u32) -> Vec<String> {
 /// lead to exactly those pods; every port of every pod binds on one node.
 fn check_pd(scenario: &Scenario, prefill: u32, decode: u32) -> super::Outcome {
     let outcome = scenario.simulate(&format!(
-        "sglang-pd-hostnetwork.yaml, prefill={prefill}, decode={decode}"
+        "{}, prefill={prefill}, decode={decode}",
+        scenario.example
     ));
     assert_eq!(outcome.runs.len() as u32, 1 + prefill + decode);
     let router = outcome
@@ -46,6 +47,16 @@ async fn sglang_pd_on_one_node_then_scaled() {
     scenario.scale_role("decode", 1).await;
     scenario.assert_kept(&["router"]);
     check_pd(&scenario, 3, 1);
+}
+
+/// The webhook form: no plugin command at all, the pods' env from their admission.
+#[tokio::test]
+async fn sglang_pd_with_the_pod_webhook_then_scaled() {
+    let mut scenario = Scenario::deploy_admitted("sglang-pd-webhook.yaml", "llm").await;
+    check_pd(&scenario, 2, 3);
+    scenario.scale_role("prefill", 3).await;
+    scenario.assert_kept(&["router"]);
+    check_pd(&scenario, 3, 3);
 }
 
 /// Every worker rendezvouses with its own group's leader; ranks and sizes are LWS's.
