@@ -80,6 +80,9 @@ fn kubectl(args: &[&str], input: Option<&str>) -> cli::Run {
 
 /// The pod webhook as a process (`sync --watch` of an empty namespace, so only admission
 /// syncs), registered by URL; returned once the API server's configuration points at it.
+// The child is returned to the Scenario, whose Drop kills and waits for it; a failed read of
+// the configuration panics the test, which ends the process and its children anyway.
+#[allow(clippy::zombie_processes)]
 async fn start_webhook(client: &Client, ns: &str) -> std::process::Child {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
