@@ -182,13 +182,14 @@ impl Scenario {
         let file = scenario.file.to_str().unwrap().to_string();
         let run = kubectl(&["apply", "-f", &file, "-n", &scenario.ns], None);
         assert!(run.ok(), "kubectl apply of the example: {run}");
-        scenario.admit().await;
-        scenario.configmap = scenario.wait_for_configmap().await;
+        scenario.configmap = scenario.admit().await;
         scenario
     }
 
-    /// Create every pod (again) as the workload controllers would, and keep what was admitted.
-    async fn admit(&mut self) {
+    /// Create every pod (again) as the workload controllers would, and keep what was admitted;
+    /// returns each pod's admitted env as the env file the ConfigMap form would give it
+    /// (`<pod>.env`, a Deployment's pods `<deployment>.env`), so both forms are checked alike.
+    async fn admit(&mut self) -> BTreeMap<String, String> {
         use k8s_openapi::api::core::v1::Pod;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
         for pod in api.list(&Default::default()).await.unwrap() {
@@ -196,6 +197,7 @@ impl Scenario {
             api.delete(&name, &Default::default()).await.unwrap();
         }
         self.admitted.clear();
+        let mut files = BTreeMap::new();
         for pod in pods::pods(&self.manifest, &self.ns) {
             // A Deployment's pods are named after admission (generateName).
             let identity = if pod.workload.starts_with("Deployment/") {
@@ -214,11 +216,22 @@ impl Scenario {
                 .create(&Default::default(), &object)
                 .await
                 .unwrap_or_else(|e| panic!("pod {} not admitted: {e}", pod.name));
-            self.admitted.insert(
-                pod.name.clone(),
-                serde_json::to_value(created.spec).unwrap(),
-            );
+            let spec = created.spec.unwrap();
+            let file = match pod.workload.strip_prefix("Deployment/") {
+                Some(deployment) => format!("{deployment}.env"),
+                None => format!("{}.env", pod.name),
+            };
+            let lines: String = spec.containers[0]
+                .env
+                .iter()
+                .flatten()
+                .map(|e| format!("{}={}\n", e.name, e.value.clone().unwrap_or_default()))
+                .collect();
+            files.insert(file, lines);
+            self.admitted
+                .insert(pod.name.clone(), serde_json::to_value(spec).unwrap());
         }
+        files
     }
 
     async fn prepare(example: &str, pool: &str) -> Scenario {
@@ -329,7 +342,12 @@ impl Scenario {
     pub fn simulate(&self, label: &str) -> Outcome {
         let pods = pods::pods_admitted(&self.manifest, &self.ns, &self.admitted);
         let dns = pods::dns(&self.manifest, &pods, &self.ns);
-        let configmaps = BTreeMap::from([(self.configmap_name(), self.configmap.clone())]);
+        // The webhook form mounts no ConfigMap: its env files stand for the admitted env.
+        let configmaps = if self.webhook.is_some() {
+            BTreeMap::new()
+        } else {
+            BTreeMap::from([(self.configmap_name(), self.configmap.clone())])
+        };
         let outcome = run::run(&pods, &dns, &configmaps, TIMEOUT);
         let mut files = String::new();
         for (key, text) in &self.configmap {
@@ -403,15 +421,15 @@ impl Scenario {
         let file = self.file.to_str().unwrap();
         let run = kubectl(&["apply", "-f", file, "-n", &self.ns], None);
         assert!(run.ok(), "kubectl apply: {run}");
-        if self.webhook.is_some() {
+        let now = if self.webhook.is_some() {
             // No sync: the pods' admission syncs the new spec.
-            self.admit().await;
+            self.admit().await
         } else {
             let run = cli::run(&["sync", &self.allocation, "-n", &self.ns]);
             assert!(run.ok(), "{run}");
-        }
-        self.previous = self.wait_for_configmap().await;
-        std::mem::swap(&mut self.previous, &mut self.configmap);
+            self.wait_for_configmap().await
+        };
+        self.previous = std::mem::replace(&mut self.configmap, now);
     }
 
     /// Pods that were there before the last scaling kept their env files (their ports), except

@@ -108,6 +108,25 @@ async fn sglang_multinode_lws_on_one_node_then_scaled() {
     check_groups(&scenario, label, "sglang", 1, 2);
 }
 
+/// The webhook form: `kubectl apply` alone; every rank's ports and its group's rendezvous port
+/// from its admission.
+#[tokio::test]
+async fn sglang_multinode_lws_with_the_pod_webhook_then_scaled() {
+    let mut scenario = Scenario::deploy_admitted("sglang-multinode-lws-webhook.yaml", "llm").await;
+    let label = "sglang-multinode-lws-webhook.yaml";
+    let outcome = check_groups(&scenario, label, "sglang", 2, 2);
+    let dist: u64 = scenario.env("sglang-1", "DIST_INIT_PORT").parse().unwrap();
+    assert!(
+        outcome
+            .pod("sglang-1")
+            .binds()
+            .contains(&(dist, "--dist-init-addr (rank 0)".into()))
+    );
+    scenario.scale_groups(3).await;
+    scenario.assert_kept(&[]);
+    check_groups(&scenario, label, "sglang", 3, 2);
+}
+
 #[tokio::test]
 async fn vllm_ray_lws_on_one_node_then_scaled() {
     let mut scenario = Scenario::deploy("vllm-ray-lws.yaml", "llm").await;
