@@ -29,11 +29,13 @@
 //!
 //! - 2l: 16 concurrent `kubectl portalloc create -f` processes (process start included), p50/p99.
 //! - 2m: `sync --all` of 25,000 and 65,535 fresh PortAllocations into one 1-65535 pool.
+//! - 2n: pools that fill, through the CLI: copies of the vLLM-Ray example in its pool, and a
+//!   random mix into a 4,096-port pool, until the first refusal (and again after deletions).
 //!
 //! - 2j: the fine-grained compare-and-swap lever (JSON Patch `test` of one block) against a
 //!   whole-object compare-and-swap, on a ConfigMap stand-in of a pool record's size.
 //!
-//! `PORTALLOC_BENCH_BIN=PATH` runs 2l and 2m with another build of the plugin (its CRDs installed
+//! `PORTALLOC_BENCH_BIN=PATH` runs 2l, 2m and 2n with another build of the plugin (its CRDs installed
 //! by it), for a before/after on one machine. `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
 //! 2b/2c cells); `PORTALLOC_BENCH_ROUNDS=1` shortens the throughput cells;
 //! `PORTALLOC_BENCH_SHARDS=1` runs the shard experiment even when its condition does not hold;
@@ -47,6 +49,7 @@ mod cli;
 #[path = "../../tests/common/control_plane.rs"]
 mod controlplane;
 mod encodings;
+mod filling;
 mod full_pool;
 mod group_commit;
 mod levers;
@@ -266,6 +269,13 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
         rows.extend(or_failed(
             "2m",
             scale::sync_all_at_scale(plane, &admin, scale.quick).await,
+        )?);
+    }
+    if scale.wants("2n") {
+        eprintln!("2n: pools that fill, through the CLI");
+        rows.extend(or_failed(
+            "2n",
+            filling::measure(plane, &admin, scale.quick).await,
         )?);
     }
     if scale.wants("2k") {
