@@ -157,3 +157,23 @@ async fn vllm_ray_lws_on_one_node_then_scaled() {
     scenario.assert_kept(&[]);
     check_groups(&scenario, label, "vllm-ray", 1, 3);
 }
+
+/// The webhook form: workers run `ray start` with plain `$(VAR)` args, the head its two
+/// commands; every Ray node binds its whole worker-port block from its admitted env.
+#[tokio::test]
+async fn vllm_ray_lws_with_the_pod_webhook_then_scaled() {
+    let mut scenario = Scenario::deploy_admitted("vllm-ray-lws-webhook.yaml", "llm").await;
+    let label = "vllm-ray-lws-webhook.yaml";
+    let outcome = check_groups(&scenario, label, "vllm-ray", 2, 3);
+    for run in &outcome.runs {
+        let block = run
+            .binds()
+            .iter()
+            .filter(|(_, why)| why.starts_with("--min-worker-port"))
+            .count();
+        assert_eq!(block, 64, "{}", run.pod.name);
+    }
+    scenario.scale_groups(3).await;
+    scenario.assert_kept(&[]);
+    check_groups(&scenario, label, "vllm-ray", 3, 3);
+}
