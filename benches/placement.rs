@@ -7,6 +7,9 @@
 //!   copies, create 3".
 //! - Random mix: PortAllocations of 1-12 single ports and 0-3 blocks of 8, 16, 32 or 64 into an
 //!   empty 4,096-port pool until one is refused; delete a random half, refill until refused.
+//! - Random mix through the shards: the same, decided as a cluster decides it (the ledger's
+//!   whole decision over a 4,096-port pool's 256-port windows: home window first, the whole pool
+//!   when it cannot take an object), packed placement only.
 //! - Collisions: at ~50 % occupancy (random mix, reached with that placement), the chance that
 //!   two clients planning the same PortAllocation from one read, each with its own random
 //!   generator, choose overlapping ports.
@@ -19,9 +22,15 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 
-use portalloc::api::{PortAllocation, PortPool};
+use portalloc::api::{
+    PortAllocation, PortAllocationSpec, PortPool, PortPoolSpec, PortRequest, Role,
+    Scope as ApiScope, StaticBandSetting,
+};
 use portalloc::core::{
     Holdings, Placement, PoolState, PortDemand, Scope, StaticBand, execute, plan,
+};
+use portalloc::ledger::{
+    BatchItem, ItemOutcome, Operation, PoolCopy, ShardedRecord, home_shard, owner_of, preview,
 };
 
 const PLACEMENTS: [(&str, Placement); 2] = [
@@ -77,6 +86,14 @@ fn main() {
             min_median_bar(&again)
         );
     }
+    let runs: Vec<(f64, f64)> = (0..seeds).map(sharded_mix_run).collect();
+    let first: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    let again: Vec<f64> = runs.iter().map(|r| r.1).collect();
+    println!(
+        "| random mix through the 256-port shards | new (packed), home window first | {} | delete half, refill: {} |",
+        min_median_bar(&first),
+        min_median_bar(&again)
+    );
     println!();
     println!(
         "| two clients, one read of a ~50 % pool | placement | same single port | overlapping blocks of 8 | of 64 | overlapping random-mix allocations |"
@@ -272,4 +289,87 @@ fn min_median(values: &[f64]) -> String {
 fn min_median_bar(values: &[f64]) -> String {
     let under = values.iter().filter(|&&v| v < 90.0).count();
     format!("{}, {under} under 90 %", min_median(values))
+}
+
+/// One random-mix PortAllocation (its demands as RoleScoped ports of one role), for the ledger.
+fn mix_allocation(rng: &mut StdRng, name: &str) -> PortAllocation {
+    let ports = random_mix(rng)
+        .into_iter()
+        .map(|d| PortRequest {
+            env: d.port.to_uppercase(),
+            name: d.port,
+            scope: ApiScope::RoleScoped,
+            count: (d.count > 1).then_some(d.count as i32),
+            ..Default::default()
+        })
+        .collect();
+    let mut pa = PortAllocation::new(
+        name,
+        PortAllocationSpec {
+            pool: "mix".into(),
+            roles: vec![Role {
+                name: "app".into(),
+                replicas: 1,
+                ports,
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    );
+    pa.metadata.namespace = Some("mix".into());
+    pa.metadata.uid = Some(name.into());
+    pa
+}
+
+/// [`mix_run`] through the ledger's per-window decisions: each object decided as `create -f`
+/// decides it (its home window, else the whole pool), deletions as `delete` does.
+fn sharded_mix_run(seed: u64) -> (f64, f64) {
+    let mut pool = PortPool::new(
+        "mix",
+        PortPoolSpec {
+            ranges: vec!["30000-34095".into()],
+            exclude: Vec::new(),
+            protocol: Default::default(),
+            // As mix_pool: the KEP-3668 split, automatic ports in the upper band first.
+            static_band: StaticBandSetting::Auto,
+        },
+    );
+    pool.metadata.uid = Some("mix-uid".into());
+    pool.metadata.generation = Some(1);
+    let mut record = ShardedRecord::load(PoolCopy::of_pool(&pool), Vec::new()).unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut live: Vec<String> = Vec::new();
+    let mut next = 0;
+    let mut fill = |record: &mut ShardedRecord, rng: &mut StdRng, live: &mut Vec<String>| loop {
+        let name = format!("mix-{next}");
+        next += 1;
+        let pa = mix_allocation(rng, &name);
+        let owner = owner_of(&pa);
+        let item = BatchItem {
+            known: home_shard(&record.layout, &owner).into_iter().collect(),
+            uid: name.clone(),
+            owner,
+            operation: Operation::sync_of(&pa),
+        };
+        if matches!(
+            preview(record, &item, rng).outcome,
+            ItemOutcome::Refused { .. }
+        ) {
+            let state = record.union_record().state;
+            return f64::from(state.held_count()) / f64::from(state.size()) * 100.0;
+        }
+        live.push(name);
+    };
+    let first = fill(&mut record, &mut rng, &mut live);
+    live.shuffle(&mut rng);
+    for gone in live.split_off(live.len() / 2) {
+        let item = BatchItem {
+            owner: format!("mix/{gone}"),
+            uid: gone,
+            operation: Ok(Operation::Remove),
+            known: Default::default(),
+        };
+        preview(&mut record, &item, &mut rng);
+    }
+    (first, fill(&mut record, &mut rng, &mut live))
 }
