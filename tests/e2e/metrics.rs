@@ -3,7 +3,7 @@
 //! `promtool check metrics` (Prometheus' own linter, built pinned) finds nothing to say. The
 //! PrometheusRule of deploy/monitoring.yaml is checked and unit-tested with `promtool`.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, PostParams};
@@ -23,27 +23,10 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 
 /// `promtool ARGS` with `input` on stdin: (exit code, stdout + stderr).
 fn promtool(args: &[&str], input: &str) -> (Option<i32>, String) {
-    use std::io::Write;
-    let mut child = Command::new(tools::test_tool("promtool"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
+    let mut command = Command::new(tools::test_tool("promtool"));
+    command.args(args);
+    let out = tools::run_with_input(command, input);
+    (out.status.code(), tools::all_output(&out))
 }
 
 #[tokio::test]

@@ -2,8 +2,7 @@
 //! real API server) refuses a reference to a role the object lacks, or to a port its role lacks,
 //! so a GitOps review finds the mistake before the merge; the plugin's own message stays.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use kube::Api;
 use portalloc::api::PortAllocation;
@@ -33,28 +32,13 @@ spec:
 
 /// `kubectl apply --dry-run=server -f -`: (succeeded, stdout + stderr).
 fn apply_dry_run(yaml: &str) -> (bool, String) {
-    let mut child = Command::new(tools::kubectl())
+    let mut command = Command::new(tools::kubectl());
+    command
         .arg("--kubeconfig")
         .arg(&support::cluster().kubeconfig)
-        .args(["apply", "--dry-run=server", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run kubectl apply");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(yaml.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+        .args(["apply", "--dry-run=server", "-f", "-"]);
+    let out = tools::run_with_input(command, yaml);
+    (out.status.success(), tools::all_output(&out))
 }
 
 const MISSING_ROLE: &str = "every references[].from must name a role of this PortAllocation";

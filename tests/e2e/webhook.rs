@@ -214,22 +214,12 @@ fn pod_yaml(name: &str, generate: &str, allocation: Option<&str>) -> String {
 
 /// `kubectl create -f -` of `yaml`: (succeeded, the created pod's name or the error).
 fn kubectl_create(kubeconfig: &Path, yaml: &str) -> (bool, String) {
-    let mut child = Command::new(tools::kubectl())
+    let mut command = Command::new(tools::kubectl());
+    command
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .args(["create", "-f", "-", "-o", "name"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(yaml.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+        .args(["create", "-f", "-", "-o", "name"]);
+    let out = tools::run_with_input(command, yaml);
     let text = if out.status.success() {
         String::from_utf8_lossy(&out.stdout)
             .trim()
@@ -506,17 +496,9 @@ async fn labelled_pods_get_their_ports_and_the_rest_is_refused_or_left_alone() {
         .find_map(|l| l.strip_prefix("portalloc_admissions_total{result=\"allowed\"} "))
         .and_then(|v| v.parse::<u64>().ok());
     assert!(allowed.is_some_and(|n| n >= 200), "{text}");
-    let lint = Command::new(tools::test_tool("promtool"))
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            child.stdin.take().unwrap().write_all(text.as_bytes())?;
-            child.wait_with_output()
-        })
-        .unwrap();
+    let mut promtool = Command::new(tools::test_tool("promtool"));
+    promtool.args(["check", "metrics"]);
+    let lint = tools::run_with_input(promtool, &text);
     assert!(
         lint.status.success(),
         "{}",
