@@ -90,7 +90,7 @@ fn main() {
     let first: Vec<f64> = runs.iter().map(|r| r.0).collect();
     let again: Vec<f64> = runs.iter().map(|r| r.1).collect();
     println!(
-        "| random mix through the 256-port shards | new (packed), home window first | {} | delete half, refill: {} |",
+        "| random mix through the 256-port shards | new (packed): home window first, else the fullest window that takes it | {} | delete half, refill: {} |",
         min_median_bar(&first),
         min_median_bar(&again)
     );

@@ -139,7 +139,12 @@ fn mixed(rng: &mut StdRng, name: &str, pool: &str) -> (String, u32) {
 
 fn random_mix(kubeconfig: &Path, quick: bool) -> anyhow::Result<Vec<Row>> {
     const SIZE: u32 = 4096;
-    let seeds: u64 = if quick { 1 } else { 3 };
+    // Pools side by side from port 30000: at most 8 fit below 65536.
+    let seeds: u64 = match std::env::var("PORTALLOC_BENCH_SEEDS") {
+        Ok(n) => n.parse::<u64>()?.clamp(1, 8),
+        Err(_) if quick => 1,
+        Err(_) => 3,
+    };
     let (mut first, mut refill) = (Vec::new(), Vec::new());
     for seed in 0..seeds {
         let pool = format!("mix-{seed}");

@@ -37,7 +37,8 @@
 //!
 //! `PORTALLOC_BENCH_BIN=PATH` runs 2l, 2m and 2n with another build of the plugin (its CRDs installed
 //! by it), for a before/after on one machine. `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
-//! 2b/2c cells); `PORTALLOC_BENCH_ROUNDS=1` shortens the throughput cells;
+//! 2b/2c cells); `PORTALLOC_BENCH_ROUNDS=1` shortens the throughput cells; `PORTALLOC_BENCH_SEEDS=N` (at most
+//! 8) runs 2n's random mix with N seeds (default 3);
 //! `PORTALLOC_BENCH_SHARDS=1` runs the shard experiment even when its condition does not hold;
 //! Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
 //! `--bench` flag that `cargo bench` passes (so `cargo test --benches` never runs the full size).

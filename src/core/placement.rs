@@ -12,6 +12,10 @@
 //! uniformly random start did almost always, but cut the runs blocks need); as every write is
 //! a compare-and-swap of the record, the loser of a race re-reads whichever ports it chose.
 //!
+//! A window of a sharded pool (`PoolState::leaning`) has no such choice: two clients writing
+//! one shard conflict whatever ports they chose, so its end is fixed by the window (see the
+//! ledger's `window_lean`), and the free ports of two neighbouring windows stay one run.
+//!
 //! Scattered placement is what came before: a uniformly random start anywhere in the band, as
 //! Kubernetes' NodePort allocator does for single ports. It cuts every long run, and is kept
 //! only so benchmarks can show both in one run.
@@ -35,7 +39,7 @@ pub enum Placement {
 
 /// The end of its free run a packed block is placed against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum Lean {
+pub enum Lean {
     Low,
     High,
 }
@@ -58,6 +62,14 @@ impl Aim {
         }
     }
 
+    /// The first aim in a state that always leans one way (a window of a sharded pool).
+    pub(super) fn fixed(lean: Lean) -> Aim {
+        Aim {
+            lean,
+            among: FIXED_CHOICES,
+        }
+    }
+
     /// The aim of the allocation's later blocks: the same end, the best place.
     pub(super) fn then(self) -> Aim {
         Aim { among: 1, ..self }
@@ -69,6 +81,7 @@ impl Aim {
 /// of the benchmark's random mix stay above 90 % at refusal, before and after churn; at 4, one
 /// fell to 86 %.
 const FIRST_CHOICES: usize = 2;
+const FIXED_CHOICES: usize = 1;
 
 impl Placement {
     /// The first index of `count` free contiguous ports (inside one range of the pool, so no

@@ -9,7 +9,6 @@ use rand::Rng;
 use super::alloc_error::AllocError;
 use super::block::PortBlock;
 use super::holding::{Holdings, SlotKey};
-use super::placement::Aim;
 use super::pool_state::PoolState;
 
 /// Whether a port is shared by a role or held once per replica.
@@ -230,7 +229,7 @@ fn apply(plan: &Plan, state: &mut PoolState, rng: &mut impl Rng) -> Result<Holdi
     automatic.sort_by_key(|(_, want)| std::cmp::Reverse(want.count));
     // One aim for the whole allocation: its ports lean the same way and lie
     // together (see `Placement`); only the first, largest block has a choice.
-    let mut aim = Aim::first(rng);
+    let mut aim = state.first_aim(rng);
     let mut placed = 0u32;
     for (slot, want) in automatic {
         let block = state.take_aimed(want.count, aim, rng).ok_or_else(|| {

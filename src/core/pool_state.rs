@@ -9,7 +9,7 @@ use super::band::{Band, Bands, StaticBand};
 use super::bitmap::PortBitmap;
 use super::block::PortBlock;
 use super::fragmentation::Fragmentation;
-use super::placement::{Aim, Placement};
+use super::placement::{Aim, Lean, Placement};
 use super::range::PortSet;
 
 /// Held and total ports of one band (what `pool describe` prints).
@@ -31,6 +31,7 @@ pub struct PoolState {
     bands: Bands,
     held: PortBitmap,
     placement: Placement,
+    lean: Option<Lean>,
 }
 
 impl PoolState {
@@ -42,6 +43,7 @@ impl PoolState {
             held: PortBitmap::new(total),
             ports,
             placement: Placement::default(),
+            lean: None,
         }
     }
 
@@ -49,6 +51,20 @@ impl PoolState {
     pub fn with_placement(mut self, placement: Placement) -> PoolState {
         self.placement = placement;
         self
+    }
+
+    /// The same pool with every allocation leaning toward one end of its free run.
+    pub fn leaning(mut self, lean: Lean) -> PoolState {
+        self.lean = Some(lean);
+        self
+    }
+
+    /// The aim of an allocation's first block.
+    pub(super) fn first_aim(&self, rng: &mut impl Rng) -> Aim {
+        match self.lean {
+            Some(lean) => Aim::fixed(lean),
+            None => Aim::first(rng),
+        }
     }
 
     pub fn placement(&self) -> Placement {
@@ -117,7 +133,7 @@ impl PoolState {
     /// has none, a run anywhere in the pool (so one may reach into the static
     /// band). Where in there is the placement's choice (`Placement`).
     pub fn take_block(&mut self, count: u32, rng: &mut impl Rng) -> Option<PortBlock> {
-        let aim = Aim::first(rng);
+        let aim = self.first_aim(rng);
         self.take_aimed(count, aim, rng)
     }
 

@@ -4,9 +4,12 @@
 //! An owner is decided in its one known shard alone when it can be (its home shard, or the
 //! shard its status names): that is the common case, and the write touches one small object.
 //! Otherwise (no room there, a requested port in another window, entries in several shards)
-//! it goes whole into the first shard of its home order that takes it, else into as few shards
-//! as it fits: its own plus the first 2, 4, 8, ... of its home order, then the whole pool,
-//! whose refusal is then the answer. A decision that writes outside the owner's known shards
+//! it goes whole into the fullest shard that takes it (best fit, as for a block in a run:
+//! emptier windows stay whole for larger owners), else into as few shards as it fits: its own
+//! plus the 2, 4, 8, ... fullest, then the whole pool, whose refusal is then the answer; only
+//! there can a block use a free run across a window edge. Static-band ports count against a
+//! shard (KEP-3668). Best fit gathers the clients that leave their home onto one shard; that
+//! happens only when homes are full, and what it buys is measured in `benches/placement.rs`. A decision that writes outside the owner's known shards
 //! names the status widening that must be written first (the rule that makes a kill safe, see
 //! `shard_placement`).
 //!
@@ -20,7 +23,7 @@ use std::collections::BTreeSet;
 
 use rand::Rng;
 
-use crate::core::Holdings;
+use crate::core::{Band, Holdings};
 
 use super::decision::{Decision, Operation, decide};
 use super::refusal::Refusal;
@@ -217,8 +220,8 @@ fn decide_item(
     Some((outcome, widened))
 }
 
-/// The decision for an owner its known shard cannot serve alone: whole in the first shard of
-/// its home order that takes it, else on as few shards as it fits. Each try is one decision in
+/// The decision for an owner its known shard cannot serve alone: whole in the best shard that
+/// takes it (see [`best_window`]), else on as few shards as it fits. Each try is one decision in
 /// memory; nothing is read again.
 fn elsewhere(
     work: &ShardedRecord,
@@ -234,17 +237,20 @@ fn elsewhere(
             Some(&only) => vec![only],
             None => order.clone(),
         };
-        for index in candidates {
-            let decision = match work.shards.get(&index) {
-                Some(shard) => decide(&shard.record, uid, owner, operation, rng),
-                None => decide(&work.shard_record(index), uid, owner, operation, rng),
-            };
-            match decision {
-                Err(Refusal::Core { .. }) => continue,
-                other => return other,
-            }
+        if let Some(decision) = best_window(work, &candidates, uid, owner, operation, rng)? {
+            return Ok(decision);
         }
     }
+    // Spanning: the fullest windows first (dynamic before static), for the reason above.
+    let mut order = order;
+    order.sort_by_cached_key(|&index| {
+        let free = work
+            .shards
+            .get(&index)
+            .map(|shard| shard.record.state.free_count());
+        let is_static = work.layout.get(index).is_some_and(|span| span.is_static());
+        (is_static, free.unwrap_or(u32::MAX))
+    });
     let mut take = 2;
     while take < order.len() {
         let windows: BTreeSet<u16> = present
@@ -258,6 +264,47 @@ fn elsewhere(
         }
     }
     decide(&work.union_record(), uid, owner, operation, rng)
+}
+
+/// The best of the windows that take the owner whole: the fewest static-band ports (KEP-3668:
+/// automatic ports use the static band only when the dynamic band cannot take them), then the
+/// fullest window (best fit, as for a block within a window: emptier windows keep room for
+/// larger owners). `None` when none takes it.
+fn best_window(
+    work: &ShardedRecord,
+    candidates: &[u16],
+    uid: &str,
+    owner: &str,
+    operation: &Operation,
+    rng: &mut impl Rng,
+) -> Result<Option<Decision>, Refusal> {
+    let mut best: Option<((usize, u32), Decision)> = None;
+    for &index in candidates {
+        let fresh;
+        let record = match work.shards.get(&index) {
+            Some(shard) => &shard.record,
+            None => {
+                fresh = work.shard_record(index);
+                &fresh
+            }
+        };
+        let decision = match decide(record, uid, owner, operation, rng) {
+            Err(Refusal::Core { .. }) => continue,
+            other => other?,
+        };
+        let state = &record.state;
+        let statics = decision
+            .holdings()
+            .iter()
+            .flat_map(|(_, block)| block.ports())
+            .filter(|&port| state.band_of(port) == Some(Band::Static))
+            .count();
+        let key = (statics, state.free_count());
+        if best.as_ref().is_none_or(|(best_key, _)| key < *best_key) {
+            best = Some((key, decision));
+        }
+    }
+    Ok(best.map(|(_, decision)| decision))
 }
 
 /// The shards whose part of `uid`'s holdings changes if its holdings become `after`.
@@ -303,3 +350,7 @@ fn refused(refusal: Refusal, holdings: Holdings) -> ItemOutcome {
 #[cfg(test)]
 #[path = "placement_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "placement_fill_tests.rs"]
+mod fill_tests;

@@ -441,3 +441,86 @@ fn a_newer_pool_spec_reaches_every_shard_when_propagating() {
         vec![holder("a", "web.http=30001")]
     );
 }
+
+/// An allocation of `replicas` single ports whose home in `record` is window `home`.
+fn homed_at(record: &ShardedRecord, home: u16, replicas: i32) -> BatchItem {
+    let pa = (0..)
+        .map(|i| allocation(&format!("h{home}-{i}"), replicas, None))
+        .find(|pa| home_shard(&record.layout, &owner_of(pa)) == Some(home))
+        .unwrap();
+    item_in(&record.layout, &pa)
+}
+
+fn ports_of(placed: &Placed) -> Vec<u16> {
+    let mut ports: Vec<u16> = placed.outcome.holdings().ports().collect();
+    ports.sort_unstable();
+    ports
+}
+
+#[test]
+fn even_windows_fill_upward_and_odd_ones_downward_so_a_pair_keeps_one_free_run() {
+    // Windows 118 (30208-30463) and 119 (30464-30719) of four_windows().
+    let mut record = four_windows();
+    for (home, expected) in [(118, 30208..=30217), (119, 30710..=30719)] {
+        let item = homed_at(&record, home, 10);
+        let placed = place(&record, &item, &mut rng());
+        assert_eq!(ports_of(&placed), expected.collect::<Vec<u16>>());
+        record.set(&item.uid, &item.owner, placed.outcome.holdings());
+    }
+    // What the two windows leave is one run across their shared edge: a block longer than
+    // either window's part still fits (on the whole pool).
+    let union = record.union_record().state;
+    assert_eq!(union.fragmentation().largest(), 512 - 20);
+}
+
+#[test]
+fn an_owner_its_home_cannot_take_goes_to_the_fullest_window_that_can() {
+    // Home 120 has 48 ports, all held; 117 has 8 free, 118 256, 119 56: 50 ports fit 118 and
+    // 119 whole, and 119 is the fuller (best fit keeps 118 whole for a larger owner), though
+    // 118 comes first in the owner's home order.
+    let pool = pool_of(&["30000-30767"], &[]);
+    let record = sharded(
+        &pool,
+        vec![
+            shard_of(&pool, 117, vec![holder("x", "f.blk=30000-30199")]),
+            shard_of(&pool, 119, vec![holder("y", "f.blk=30464-30663")]),
+            shard_of(&pool, 120, vec![holder("z", "f.blk=30720-30767")]),
+        ],
+    );
+    let item = homed_at(&record, 120, 50);
+    assert_eq!(
+        record.layout.home_order(&item.owner),
+        vec![120, 117, 118, 119]
+    );
+    let placed = place(&record, &item, &mut rng());
+    assert_eq!(placed.shards, BTreeSet::from([119]));
+    assert_eq!(placed.widen, Some([119, 120].into()));
+    assert_eq!(ports_of(&placed), (30670..=30719).collect::<Vec<u16>>());
+}
+
+#[test]
+fn a_window_that_would_use_static_ports_is_taken_only_when_no_other_can() {
+    // The pool's 24-port static band (KEP-3668 for 768 ports) is 30000-30023, in window 117.
+    // 117 is the fullest window, but 10 ports there would take 6 static ones: 118 takes them
+    // from its dynamic band instead, even though it is emptier.
+    let mut pool = pool_of(&["30000-30767"], &[]);
+    pool.spec.static_band = crate::api::StaticBandSetting::Auto;
+    let shards = |in_118: &str| {
+        vec![
+            shard_of(&pool, 117, vec![holder("x", "f.blk=30024-30203")]),
+            shard_of(&pool, 118, vec![holder("y", in_118)]),
+            shard_of(&pool, 119, vec![holder("w", "f.blk=30464-30719")]),
+            shard_of(&pool, 120, vec![holder("z", "f.blk=30720-30767")]),
+        ]
+    };
+    let record = sharded(&pool, shards("f.blk=30208-30307"));
+    let item = homed_at(&record, 120, 10);
+    let placed = place(&record, &item, &mut rng());
+    assert_eq!(placed.shards, BTreeSet::from([118]));
+    // With 118 and 119 full, 117 takes them: 4 dynamic ports and 6 static ones.
+    let record = sharded(&pool, shards("f.blk=30208-30463"));
+    let placed = place(&record, &item, &mut rng());
+    assert_eq!(placed.shards, BTreeSet::from([117]));
+    let statics = ports_of(&placed).iter().filter(|&&p| p < 30024).count();
+    assert_eq!(statics, 6);
+}

@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
-use crate::core::{Holdings, PoolState, PortBlock, PortSet, SlotKey, StaticBand};
+use crate::core::{Holdings, Lean, PoolState, PortBlock, PortSet, SlotKey, StaticBand};
 
 use super::pool_copy::PoolCopy;
 use super::pool_record::{Anomaly, PoolRecord};
@@ -441,7 +441,20 @@ pub fn load_shard(
         .get(index)
         .map(|span| (span.ports.clone(), span.static_band()))
         .unwrap_or((PortSet::empty(), StaticBand::None));
-    PoolRecord::load(shard, pool.clone(), ports, static_band)
+    let mut record = PoolRecord::load(shard, pool.clone(), ports, static_band);
+    record.state = record.state.leaning(window_lean(index));
+    record
+}
+
+/// Which end a window fills from: even windows from the low end, odd ones from the high end,
+/// so the free ports of a pair of windows meet at their shared edge and a block too long for
+/// either window's leftover still fits across it (decided on the whole pool).
+fn window_lean(index: u16) -> Lean {
+    if index.is_multiple_of(2) {
+        Lean::Low
+    } else {
+        Lean::High
+    }
 }
 
 /// `holdings` cut by window: each slot's block goes to the shard of its ports, a block that
