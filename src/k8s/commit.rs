@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
-use super::allocator::{AllocateError, Allocator, Committed, Failed, Where};
+use super::allocator::{AllocateError, Allocator, Committed, Failed, Where, exhausted_error};
 use super::error::{KubeError, Target, is_unknown_resource};
 use super::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
 use super::retry::Attempts;
@@ -222,12 +222,19 @@ impl Allocator {
         attempts: &mut Attempts,
         name: &str,
     ) -> Result<Option<(Option<PortPoolShard>, bool)>, AllocateError> {
-        if let Some(shard) = self.shards.get(name) {
-            return Ok(Some((Some(shard), true)));
+        let remembered = self.shards.get(name);
+        if let Some(shard) = &remembered
+            && self.shards.trusted()
+        {
+            return Ok(Some((Some(shard.clone()), true)));
         }
         match ShardStore::new(self.client.clone()).get(name).await {
             Ok(shard) => {
                 if let Some(shard) = &shard {
+                    if let Some(old) = &remembered {
+                        let version = |s: &PortPoolShard| s.metadata.resource_version.clone();
+                        self.shards.observe(version(old) == version(shard));
+                    }
                     self.shards.remember(name, shard);
                 }
                 Ok(Some((shard, false)))
@@ -310,6 +317,9 @@ impl Allocator {
         changed.set(request.uid, request.owner, &holdings);
         match store.commit(&copy, &changed.write(&copy, false)).await {
             Ok(written) => {
+                if from_memory {
+                    self.shards.observe(true);
+                }
                 self.shards.remember(&name, &written);
                 tracing::info!(
                     "{} in pool {:?}: {allocated} ports allocated, {released} released, {} held \
@@ -326,8 +336,14 @@ impl Allocator {
             }
             Err((e, target)) => {
                 self.shards.forget(&name);
-                // A remembered shard deleted since (its pool was): read again, which tells.
-                if !(from_memory && is_not_found(&e)) {
+                if from_memory && is_conflict(&e) {
+                    // The copy was stale: read afresh at once (see `Attempts::stale_copy`).
+                    self.shards.observe(false);
+                    attempts
+                        .stale_copy()
+                        .map_err(|x| exhausted_error(x, request.pool, request.owner))?;
+                } else if !(from_memory && is_not_found(&e)) {
+                    // A remembered shard deleted since (its pool was): read again, which tells.
                     self.retry(request, attempts, e, target).await?;
                 }
                 Ok(Step::Again)
@@ -552,4 +568,8 @@ fn pool_spec_empty(request: &Request<'_>) -> AllocateError {
 
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.is_not_found())
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.is_conflict())
 }

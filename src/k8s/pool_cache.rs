@@ -18,6 +18,12 @@ use serde::de::DeserializeOwned;
 use crate::api::PortPoolShard;
 use crate::ledger::PoolCopy;
 
+/// Above this share of stale copies, read first (break-even: a stale copy costs two requests
+/// more, a current one saves one).
+const STALE_LIMIT: f64 = 0.5;
+/// The weight of the newest outcome in the moving average.
+const STALE_WEIGHT: f64 = 0.1;
+
 /// The last shard objects, by name.
 pub type ShardCache = ObjectCache<PortPoolShard>;
 /// The newest spec of each pool seen (read, or carried by a shard), by pool name: what an
@@ -33,6 +39,8 @@ pub struct ObjectCache<T> {
     /// Off: every allocation reads first (the behaviour before the cache; the benchmark
     /// compares both).
     disabled: bool,
+    /// How often remembered copies were out of date lately (see [`ObjectCache::trusted`]).
+    staleness: Arc<Mutex<f64>>,
 }
 
 impl<T> Default for ObjectCache<T> {
@@ -41,6 +49,7 @@ impl<T> Default for ObjectCache<T> {
             objects: Arc::default(),
             dir: None,
             disabled: false,
+            staleness: Arc::default(),
         }
     }
 }
@@ -60,6 +69,23 @@ impl<T: Clone + Serialize + DeserializeOwned> ObjectCache<T> {
             dir: Some(dir),
             ..Default::default()
         }
+    }
+
+    /// Whether a remembered copy is worth deciding against. A current copy saves a read; a
+    /// stale one costs a 409 and then the read. Where other clients write the same objects
+    /// (16 allocators on a dozen shards), most copies are stale by the time they are used,
+    /// so past half of them (a moving average of the last ~10 outcomes) reads come first.
+    /// The caller keeps feeding [`ObjectCache::observe`] either way (a fresh read says
+    /// whether the remembered copy was current), so trust comes back when contention ends.
+    pub fn trusted(&self) -> bool {
+        *self.staleness.lock().unwrap_or_else(|e| e.into_inner()) < STALE_LIMIT
+    }
+
+    /// One outcome: a remembered copy was current (`true`) or out of date.
+    pub fn observe(&self, current: bool) {
+        let mut staleness = self.staleness.lock().unwrap_or_else(|e| e.into_inner());
+        let sample = if current { 0.0 } else { 1.0 };
+        *staleness += STALE_WEIGHT * (sample - *staleness);
     }
 
     pub fn get(&self, name: &str) -> Option<T> {
@@ -186,6 +212,28 @@ mod tests {
         // A corrupt file is no copy.
         std::fs::write(dir.path().join("c/bad.json"), "{").unwrap();
         assert_eq!(next.get("bad"), None);
+    }
+
+    #[test]
+    fn copies_stop_being_trusted_when_most_were_stale_and_trust_returns() {
+        let cache: ObjectCache<u32> = ObjectCache::default();
+        assert!(cache.trusted());
+        let clone = cache.clone();
+        for _ in 0..5 {
+            clone.observe(false);
+        }
+        assert!(
+            cache.trusted(),
+            "a few stale copies are the price of the cache"
+        );
+        for _ in 0..5 {
+            clone.observe(false);
+        }
+        assert!(!cache.trusted(), "mostly stale: read first");
+        for _ in 0..10 {
+            cache.observe(true);
+        }
+        assert!(cache.trusted(), "current again");
     }
 
     #[test]

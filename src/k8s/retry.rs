@@ -83,6 +83,8 @@ pub struct Attempts {
     pub attempts: u32,
     pub conflicts: u32,
     pub transient_failures: u32,
+    /// Conflicts of writes decided against a remembered copy (see [`Attempts::stale_copy`]).
+    stale_copies: u32,
 }
 
 /// The retry budget ran out.
@@ -102,7 +104,27 @@ impl Attempts {
             attempts: 1,
             conflicts: 0,
             transient_failures: 0,
+            stale_copies: 0,
         }
+    }
+
+    /// A 409 on a write decided against a remembered copy: the copy was out of date, which
+    /// says nothing about contention, and the next round reads afresh anyway. Counted as a
+    /// conflict and an attempt (the budget still bounds the loop), without a sleep and
+    /// without raising the next backoff.
+    pub fn stale_copy(&mut self) -> Result<(), Exhausted> {
+        self.conflicts += 1;
+        if self.attempts >= self.policy.max_attempts {
+            return Err(Exhausted {
+                attempts: self.attempts,
+                elapsed: self.started.elapsed(),
+                conflicts: self.conflicts,
+                last: RetryCause::Conflict,
+            });
+        }
+        self.attempts += 1;
+        self.stale_copies += 1;
+        Ok(())
     }
 
     /// After request `target` failed with `err`: sleep and return Ok to go round again, or say
@@ -160,7 +182,9 @@ impl Attempts {
 
     /// Full jitter: uniform in [0, min(max_delay, base * 2^(attempt-1))].
     fn next_delay(&self, rng: &mut impl Rng) -> Duration {
-        let exponent = self.attempts.saturating_sub(1).min(20);
+        let exponent = (self.attempts - self.stale_copies)
+            .saturating_sub(1)
+            .min(20);
         let ceiling = self
             .policy
             .base_delay
@@ -283,5 +307,20 @@ mod tests {
                 assert!(attempts.next_delay(&mut rng) <= ceiling);
             }
         }
+    }
+
+    #[test]
+    fn a_stale_copy_counts_but_neither_sleeps_nor_raises_the_backoff() {
+        let mut attempts = Attempts::new(quick(3));
+        attempts.stale_copy().unwrap();
+        assert_eq!((attempts.attempts, attempts.conflicts), (2, 1));
+        // The next backoff is still the first one's: at most the base delay (1 ms).
+        let mut rng = rand::rng();
+        for _ in 0..100 {
+            assert!(attempts.next_delay(&mut rng) <= Duration::from_millis(1));
+        }
+        attempts.stale_copy().unwrap();
+        let exhausted = attempts.stale_copy().unwrap_err();
+        assert_eq!((exhausted.attempts, exhausted.conflicts), (3, 3));
     }
 }
