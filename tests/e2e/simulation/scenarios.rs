@@ -133,14 +133,7 @@ async fn vllm_ray_lws_on_one_node_then_scaled() {
     let label = "vllm-ray-lws.yaml";
     let outcome = check_groups(&scenario, label, "vllm-ray", 2, 3);
     // Each Ray node binds its whole worker-port block; vllm serve joins the head on its node.
-    for run in &outcome.runs {
-        let block = run
-            .binds()
-            .iter()
-            .filter(|(_, why)| why.starts_with("--min-worker-port"))
-            .count();
-        assert_eq!(block, 64, "{}", run.pod.name);
-    }
+    assert_every_ray_node_binds_its_worker_block(&outcome);
     assert_eq!(
         outcome.reached("vllm-ray-1"),
         set(&["vllm-ray-1".to_string()])
@@ -158,13 +151,8 @@ async fn vllm_ray_lws_on_one_node_then_scaled() {
     check_groups(&scenario, label, "vllm-ray", 1, 3);
 }
 
-/// The webhook form: workers run `ray start` with plain `$(VAR)` args, the head its two
-/// commands; every Ray node binds its whole worker-port block from its admitted env.
-#[tokio::test]
-async fn vllm_ray_lws_with_the_pod_webhook_then_scaled() {
-    let mut scenario = Scenario::deploy_admitted("vllm-ray-lws-webhook.yaml", "llm").await;
-    let label = "vllm-ray-lws-webhook.yaml";
-    let outcome = check_groups(&scenario, label, "vllm-ray", 2, 3);
+/// Every Ray node's process bound all 64 ports of its `--min-worker-port` block.
+fn assert_every_ray_node_binds_its_worker_block(outcome: &super::Outcome) {
     for run in &outcome.runs {
         let block = run
             .binds()
@@ -173,6 +161,16 @@ async fn vllm_ray_lws_with_the_pod_webhook_then_scaled() {
             .count();
         assert_eq!(block, 64, "{}", run.pod.name);
     }
+}
+
+/// The webhook form: workers run `ray start` with plain `$(VAR)` args, the head its two
+/// commands; every Ray node binds its whole worker-port block from its admitted env.
+#[tokio::test]
+async fn vllm_ray_lws_with_the_pod_webhook_then_scaled() {
+    let mut scenario = Scenario::deploy_admitted("vllm-ray-lws-webhook.yaml", "llm").await;
+    let label = "vllm-ray-lws-webhook.yaml";
+    let outcome = check_groups(&scenario, label, "vllm-ray", 2, 3);
+    assert_every_ray_node_binds_its_worker_block(&outcome);
     scenario.scale_groups(3).await;
     scenario.assert_kept(&[]);
     check_groups(&scenario, label, "vllm-ray", 3, 3);
