@@ -52,7 +52,10 @@ pub async fn group_commit(
     let shard_put = format!("PUT /apis/portalloc.dev/v1alpha1/portpoolshards/{pool}-");
     let pool_writes = log
         .lines()
-        .filter(|l| l.contains(&put) || (l.contains(&shard_put) && l.contains("/status ")))
+        .filter(|l| {
+            l.contains(&put)
+                || (l.contains(&shard_put) && (l.contains("/status ") || l.contains("/status?")))
+        })
         .count();
     ensure_allocated(admin, ns, count).await?;
 

@@ -165,7 +165,7 @@ pub async fn sync_all_at_scale(
             .lines()
             .filter(|l| {
                 l.contains("PUT /apis/portalloc.dev/v1alpha1/portpoolshards/")
-                    && l.contains("/status ")
+                    && (l.contains("/status ") || l.contains("/status?"))
             })
             .count();
         let conflicts = log

@@ -1,7 +1,7 @@
 //! PortAllocations: reading, applying from a manifest (create or update, then allocate), and
 //! deleting (the object first, then its pool entry).
 
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
 use super::allocator::{AllocateError, Allocator, SyncReport};
@@ -104,7 +104,7 @@ pub async fn apply_allocation(
     }
     let mut to_create = pa.clone();
     to_create.status = None;
-    match api.create(&PostParams::default(), &to_create).await {
+    match api.create(&super::write_params(), &to_create).await {
         Ok(created) => match allocator.sync(created.clone()).await {
             Ok(report) => Ok(report),
             Err(e) => {
@@ -168,7 +168,7 @@ async fn replace_spec(
     let mut attempts = Attempts::new(allocator.policy);
     loop {
         existing.spec = desired.spec.clone();
-        let err = match api.replace(&name, &PostParams::default(), &existing).await {
+        let err = match api.replace(&name, &super::write_params(), &existing).await {
             Ok(updated) => return Ok(updated),
             Err(e) => e,
         };

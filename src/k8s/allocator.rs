@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 use super::configmaps::{ConfigMapError, EnvConfigMap, keep_env_configmap};
@@ -269,7 +269,7 @@ impl Allocator {
             return;
         }
         if let Err(e) = allocations(&self.client, pa)
-            .replace_status(&pa.name_any(), &PostParams::default(), &updated)
+            .replace_status(&pa.name_any(), &super::write_params(), &updated)
             .await
         {
             tracing::info!(
@@ -341,7 +341,7 @@ impl Allocator {
             updated.status = Some(status);
             let label = format!("{owner} in pool {pool_name:?}");
             match api
-                .replace_status(&name, &PostParams::default(), &updated)
+                .replace_status(&name, &super::write_params(), &updated)
                 .await
             {
                 Ok(written) => {

@@ -22,7 +22,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, stream};
 use kube::ResourceExt;
-use kube::api::PostParams;
 
 use super::allocator::{AllocateError, Allocator, SyncReport, allocations, exhausted_error};
 use super::commit::{blocked_shard, read_pool};
@@ -328,7 +327,7 @@ impl Allocator {
         updated.status = Some(status);
         let name = pa.name_any();
         allocations(&self.client, &pa)
-            .replace_status(&name, &PostParams::default(), &updated)
+            .replace_status(&name, &super::write_params(), &updated)
             .await
             .map_err(|e| {
                 let namespace = pa.namespace();
@@ -376,7 +375,7 @@ impl Allocator {
             let mut updated = pa.clone();
             updated.status = Some(status);
             match allocations(&self.client, &pa)
-                .replace_status(&pa.name_any(), &PostParams::default(), &updated)
+                .replace_status(&pa.name_any(), &super::write_params(), &updated)
                 .await
             {
                 Ok(written) => report(written, true),

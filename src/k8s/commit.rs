@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 
 use super::allocator::{AllocateError, Allocator, Committed, Failed, Where, exhausted_error};
 use super::error::{KubeError, Target, is_unknown_resource};
@@ -464,7 +464,7 @@ impl Allocator {
         status.shards = widened.iter().map(|&k| i32::from(k)).collect();
         updated.status = Some(status);
         match api
-            .replace_status(&name, &PostParams::default(), &updated)
+            .replace_status(&name, &super::write_params(), &updated)
             .await
         {
             Ok(written) => {

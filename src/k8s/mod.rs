@@ -51,3 +51,12 @@ pub use webhook_tls::{ClientConfig, ServingCert, WebhookTlsError, register_webho
 
 /// The field manager name our writes are recorded under.
 pub const FIELD_MANAGER: &str = "kubectl-portalloc";
+
+/// Parameters of every create and replace: recorded under [`FIELD_MANAGER`] in `managedFields`
+/// (without one the API server files our writes under "unknown").
+pub(crate) fn write_params() -> kube::api::PostParams {
+    kube::api::PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use futures::{StreamExt, TryStreamExt, stream};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
 use super::error::{ApiErrorKind, KubeError, Target};
@@ -123,7 +123,7 @@ pub async fn create_pool(
         });
     }
     let pools: Api<PortPool> = Api::all(client.clone());
-    let created = match pools.create(&PostParams::default(), &pool).await {
+    let created = match pools.create(&super::write_params(), &pool).await {
         Ok(created) => created,
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
             return Err(PoolError::AlreadyExists { pool: name });
@@ -148,7 +148,7 @@ async fn initialize_status(
         size: i32::try_from(ports.len()).unwrap_or(i32::MAX),
     });
     pools
-        .replace_status(&name, &PostParams::default(), &initialized)
+        .replace_status(&name, &super::write_params(), &initialized)
         .await
         .map_err(|e| KubeError::from_kube(e, POOL_STATUS.on("update", &name, None)))
 }
@@ -193,7 +193,7 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
     let api: Api<PortPool> = Api::all(client.clone());
     let name = pool.name_any();
     let ports = pool_ports(&pool)?;
-    match api.create(&PostParams::default(), &pool).await {
+    match api.create(&super::write_params(), &pool).await {
         Ok(created) => {
             let written = initialize_status(&api, created, &ports).await?;
             create_shards(client, &written).await?;
@@ -211,13 +211,13 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
             // The resourceVersion just read makes this a compare-and-swap: a conflict is
             // reported (a rerun is safe) rather than overwriting someone else's change.
             let mut updated = api
-                .replace(&name, &PostParams::default(), &existing)
+                .replace(&name, &super::write_params(), &existing)
                 .await
                 .map_err(|e| KubeError::from_kube(e, POOLS.on("update", &name, None)))?;
             updated.status = Some(PortPoolStatus {
                 size: i32::try_from(ports.len()).unwrap_or(i32::MAX),
             });
-            api.replace_status(&name, &PostParams::default(), &updated)
+            api.replace_status(&name, &super::write_params(), &updated)
                 .await
                 .map_err(|e| KubeError::from_kube(e, POOL_STATUS.on("update", &name, None)))?;
             carry_spec(client, &name).await?;

@@ -176,7 +176,7 @@ pub async fn preview_pool(
         .map_err(|e| KubeError::from_kube(e, POOLS.on("get", &name, None)))?;
     let dry_run = PostParams {
         dry_run: true,
-        ..PostParams::default()
+        ..super::write_params()
     };
     match stored {
         None => {
@@ -278,7 +278,7 @@ async fn send_dry_run(
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &namespace);
     let dry_run = PostParams {
         dry_run: true,
-        ..PostParams::default()
+        ..super::write_params()
     };
     let at = |verb| ALLOCATIONS.on(verb, &name, Some(&namespace));
     if matches!(intent, Intent::Apply) && !exists {

@@ -59,7 +59,7 @@ impl ShardStore {
             None => {
                 let created = self
                     .api
-                    .create(&PostParams::default(), &new_shard(pool, write.index))
+                    .create(&super::write_params(), &new_shard(pool, write.index))
                     .await
                     .map_err(|e| (created_meanwhile(e), SHARDS.on("create", &write.name, None)))?;
                 created.resource_version().unwrap_or_default()
@@ -70,7 +70,7 @@ impl ShardStore {
         shard.metadata.resource_version = Some(resource_version);
         shard.status = Some(write.status.clone());
         self.api
-            .replace_status(&write.name, &PostParams::default(), &shard)
+            .replace_status(&write.name, &super::write_params(), &shard)
             .await
             .map_err(|e| (e, SHARD_STATUS.on("update", &write.name, None)))
     }
@@ -85,7 +85,7 @@ impl ShardStore {
     ) -> Result<(), KubeError> {
         let dry_run = PostParams {
             dry_run: true,
-            ..PostParams::default()
+            ..super::write_params()
         };
         let mut shard = new_shard(pool, write.index);
         shard.metadata.name = Some(write.name.clone());

@@ -23,7 +23,7 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{
     Action, Config as ControllerConfig, Controller, Error as ControllerError,
@@ -138,7 +138,7 @@ pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<()
         }
         .all("create", None);
         let answer = reviews
-            .create(&PostParams::default(), &review)
+            .create(&super::write_params(), &review)
             .await
             .map_err(|e| KubeError::from_kube(e, target))?;
         if !answer.status.is_some_and(|s| s.allowed) {

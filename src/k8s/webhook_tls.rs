@@ -13,7 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
@@ -156,7 +156,7 @@ async fn load_or_create_ca(
         ..Default::default()
     };
     secret.metadata.name = Some(CA_SECRET.into());
-    match secrets.create(&PostParams::default(), &secret).await {
+    match secrets.create(&super::write_params(), &secret).await {
         Ok(_) => Ok((cert_pem, key_pem)),
         Err(kube::Error::Api(status)) if status.is_already_exists() => {
             let stored = secrets

@@ -89,6 +89,33 @@ async fn role_and_pod_scoped_ports_with_a_requested_port() {
         "ports within one allocation are distinct"
     );
     assert!(mine.ports().all(|p| (31000..=31099).contains(&p)));
+    // Every write is filed under our field manager, as kubectl files its own ("unknown" is what
+    // the API server records when a client names none).
+    let managers = |meta: &kube::api::ObjectMeta| -> Vec<(String, String)> {
+        let entries = meta.managed_fields.clone().unwrap_or_default();
+        entries
+            .into_iter()
+            .map(|m| {
+                (
+                    m.manager.unwrap_or_default(),
+                    m.subresource.unwrap_or_default(),
+                )
+            })
+            .collect()
+    };
+    let expected = |subresources: &[&str]| -> Vec<(String, String)> {
+        let named = subresources.iter();
+        named
+            .map(|s| ("kubectl-portalloc".into(), s.to_string()))
+            .collect()
+    };
+    assert_eq!(managers(&pa.metadata), expected(&["", "status"]));
+    let shards = Api::<portalloc::api::PortPoolShard>::all(client.clone());
+    let shard = shards
+        .get(&format!("{pool}-{}", 31000 / 256))
+        .await
+        .unwrap();
+    assert_eq!(managers(&shard.metadata), expected(&["", "status"]));
     // Automatic ports come from the dynamic band while it has room (static band: 16 ports).
     assert!(
         mine.iter()

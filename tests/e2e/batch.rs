@@ -35,7 +35,7 @@ fn shard_writes(stderr: &str, pool: &str) -> BTreeMap<String, usize> {
     let mut writes = BTreeMap::new();
     for line in stderr.lines() {
         if let Some(rest) = line.split(&put).nth(1)
-            && let Some((k, _)) = rest.split_once("/status ")
+            && let Some((k, _)) = rest.split_once("/status")
         {
             *writes.entry(k.to_string()).or_default() += 1;
         }
@@ -49,10 +49,7 @@ fn status_writes(stderr: &str) -> Vec<String> {
         .lines()
         .filter(|l| l.contains("PUT /apis/portalloc.dev/v1alpha1/namespaces/"))
         .filter_map(|l| l.split("/portallocations/").nth(1))
-        .filter_map(|rest| {
-            rest.split_once("/status ")
-                .map(|(name, _)| name.to_string())
-        })
+        .filter_map(|rest| rest.split_once("/status").map(|(name, _)| name.to_string()))
         .collect()
 }
 

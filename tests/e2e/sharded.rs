@@ -149,7 +149,7 @@ fn shard_writes(stderr: &str, pool: &str) -> usize {
     let put = format!("PUT /apis/portalloc.dev/v1alpha1/portpoolshards/{pool}-");
     stderr
         .lines()
-        .filter(|l| l.contains(&put) && l.contains("/status "))
+        .filter(|l| l.contains(&put) && (l.contains("/status ") || l.contains("/status?")))
         .count()
 }
 
