@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
+use super::allocations::list_in_pages;
 use super::allocator::{AllocateError, Allocator, SyncReport};
 use super::error::{KubeError, Target};
 use super::resources::{ALLOCATIONS, POOLS, SHARDS};
@@ -289,14 +290,14 @@ impl Repairer {
     ) -> Result<Vec<PortAllocation>, kube::Error> {
         let api: Api<PortAllocation> = Api::all(self.client.clone());
         let Some(pool) = pool else {
-            return Ok(api.list(&ListParams::default()).await?.items);
+            return list_in_pages(&api, &ListParams::default()).await;
         };
         let selected = ListParams::default().fields(&format!("spec.pool={pool}"));
-        match api.list(&selected).await {
-            Ok(list) => Ok(list.items),
+        match list_in_pages(&api, &selected).await {
+            Ok(items) => Ok(items),
             // CRDs installed by an older version have no selectable spec.pool: list them all.
             Err(kube::Error::Api(status)) if status.code == 400 => {
-                Ok(api.list(&ListParams::default()).await?.items)
+                list_in_pages(&api, &ListParams::default()).await
             }
             Err(e) => Err(e),
         }

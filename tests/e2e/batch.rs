@@ -198,3 +198,71 @@ async fn sync_all_commits_each_pool_once_and_keeps_refusals_to_themselves() {
     );
     assert_eq!(assert_consistent(&client, "big").await, big);
 }
+
+/// More PortAllocations than one page of a list (500): `sync --all` reads them in pages of one
+/// snapshot and allocates every one, in the same shard writes as one list would give.
+#[tokio::test]
+async fn sync_all_reads_allocations_in_pages() {
+    const COUNT: usize = 1_100;
+    let client = crate::support::client().await;
+    let ns = crate::support::namespace(&client, "pages").await;
+    let pool = crate::support::unique_name("pages");
+    crate::support::create_pool(&pool, "45000-46999");
+    let yaml = simple_allocation("x", &pool, "web", 1, &["http"]);
+    let template: PortAllocation = serde_yaml::from_str(&yaml).unwrap();
+    let api = Api::<PortAllocation>::namespaced(client.clone(), &ns);
+    let names: Vec<String> = (0..COUNT).map(|i| format!("job-{i:04}")).collect();
+    for chunk in names.chunks(50) {
+        let creates = chunk.iter().map(|name| {
+            let mut pa = template.clone();
+            pa.metadata.name = Some(name.clone());
+            let api = api.clone();
+            async move { api.create(&PostParams::default(), &pa).await.unwrap() }
+        });
+        futures::future::join_all(creates).await;
+    }
+
+    let run = crate::support::cli::run(&["sync", "--all", "-n", &ns, "-v", "2"]);
+    assert!(run.ok(), "{run}");
+    let lists: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| {
+            l.contains(&format!(
+                "GET /apis/portalloc.dev/v1alpha1/namespaces/{ns}/portallocations?"
+            ))
+        })
+        .collect();
+    assert_eq!(lists.len(), 3, "1,100 objects are three pages: {lists:#?}");
+    assert!(lists.iter().all(|l| l.contains("limit=500")), "{lists:#?}");
+    assert!(
+        lists[1..].iter().all(|l| l.contains("continue=")),
+        "{lists:#?}"
+    );
+    // Each of the pool's 9 windows at most once per pass, as with one list.
+    let writes = shard_writes(&run.stderr, &pool);
+    assert!(
+        writes.len() <= 9 && writes.values().all(|&n| n <= 2),
+        "{writes:?}"
+    );
+    assert_eq!(status_writes(&run.stderr).len(), COUNT);
+
+    let holdings = assert_consistent(&client, &pool).await;
+    let live = allocations_of(&client, &pool).await;
+    assert_eq!(live.len(), COUNT);
+    let mut ports = BTreeSet::new();
+    for pa in live.values() {
+        let recorded = recorded_holdings(pa.status.as_ref().unwrap());
+        assert_eq!(recorded.len(), 1, "{:?}", pa.metadata.name);
+        ports.extend(recorded.ports());
+    }
+    assert_eq!(ports.len(), COUNT, "no port twice");
+    assert_eq!(holdings.len(), COUNT);
+    // The stored objects kept their managedFields: the status writes omitted them.
+    assert!(live.values().all(|pa| {
+        pa.metadata
+            .managed_fields
+            .as_ref()
+            .is_some_and(|m| m.len() == 2)
+    }));
+}
