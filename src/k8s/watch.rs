@@ -28,7 +28,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{
     Action, Config as ControllerConfig, Controller, Error as ControllerError,
 };
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
@@ -198,7 +198,16 @@ pub async fn watch(
         stop_rx.clone(),
     ));
 
-    let controller = Controller::new(api, watcher::Config::default())
+    // The controller's cache holds every PortAllocation; without their managedFields (nothing
+    // here reads them, and a status write that omits them leaves the stored ones alone) it
+    // takes about half the memory.
+    let (reader, writer) = reflector::store();
+    let objects = reflector(
+        writer,
+        watcher(api).modify(|pa| pa.metadata.managed_fields = None),
+    )
+    .applied_objects();
+    let controller = Controller::for_stream(objects, reader)
         .with_config(ControllerConfig::default().concurrency(options.concurrency));
     let store = controller.store();
     tokio::spawn(refresh_gauges(
