@@ -81,7 +81,7 @@ pub async fn connect(options: &ClientOptions) -> Result<Connection, KubeError> {
     let cache_dir = options
         .cache_dir
         .as_deref()
-        .map(|base| super::pool_cache::cluster_cache_dir(base, &config.cluster_url.to_string()));
+        .map(|base| super::record::cluster_cache_dir(base, &config.cluster_url.to_string()));
     let client = ClientBuilder::try_from(config)
         .map_err(|e| config_error(format!("cannot build a client for the cluster: {e}")))?
         .with_layer(&RequestLog)

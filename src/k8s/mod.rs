@@ -1,53 +1,48 @@
-//! The Kubernetes layer: the client, errors, the one retry driver, and the loops that read,
-//! decide (with [`crate::ledger`]) and write. Every write that protects consistency lives here:
-//! the shard compare-and-swaps of allocation and repair, pool creation and deletion, and the
-//! create-then-allocate of a manifest.
+//! The Kubernetes layer: reads, calls the ledger, writes. Its rooms, each using only those above:
+//! - plumbing: [`client`](connect), errors ([`KubeError`]), the one retry driver ([`Attempts`]),
+//!   the resources we name in messages, and CRD installation;
+//! - [`record`]: the pool record's I/O (PortPools, PortPoolShards and their compare-and-swap
+//!   writes, remembered copies, usage as readers see it);
+//! - [`allocate`]: client-side allocation (one, many, dry runs) and what follows it (the
+//!   PortAllocation objects, the env-file ConfigMaps);
+//! - `repair`: rebuilding a pool's record from the live PortAllocations;
+//! - [`watch`]: `sync --watch`, the same allocation driven by watches, and its metrics;
+//! - [`webhook`]: the pod webhook and its TLS.
+//!
+//! Every write that protects consistency lives here: the shard compare-and-swaps of allocation
+//! and repair, pool creation and deletion, and the create-then-allocate of a manifest.
 
-mod allocations;
-mod allocator;
-mod batch;
+pub mod allocate;
 mod client;
-mod combiner;
-mod commit;
-mod configmaps;
 mod crds;
 mod error;
-mod metrics;
-mod pool_cache;
-mod pool_view;
-mod pools;
-mod preview;
+pub mod record;
 mod repair;
 mod resources;
 mod retry;
-mod shards;
-mod watch;
-mod webhook;
-mod webhook_tls;
+pub mod watch;
+pub mod webhook;
 
-pub use allocations::{
-    ApplyError, DeleteError, Deleted, apply_allocation, delete_allocation, get_allocation,
-    list_allocations,
+pub use allocate::{
+    AllocateError, Allocator, ApplyError, Change, ConfigMapError, DeleteError, Deleted, DryRun,
+    EnvConfigMap, Intent, Preview, SyncReport, apply_allocation, apply_configmap,
+    delete_allocation, get_allocation, list_allocations, preview, preview_pool,
 };
-pub use allocator::{AllocateError, Allocator, SyncReport};
 pub use client::{ClientOptions, Connection, connect};
-pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};
 pub use crds::install_crds;
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
-pub use metrics::{Metrics, SyncResult};
-pub use pool_view::{PoolView, pool_view};
-pub use pools::{
-    Applied, DeletedPool, PoolError, apply_pool, carry_spec, create_pool, delete_pool, get_pool,
-    list_pools, pool_ports,
+pub use record::{
+    Applied, DeletedPool, PoolError, PoolView, ShardStore, apply_pool, carry_spec, create_pool,
+    delete_pool, get_pool, list_pools, pool_ports, pool_view,
 };
-pub use preview::{DryRun, Intent, Preview, preview, preview_pool};
 pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
-pub use shards::ShardStore;
-pub use watch::{Readiness, WatchOptions, check_access, watch};
-pub use webhook::{PodWebhook, WEBHOOK_TIMEOUT};
-pub use webhook_tls::{ClientConfig, ServingCert, WebhookTlsError, register_webhook, serving_cert};
+pub use watch::{Metrics, Readiness, SyncResult, WatchOptions, check_access, watch};
+pub use webhook::{
+    ClientConfig, PodWebhook, ServingCert, WEBHOOK_TIMEOUT, WebhookTlsError, register_webhook,
+    serving_cert,
+};
 
 /// The field manager name our writes are recorded under.
 pub const FIELD_MANAGER: &str = "kubectl-portalloc";

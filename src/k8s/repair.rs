@@ -9,12 +9,11 @@ use std::collections::BTreeMap;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
-use super::allocations::list_in_pages;
-use super::allocator::{AllocateError, Allocator, SyncReport};
+use super::allocate::{AllocateError, Allocator, SyncReport, list_in_pages};
 use super::error::{KubeError, Target};
+use super::record::ShardStore;
 use super::resources::{ALLOCATIONS, POOLS, SHARDS};
 use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
-use super::shards::ShardStore;
 use crate::api::{PortAllocation, PortPool, PortPoolShard, SpecError};
 use crate::ledger::{
     Change, FreeReason, PoolCopy, RepairPlan, Restored, ShardRepairPlan, ShardedRecord, StaleShard,

@@ -2,9 +2,9 @@
 
 use kube::{Client, ResourceExt};
 
-use super::error::KubeError;
 use super::shards::ShardStore;
 use crate::api::{PortPool, SpecError};
+use crate::k8s::error::KubeError;
 use crate::ledger::{PoolCopy, PoolRecord, ShardedRecord, shard_warnings};
 
 /// A pool as `pool describe` and `pool get` show it.

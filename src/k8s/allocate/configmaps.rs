@@ -17,10 +17,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
-use super::FIELD_MANAGER;
-use super::error::{ApiErrorKind, KubeError, Target};
-use super::resources::CONFIGMAPS;
 use crate::api::{ALLOCATION_LABEL, PortAllocation, ResolveError, env_configmap};
+use crate::k8s::FIELD_MANAGER;
+use crate::k8s::error::{ApiErrorKind, KubeError, Target};
+use crate::k8s::resources::CONFIGMAPS;
 use crate::ledger::owner_of;
 
 /// Server-side apply `configmap` (its fields owned by this plugin's field manager).

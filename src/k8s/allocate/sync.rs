@@ -12,85 +12,20 @@
 //! the status just written (see [`super::configmaps`]). It follows the allocation and never
 //! undoes it: its outcome, good or bad, is part of the [`SyncReport`].
 
-use std::collections::BTreeSet;
 use std::fmt;
 
+use kube::ResourceExt;
 use kube::api::Api;
-use kube::{Client, ResourceExt};
 
+use super::allocator::{AllocateError, Allocator, Failed, Where, allocations};
+use super::commit::Request;
 use super::configmaps::{ConfigMapError, EnvConfigMap, keep_env_configmap};
-use super::error::{KubeError, Target};
-use super::pool_cache::{PoolCache, ShardCache};
-use super::resources::{ALLOCATION_STATUS, ALLOCATIONS};
-use super::retry::{Attempts, Exhausted, RetryPolicy, Stop};
 use crate::api::{PortAllocation, PortAllocationStatus};
 use crate::core::Holdings;
+use crate::k8s::error::KubeError;
+use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS};
+use crate::k8s::retry::Attempts;
 use crate::ledger::{Operation, Outcome, Refusal, allocation_status, owner_of, recorded_holdings};
-
-/// Why an allocation did not happen. Nothing is half-done in any of these cases: each shard
-/// write is all-or-nothing, and an owner spanning shards completes on its next sync.
-#[derive(Debug, thiserror::Error)]
-pub enum AllocateError {
-    /// A lasting refusal, recorded on the PortAllocation: the same command fails the same way
-    /// until someone changes the spec or the pool.
-    #[error(transparent)]
-    Refused(#[from] Refusal),
-
-    #[error(
-        "PortAllocation {owner}: gave up after {attempts} attempts in {elapsed_ms} ms ({conflicts} conflicts on \
-         the shards of PortPool {pool:?}; last: {last}). Nothing was half-allocated: it is safe to run the command again"
-    )]
-    Exhausted {
-        owner: String,
-        pool: String,
-        attempts: u32,
-        elapsed_ms: u128,
-        conflicts: u32,
-        last: String,
-    },
-
-    #[error(
-        "PortAllocation {owner}: PortPoolShard {shard} holds the name a shard of PortPool {pool:?} \
-         needs, but is not part of its record ({reason}): run `kubectl portalloc repair --pool \
-         {pool} --apply`, which gives an earlier pool's holders their ports back in this one and \
-         removes such shards, then run this again"
-    )]
-    BlockedShard {
-        owner: String,
-        pool: String,
-        shard: String,
-        reason: String,
-    },
-
-    #[error(transparent)]
-    Kube(#[from] KubeError),
-}
-
-impl AllocateError {
-    /// The lasting refusal, if this is one (transport trouble and conflicts are not).
-    pub fn refusal(&self) -> Option<&Refusal> {
-        match self {
-            AllocateError::Refused(refusal) => Some(refusal),
-            _ => None,
-        }
-    }
-}
-
-/// An error, and what the owner held in the record it was decided against, when one was read:
-/// the status of a refused sync must not go on claiming ports the shards no longer give it.
-pub(super) struct Failed {
-    pub(super) error: AllocateError,
-    pub(super) holdings: Option<Holdings>,
-}
-
-impl<E: Into<AllocateError>> From<E> for Failed {
-    fn from(error: E) -> Failed {
-        Failed {
-            error: error.into(),
-            holdings: None,
-        }
-    }
-}
 
 /// What one sync or release did.
 #[derive(Debug)]
@@ -112,64 +47,7 @@ pub struct SyncReport {
     pub configmap: Option<Result<EnvConfigMap, ConfigMapError>>,
 }
 
-/// What the shard step committed.
-pub(super) struct Committed {
-    pub(super) holdings: Holdings,
-    pub(super) pool_uid: String,
-    pub(super) allocated: usize,
-    pub(super) released: usize,
-    pub(super) written: bool,
-    /// The shards where the owner's entries now are (`status.shards`).
-    pub(super) shards: BTreeSet<u16>,
-}
-
-/// Allocates and releases ports for PortAllocations.
-#[derive(Clone)]
-pub struct Allocator {
-    pub(super) client: Client,
-    pub policy: RetryPolicy,
-    /// The last copy of each shard read or written, decided against instead of a new read.
-    pub(super) shards: ShardCache,
-    /// The newest spec of each pool seen, which homes are computed from.
-    pub(super) pools: PoolCache,
-}
-
 impl Allocator {
-    pub fn new(client: Client) -> Self {
-        Self {
-            client,
-            policy: RetryPolicy::default(),
-            shards: ShardCache::default(),
-            pools: PoolCache::default(),
-        }
-    }
-
-    /// The same, retrying by `policy`.
-    pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// Keep the copies in `dir` too (one cluster's directory), so the next process starts from
-    /// them: a CLI command's first allocation then needs no read of the pool or its shard.
-    pub fn cache_dir(mut self, dir: Option<std::path::PathBuf>) -> Self {
-        if let Some(dir) = dir {
-            self.shards = ShardCache::on_disk(dir.join("shards"));
-            self.pools = PoolCache::on_disk(dir.join("pools"));
-        }
-        self
-    }
-
-    /// Whether to decide against the shards returned by the last writes (default) or read
-    /// every shard before deciding (one more request each; for comparison).
-    pub fn remember_shards(mut self, on: bool) -> Self {
-        if !on {
-            self.shards = ShardCache::disabled();
-            self.pools = PoolCache::disabled();
-        }
-        self
-    }
-
     /// Make the shards and the PortAllocation's status match its spec.
     pub async fn sync(&self, pa: PortAllocation) -> Result<SyncReport, AllocateError> {
         self.sync_inner(pa).await.map_err(|failed| failed.error)
@@ -226,7 +104,7 @@ impl Allocator {
         status: Option<&PortAllocationStatus>,
     ) -> Result<usize, AllocateError> {
         let mut attempts = Attempts::new(self.policy);
-        let request = super::commit::Request {
+        let request = Request {
             pool,
             uid,
             owner,
@@ -269,7 +147,7 @@ impl Allocator {
             return;
         }
         if let Err(e) = allocations(&self.client, pa)
-            .replace_status(&pa.name_any(), &super::write_params(), &updated)
+            .replace_status(&pa.name_any(), &crate::k8s::write_params(), &updated)
             .await
         {
             tracing::info!(
@@ -298,7 +176,7 @@ impl Allocator {
             let uid = pa.uid().unwrap_or_default();
             let owner = owner_of(&pa);
             let pool_name = pa.spec.pool.clone();
-            let request = super::commit::Request {
+            let request = Request {
                 pool: &pool_name,
                 uid: &uid,
                 owner: &owner,
@@ -341,7 +219,7 @@ impl Allocator {
             updated.status = Some(status);
             let label = format!("{owner} in pool {pool_name:?}");
             match api
-                .replace_status(&name, &super::write_params(), &updated)
+                .replace_status(&name, &crate::k8s::write_params(), &updated)
                 .await
             {
                 Ok(written) => {
@@ -375,69 +253,6 @@ impl Allocator {
         report.configmap = keep_env_configmap(&self.client, &report.allocation, released).await;
         report
     }
-
-    /// Wait before the next round, or end the loop with the error the caller reports.
-    pub(super) async fn backoff(
-        &self,
-        attempts: &mut Attempts,
-        err: kube::Error,
-        target: Target,
-        label: &str,
-        pool: &str,
-        owner: &str,
-    ) -> Result<(), AllocateError> {
-        attempts
-            .backoff(err, target, label)
-            .await
-            .map_err(|stop| match stop {
-                Stop::Final(e) => AllocateError::Kube(e),
-                Stop::Exhausted(exhausted) => exhausted_error(exhausted, pool, owner),
-            })
-    }
-}
-
-/// The error for a retry budget that ran out.
-pub(super) fn exhausted_error(exhausted: Exhausted, pool: &str, owner: &str) -> AllocateError {
-    let Exhausted {
-        attempts,
-        elapsed,
-        conflicts,
-        last,
-    } = exhausted;
-    AllocateError::Exhausted {
-        owner: owner.into(),
-        pool: pool.into(),
-        attempts,
-        elapsed_ms: elapsed.as_millis(),
-        conflicts,
-        last: last.to_string(),
-    }
-}
-
-/// Where an owner's entries may be (docs/record-at-scale.md, "Placement").
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Where {
-    /// In the shards its status names (`status.shards`).
-    Listed(BTreeSet<u16>),
-    /// In its home shard, if anywhere: its status names no shard.
-    Home,
-    /// Not known (no status to go by): every shard is read.
-    Anywhere,
-}
-
-impl Where {
-    pub(super) fn of(status: Option<&PortAllocationStatus>) -> Where {
-        let listed = crate::ledger::listed_shards(status);
-        if listed.is_empty() {
-            Where::Home
-        } else {
-            Where::Listed(listed)
-        }
-    }
-}
-
-pub(super) fn allocations(client: &Client, pa: &PortAllocation) -> Api<PortAllocation> {
-    Api::namespaced(client.clone(), &pa.namespace().unwrap_or_default())
 }
 
 impl fmt::Display for SyncReport {

@@ -20,11 +20,11 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use super::FIELD_MANAGER;
-use super::error::KubeError;
-use super::resources::Resource;
-use super::webhook::WEBHOOK_TIMEOUT;
+use super::WEBHOOK_TIMEOUT;
 use crate::api::POD_ALLOCATION_LABEL;
+use crate::k8s::FIELD_MANAGER;
+use crate::k8s::error::KubeError;
+use crate::k8s::resources::Resource;
 
 /// The Secret (in the watcher's namespace) that holds the CA: `ca.crt`, `ca.key`.
 pub const CA_SECRET: &str = "portalloc-webhook-ca";
@@ -156,7 +156,7 @@ async fn load_or_create_ca(
         ..Default::default()
     };
     secret.metadata.name = Some(CA_SECRET.into());
-    match secrets.create(&super::write_params(), &secret).await {
+    match secrets.create(&crate::k8s::write_params(), &secret).await {
         Ok(_) => Ok((cert_pem, key_pem)),
         Err(kube::Error::Api(status)) if status.is_already_exists() => {
             let stored = secrets

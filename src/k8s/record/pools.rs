@@ -8,12 +8,12 @@ use futures::{StreamExt, TryStreamExt, stream};
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
-use super::error::{ApiErrorKind, KubeError, Target};
-use super::resources::{POOL_STATUS, POOLS, SHARDS};
-use super::retry::{Attempts, RetryPolicy, Stop};
 use super::shards::ShardStore;
 use crate::api::{PortPool, PortPoolShard, PortPoolStatus, Protocol, SpecError};
 use crate::core::{Holdings, PortSet};
+use crate::k8s::error::{ApiErrorKind, KubeError, Target};
+use crate::k8s::resources::{POOL_STATUS, POOLS, SHARDS};
+use crate::k8s::retry::{Attempts, RetryPolicy, Stop};
 use crate::ledger::{
     PoolCopy, PoolOverlap, ShardRecord, ShardedRecord, load_shard, new_shard, overlapping_pool,
 };
@@ -123,7 +123,7 @@ pub async fn create_pool(
         });
     }
     let pools: Api<PortPool> = Api::all(client.clone());
-    let created = match pools.create(&super::write_params(), &pool).await {
+    let created = match pools.create(&crate::k8s::write_params(), &pool).await {
         Ok(created) => created,
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
             return Err(PoolError::AlreadyExists { pool: name });
@@ -148,7 +148,7 @@ async fn initialize_status(
         size: i32::try_from(ports.len()).unwrap_or(i32::MAX),
     });
     pools
-        .replace_status(&name, &super::write_params(), &initialized)
+        .replace_status(&name, &crate::k8s::write_params(), &initialized)
         .await
         .map_err(|e| KubeError::from_kube(e, POOL_STATUS.on("update", &name, None)))
 }
@@ -193,7 +193,7 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
     let api: Api<PortPool> = Api::all(client.clone());
     let name = pool.name_any();
     let ports = pool_ports(&pool)?;
-    match api.create(&super::write_params(), &pool).await {
+    match api.create(&crate::k8s::write_params(), &pool).await {
         Ok(created) => {
             let written = initialize_status(&api, created, &ports).await?;
             create_shards(client, &written).await?;
@@ -211,13 +211,13 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
             // The resourceVersion just read makes this a compare-and-swap: a conflict is
             // reported (a rerun is safe) rather than overwriting someone else's change.
             let mut updated = api
-                .replace(&name, &super::write_params(), &existing)
+                .replace(&name, &crate::k8s::write_params(), &existing)
                 .await
                 .map_err(|e| KubeError::from_kube(e, POOLS.on("update", &name, None)))?;
             updated.status = Some(PortPoolStatus {
                 size: i32::try_from(ports.len()).unwrap_or(i32::MAX),
             });
-            api.replace_status(&name, &super::write_params(), &updated)
+            api.replace_status(&name, &crate::k8s::write_params(), &updated)
                 .await
                 .map_err(|e| KubeError::from_kube(e, POOL_STATUS.on("update", &name, None)))?;
             carry_spec(client, &name).await?;
@@ -389,4 +389,21 @@ pub async fn delete_pool(
     }
     tracing::info!("deleted PortPool {name} and its shards ({recorded} holders)");
     Ok(DeletedPool { holders: recorded })
+}
+
+/// The pool object, `None` when it does not exist. The raw error otherwise, for the retry loop.
+pub(crate) async fn read_pool(
+    client: &kube::Client,
+    pool: &str,
+) -> Result<Option<PortPool>, kube::Error> {
+    let pools: Api<PortPool> = Api::all(client.clone());
+    match pools.get(pool).await {
+        Ok(pool) => Ok(Some(pool)),
+        Err(kube::Error::Api(status))
+            if status.is_not_found() && !crate::k8s::error::is_unknown_resource(&status) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }

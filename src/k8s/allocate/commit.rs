@@ -18,11 +18,11 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use super::allocator::{AllocateError, Allocator, Committed, Failed, Where, exhausted_error};
-use super::error::{KubeError, Target, is_unknown_resource};
-use super::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
-use super::retry::Attempts;
-use super::shards::ShardStore;
-use crate::api::{PortAllocation, PortPool, PortPoolShard};
+use crate::api::{PortAllocation, PortPoolShard};
+use crate::k8s::error::{KubeError, Target};
+use crate::k8s::record::{ShardStore, read_pool};
+use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
+use crate::k8s::retry::Attempts;
 use crate::ledger::{
     BatchItem, Decision, ItemOutcome, Operation, PoolCopy, Refusal, ShardAnomaly, ShardRecord,
     ShardWrite, ShardedRecord, decide, home_shard, known_shards, load_shard, new_shard, owner_of,
@@ -464,7 +464,7 @@ impl Allocator {
         status.shards = widened.iter().map(|&k| i32::from(k)).collect();
         updated.status = Some(status);
         match api
-            .replace_status(&name, &super::write_params(), &updated)
+            .replace_status(&name, &crate::k8s::write_params(), &updated)
             .await
         {
             Ok(written) => {
@@ -493,21 +493,6 @@ impl Allocator {
         let label = format!("{} in pool {:?}", request.owner, request.pool);
         self.backoff(attempts, e, target, &label, request.pool, request.owner)
             .await
-    }
-}
-
-/// The pool object, `None` when it does not exist. The raw error otherwise, for the retry loop.
-pub(super) async fn read_pool(
-    client: &kube::Client,
-    pool: &str,
-) -> Result<Option<PortPool>, kube::Error> {
-    let pools: Api<PortPool> = Api::all(client.clone());
-    match pools.get(pool).await {
-        Ok(pool) => Ok(Some(pool)),
-        Err(kube::Error::Api(status)) if status.is_not_found() && !is_unknown_resource(&status) => {
-            Ok(None)
-        }
-        Err(e) => Err(e),
     }
 }
 

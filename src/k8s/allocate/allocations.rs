@@ -4,11 +4,12 @@
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
-use super::allocator::{AllocateError, Allocator, SyncReport};
-use super::error::{ApiErrorKind, KubeError};
-use super::resources::ALLOCATIONS;
-use super::retry::{Attempts, Stop};
+use super::allocator::{AllocateError, Allocator};
+use super::sync::SyncReport;
 use crate::api::PortAllocation;
+use crate::k8s::error::{ApiErrorKind, KubeError};
+use crate::k8s::resources::ALLOCATIONS;
+use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{Refusal, owner_of};
 
 /// Why applying a PortAllocation from a manifest did not happen.
@@ -80,7 +81,7 @@ const PAGE: u32 = 500;
 /// pages are one snapshot (the continue token pins the first page's revision), so the result
 /// is as consistent as one list. A token that expired (410, the revision was compacted) starts
 /// the list again.
-pub(super) async fn list_in_pages(
+pub(crate) async fn list_in_pages(
     api: &Api<PortAllocation>,
     params: &ListParams,
 ) -> Result<Vec<PortAllocation>, kube::Error> {
@@ -141,7 +142,7 @@ pub async fn apply_allocation(
     }
     let mut to_create = pa.clone();
     to_create.status = None;
-    match api.create(&super::write_params(), &to_create).await {
+    match api.create(&crate::k8s::write_params(), &to_create).await {
         Ok(created) => match allocator.sync(created.clone()).await {
             Ok(report) => Ok(report),
             Err(e) => {
@@ -205,7 +206,10 @@ async fn replace_spec(
     let mut attempts = Attempts::new(allocator.policy);
     loop {
         existing.spec = desired.spec.clone();
-        let err = match api.replace(&name, &super::write_params(), &existing).await {
+        let err = match api
+            .replace(&name, &crate::k8s::write_params(), &existing)
+            .await
+        {
             Ok(updated) => return Ok(updated),
             Err(e) => e,
         };

@@ -23,13 +23,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures::{StreamExt, stream};
 use kube::ResourceExt;
 
-use super::allocator::{AllocateError, Allocator, SyncReport, allocations, exhausted_error};
-use super::commit::{blocked_shard, read_pool};
+use super::allocator::{AllocateError, Allocator, allocations, exhausted_error};
+use super::commit::blocked_shard;
 use super::configmaps::keep_env_configmap;
-use super::resources::{ALLOCATION_STATUS, POOLS};
-use super::retry::{Attempts, Stop};
-use super::shards::ShardStore;
+use super::sync::SyncReport;
 use crate::api::{PortAllocation, PortPoolShard};
+use crate::k8s::record::{ShardStore, read_pool};
+use crate::k8s::resources::{ALLOCATION_STATUS, POOLS};
+use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{
     BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolCopy, Refusal, ShardWrite, ShardedRecord,
     allocation_status, decide_pool_batch, known_shards, owner_of,
@@ -286,7 +287,7 @@ impl Allocator {
         writes: &[ShardWrite],
         sharded: &ShardedRecord,
         label: &str,
-    ) -> Vec<Result<PortPoolShard, (kube::Error, super::error::Target)>> {
+    ) -> Vec<Result<PortPoolShard, (kube::Error, crate::k8s::error::Target)>> {
         let store = ShardStore::new(self.client.clone());
         let commits: Vec<_> = writes
             .iter()
@@ -320,14 +321,14 @@ impl Allocator {
         &self,
         pa: PortAllocation,
         shards: &BTreeSet<u16>,
-    ) -> Result<PortAllocation, (kube::Error, super::error::Target)> {
+    ) -> Result<PortAllocation, (kube::Error, crate::k8s::error::Target)> {
         let mut updated = pa.clone();
         let mut status = updated.status.take().unwrap_or_default();
         status.shards = shards.iter().map(|&k| i32::from(k)).collect();
         updated.status = Some(status);
         let name = pa.name_any();
         allocations(&self.client, &pa)
-            .replace_status(&name, &super::write_params(), &updated)
+            .replace_status(&name, &crate::k8s::write_params(), &updated)
             .await
             .map_err(|e| {
                 let namespace = pa.namespace();
@@ -375,7 +376,7 @@ impl Allocator {
             let mut updated = pa.clone();
             updated.status = Some(status);
             match allocations(&self.client, &pa)
-                .replace_status(&pa.name_any(), &super::write_params(), &updated)
+                .replace_status(&pa.name_any(), &crate::k8s::write_params(), &updated)
                 .await
             {
                 Ok(written) => report(written, true),

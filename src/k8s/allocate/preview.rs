@@ -9,12 +9,10 @@ use std::collections::BTreeMap;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use super::commit::read_pool;
-use super::error::KubeError;
-use super::pools::Applied;
-use super::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
-use super::shards::ShardStore;
 use crate::api::{PortAllocation, PortPool};
+use crate::k8s::error::KubeError;
+use crate::k8s::record::{Applied, ShardStore, read_pool};
+use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
 use crate::ledger::{
     BatchItem, ItemOutcome, Operation, Outcome, PoolCopy, PortChanges, Refusal, ShardedRecord,
     allocation_status, known_shards, owner_of, preview as preview_in,
@@ -176,7 +174,7 @@ pub async fn preview_pool(
         .map_err(|e| KubeError::from_kube(e, POOLS.on("get", &name, None)))?;
     let dry_run = PostParams {
         dry_run: true,
-        ..super::write_params()
+        ..crate::k8s::write_params()
     };
     match stored {
         None => {
@@ -278,7 +276,7 @@ async fn send_dry_run(
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &namespace);
     let dry_run = PostParams {
         dry_run: true,
-        ..super::write_params()
+        ..crate::k8s::write_params()
     };
     let at = |verb| ALLOCATIONS.on(verb, &name, Some(&namespace));
     if matches!(intent, Intent::Apply) && !exists {

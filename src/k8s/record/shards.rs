@@ -8,9 +8,9 @@
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use super::error::{KubeError, Target};
-use super::resources::{SHARD_STATUS, SHARDS};
 use crate::api::PortPoolShard;
+use crate::k8s::error::{KubeError, Target};
+use crate::k8s::resources::{SHARD_STATUS, SHARDS};
 use crate::ledger::{PoolCopy, ShardWrite, new_shard};
 
 /// The shards of pools, through one client. Reads and writes return the raw error with the
@@ -59,7 +59,7 @@ impl ShardStore {
             None => {
                 let created = self
                     .api
-                    .create(&super::write_params(), &new_shard(pool, write.index))
+                    .create(&crate::k8s::write_params(), &new_shard(pool, write.index))
                     .await
                     .map_err(|e| (created_meanwhile(e), SHARDS.on("create", &write.name, None)))?;
                 created.resource_version().unwrap_or_default()
@@ -70,7 +70,7 @@ impl ShardStore {
         shard.metadata.resource_version = Some(resource_version);
         shard.status = Some(write.status.clone());
         self.api
-            .replace_status(&write.name, &super::write_params(), &shard)
+            .replace_status(&write.name, &crate::k8s::write_params(), &shard)
             .await
             .map_err(|e| (e, SHARD_STATUS.on("update", &write.name, None)))
     }
@@ -85,7 +85,7 @@ impl ShardStore {
     ) -> Result<(), KubeError> {
         let dry_run = PostParams {
             dry_run: true,
-            ..super::write_params()
+            ..crate::k8s::write_params()
         };
         let mut shard = new_shard(pool, write.index);
         shard.metadata.name = Some(write.name.clone());

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use kube::{Api, Client, ResourceExt};
 
-use super::pool_view::pool_view;
 use crate::api::{PortAllocation, PortPool};
 use crate::core::Band;
+use crate::k8s::record::pool_view;
 use crate::ledger::CONDITION_STALLED;
 
 /// How often the pool and PortAllocation gauges are read again.

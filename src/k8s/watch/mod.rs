@@ -15,6 +15,9 @@
 //! resourceVersion, so two watchers (or a watcher and any number of CLI clients) at once never
 //! hand out a port twice. They only cost each other conflicts.
 
+pub mod metrics;
+
+pub use metrics::{Metrics, SyncResult};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -32,13 +35,11 @@ use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
-use super::allocator::{AllocateError, Allocator};
-use super::combiner::Combiner;
-use super::configmaps::{Change, ConfigMapError, EnvConfigMap};
-use super::error::{ApiErrorKind, KubeError, Target};
-use super::metrics::{self, Metrics, SyncResult};
-use super::repair::Repairer;
+use super::allocate::{AllocateError, Allocator, Combiner};
+use super::allocate::{Change, ConfigMapError, EnvConfigMap};
 use crate::api::PortAllocation;
+use crate::k8s::error::{ApiErrorKind, KubeError, Target};
+use crate::k8s::repair::Repairer;
 use crate::ledger::{CONDITION_READY, owner_of};
 
 /// How the watcher runs.
@@ -132,13 +133,13 @@ pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<()
             },
             ..Default::default()
         };
-        let target = super::resources::Resource {
+        let target = crate::k8s::resources::Resource {
             plural: "selfsubjectaccessreviews.authorization.k8s.io",
             kind: "SelfSubjectAccessReview",
         }
         .all("create", None);
         let answer = reviews
-            .create(&super::write_params(), &review)
+            .create(&crate::k8s::write_params(), &review)
             .await
             .map_err(|e| KubeError::from_kube(e, target))?;
         if !answer.status.is_some_and(|s| s.allowed) {
@@ -336,7 +337,7 @@ fn error_policy(pa: Arc<PortAllocation>, error: &Retriable, _: Arc<Context>) -> 
 
 /// Ready for the generation it describes: nothing for a sync to do. (A pool recreated under it
 /// is repair's business, as for the CLI.)
-pub(super) fn is_current(pa: &PortAllocation) -> bool {
+pub(crate) fn is_current(pa: &PortAllocation) -> bool {
     pa.status.as_ref().is_some_and(|status| {
         status.observed_generation == pa.metadata.generation
             && status

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::allocator::{AllocateError, Allocator, SyncReport};
+use super::allocator::{AllocateError, Allocator};
+use super::sync::SyncReport;
 use crate::api::PortAllocation;
 
 type Reply = oneshot::Sender<Result<SyncReport, AllocateError>>;

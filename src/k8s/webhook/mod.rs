@@ -5,7 +5,10 @@
 //! controller retries. The HTTPS server around it is the CLI's (`sync --watch
 //! --webhook-address`).
 
+mod tls;
+
 use std::time::{Duration, Instant};
+pub use tls::{ClientConfig, ServingCert, WebhookTlsError, register_webhook, serving_cert};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -13,12 +16,12 @@ use kube::api::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 
-use super::allocator::{AllocateError, Allocator};
-use super::error::KubeError;
-use super::metrics::Metrics;
-use super::resources::ALLOCATIONS;
-use super::watch::is_current;
 use crate::api::{POD_ALLOCATION_LABEL, PortAllocation, pod_patch};
+use crate::k8s::allocate::{AllocateError, Allocator};
+use crate::k8s::error::KubeError;
+use crate::k8s::resources::ALLOCATIONS;
+use crate::k8s::watch::Metrics;
+use crate::k8s::watch::is_current;
 use crate::ledger::owner_of;
 
 /// Answers AdmissionReviews for pods.

@@ -1,0 +1,25 @@
+//! Client-side allocation: the [`Allocator`] and the paths that read a pool's record, decide with
+//! the ledger and commit with compare-and-swap — one PortAllocation at a time (`sync`, with its
+//! loop over the shards in `commit`), many at once (`batch`, and the watcher's `combiner`), the
+//! dry runs (`preview`) — plus what follows an allocation: the PortAllocation objects themselves
+//! (`allocations`: apply, delete, list) and the env-file ConfigMaps (`configmaps`).
+
+mod allocations;
+mod allocator;
+mod batch;
+mod combiner;
+mod commit;
+mod configmaps;
+mod preview;
+mod sync;
+
+pub(crate) use allocations::list_in_pages;
+pub use allocations::{
+    ApplyError, DeleteError, Deleted, apply_allocation, delete_allocation, get_allocation,
+    list_allocations,
+};
+pub use allocator::{AllocateError, Allocator};
+pub use combiner::Combiner;
+pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};
+pub use preview::{DryRun, Intent, Preview, preview, preview_pool};
+pub use sync::SyncReport;

@@ -1,0 +1,17 @@
+//! The pool record's I/O: PortPools and their PortPoolShards as stored (reads, the per-shard
+//! compare-and-swap writes, pool creation, edits and deletion), the remembered copies that let
+//! an allocation skip a read, and a pool's usage as readers see it.
+
+mod cache;
+mod pool_view;
+mod pools;
+mod shards;
+
+pub use cache::{ObjectCache, PoolCache, ShardCache, cluster_cache_dir};
+pub use pool_view::{PoolView, pool_view};
+pub(crate) use pools::read_pool;
+pub use pools::{
+    Applied, DeletedPool, PoolError, apply_pool, carry_spec, create_pool, delete_pool, get_pool,
+    list_pools, pool_ports,
+};
+pub use shards::ShardStore;
