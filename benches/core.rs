@@ -17,7 +17,7 @@ use portalloc::api::{PortPool, PortPoolShard, PortPoolSpec, StaticBandSetting};
 use portalloc::core::{
     Holdings, PoolState, PortDemand, PortSet, Scope, SlotKey, StaticBand, execute, plan,
 };
-use portalloc::ledger::{PoolCopy, ShardRecord, ShardedRecord, load_shard, new_shard};
+use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardRecord, load_shard, new_shard};
 
 const FULL_RANGE: &str = "1-65535";
 
@@ -116,7 +116,7 @@ fn planning(c: &mut Criterion) {
 /// Window 1 (256-511) of pool `bench` as a shard listing `256 / ports_each` PortAllocations
 /// (the most one shard holds), each holding `ports_each` ports of one pod (`worker.p0=..`), with
 /// real-looking UIDs and owners.
-fn full_shard(ports_each: u32) -> (PoolCopy, PortPoolShard) {
+fn full_shard(ports_each: u32) -> (PoolSnapshot, PortPoolShard) {
     let mut pool = PortPool::new(
         "bench",
         PortPoolSpec {
@@ -128,11 +128,11 @@ fn full_shard(ports_each: u32) -> (PoolCopy, PortPoolShard) {
     );
     pool.metadata.uid = Some("5f0c8c2e-0000-4000-8000-000000000001".into());
     pool.metadata.generation = Some(1);
-    let copy = PoolCopy::of_pool(&pool);
+    let copy = PoolSnapshot::of_pool(&pool);
     let mut ports: Vec<u16> = (256..=511).collect();
     ports.shuffle(&mut rng());
     let mut next = ports.into_iter();
-    let mut sharded = ShardedRecord::load(copy.clone(), vec![]).unwrap();
+    let mut sharded = CopyRecord::load(copy.clone(), vec![]).unwrap();
     for i in 0..256 / ports_each {
         let holdings: Holdings = (0..ports_each)
             .map(|p| {

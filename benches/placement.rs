@@ -30,7 +30,7 @@ use portalloc::core::{
     Holdings, Placement, PoolState, PortDemand, Scope, StaticBand, execute, plan,
 };
 use portalloc::ledger::{
-    BatchItem, ItemOutcome, Operation, PoolCopy, ShardedRecord, home_shard, owner_of, preview,
+    BatchItem, CopyRecord, ItemOutcome, Operation, PoolSnapshot, home_shard, owner_of, preview,
 };
 
 const PLACEMENTS: [(&str, Placement); 2] = [
@@ -336,11 +336,11 @@ fn sharded_mix_run(seed: u64) -> (f64, f64) {
     );
     pool.metadata.uid = Some("mix-uid".into());
     pool.metadata.generation = Some(1);
-    let mut record = ShardedRecord::load(PoolCopy::of_pool(&pool), Vec::new()).unwrap();
+    let mut record = CopyRecord::load(PoolSnapshot::of_pool(&pool), Vec::new()).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut live: Vec<String> = Vec::new();
     let mut next = 0;
-    let mut fill = |record: &mut ShardedRecord, rng: &mut StdRng, live: &mut Vec<String>| loop {
+    let mut fill = |record: &mut CopyRecord, rng: &mut StdRng, live: &mut Vec<String>| loop {
         let name = format!("mix-{next}");
         next += 1;
         let pa = mix_allocation(rng, &name);

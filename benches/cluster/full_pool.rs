@@ -1,6 +1,6 @@
 //! 2k: one pool holding every port of 1-65535, each by its own one-port holder.
 //!
-//! The holders are written as the ledger cuts them into shards (`ShardedRecord::set`, one write
+//! The holders are written as the ledger cuts them into shards (`CopyRecord::set`, one write
 //! per window), then measured as served: bytes per held port, the largest shard.
 //! Then one more allocation, through the library as `create` does it: refused while every port
 //! is held, and placed once one port per shard is freed (each new owner's home shard then has
@@ -15,7 +15,7 @@ use kube::api::{Api, PostParams};
 use portalloc::api::{PoolHolder, PortAllocation, PortPool};
 use portalloc::core::Holdings;
 use portalloc::k8s::{Allocator, ShardStore};
-use portalloc::ledger::{PoolCopy, ShardedRecord};
+use portalloc::ledger::{CopyRecord, PoolSnapshot};
 
 use super::{Row, dash, workload};
 
@@ -36,9 +36,9 @@ async fn write_shards(
     pool: &PortPool,
     holders: Vec<PoolHolder>,
 ) -> anyhow::Result<()> {
-    let copy = PoolCopy::of_pool(pool);
+    let copy = PoolSnapshot::of_pool(pool);
     let existing = store.list(POOL).await.map_err(|(e, _)| e)?;
-    let mut record = ShardedRecord::load(copy.clone(), existing)?;
+    let mut record = CopyRecord::load(copy.clone(), existing)?;
     let kept: std::collections::BTreeSet<&str> = holders.iter().map(|h| h.uid.as_str()).collect();
     let gone: Vec<(String, String)> = record
         .shards

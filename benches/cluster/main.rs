@@ -782,7 +782,7 @@ async fn duplicates(
 /// holders, counted with repeats and without: the difference is the number of duplicates.
 async fn handed_out_ports(admin: &Client, pool: &str) -> anyhow::Result<(usize, usize)> {
     let pools: Api<PortPool> = Api::all(admin.clone());
-    let record = workload::pool_record(admin, &pools.get(pool).await?).await?;
+    let record = workload::window_record(admin, &pools.get(pool).await?).await?;
     ensure!(
         record.anomalies.is_empty(),
         "pool {pool}: {:?}",

@@ -143,17 +143,17 @@ pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Re
 }
 
 /// The pool's record as the allocator sees it: its shards joined into one.
-pub async fn pool_record(
+pub async fn window_record(
     client: &Client,
     pool: &PortPool,
-) -> anyhow::Result<portalloc::ledger::PoolRecord> {
+) -> anyhow::Result<portalloc::ledger::WindowRecord> {
     let name = pool.metadata.name.clone().unwrap_or_default();
     let shards = portalloc::k8s::ShardStore::new(client.clone())
         .list(&name)
         .await
         .map_err(|(e, _)| e)?;
-    let copy = portalloc::ledger::PoolCopy::of_pool(pool);
-    Ok(portalloc::ledger::ShardedRecord::load(copy, shards)?.union_record())
+    let copy = portalloc::ledger::PoolSnapshot::of_pool(pool);
+    Ok(portalloc::ledger::CopyRecord::load(copy, shards)?.union_record())
 }
 
 /// One role `worker` of `replicas` pods, each with `ports_per_pod` PodScoped ports `p0..`.

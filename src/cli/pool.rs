@@ -14,7 +14,7 @@ use super::{CliError, Exit, GlobalArgs, Session};
 use crate::api::{PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
 use crate::core::{Band, PoolState, hazards};
 use crate::k8s::{self, PoolView, error_chain, get_pool};
-use crate::ledger::{Anomaly, PoolCopy, PoolRecord};
+use crate::ledger::{Anomaly, PoolSnapshot, WindowRecord};
 
 #[derive(Args, Debug)]
 pub struct PoolArgs {
@@ -147,7 +147,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
                 written.spec.protocol,
                 ports,
                 state.bands().static_len,
-                match PoolCopy::of_pool(&written).layout()?.shards().len() {
+                match PoolSnapshot::of_pool(&written).layout()?.shards().len() {
                     1 => "its holders recorded in 1 PortPoolShard".to_string(),
                     n => format!("its holders recorded in {n} PortPoolShards"),
                 }
@@ -254,7 +254,7 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
 
 /// Ports of the pool that NodePort (or LoadBalancer) Services use: kube-proxy forwards those on
 /// every node, so a hostNetwork server bound there never receives that traffic.
-async fn node_port_conflicts(client: &Client, record: &PoolRecord) -> Vec<String> {
+async fn node_port_conflicts(client: &Client, record: &WindowRecord) -> Vec<String> {
     let services: Api<Service> = Api::all(client.clone());
     let mut found = Vec::new();
     let listed = match list_services(&services, Some(MAY_HOLD_NODE_PORTS), record, &mut found).await
@@ -285,7 +285,7 @@ const SERVICES_PER_PAGE: u32 = 500;
 async fn list_services(
     services: &Api<Service>,
     fields: Option<&str>,
-    record: &PoolRecord,
+    record: &WindowRecord,
     found: &mut Vec<String>,
 ) -> Result<(), kube::Error> {
     found.clear();
@@ -306,7 +306,7 @@ async fn list_services(
 }
 
 /// What one Service's node ports mean for the pool.
-fn service_conflicts(service: &Service, record: &PoolRecord) -> Vec<String> {
+fn service_conflicts(service: &Service, record: &WindowRecord) -> Vec<String> {
     let protocol = record.pool.spec.protocol.to_string();
     let mut found = Vec::new();
     let ports = service.spec.as_ref().and_then(|s| s.ports.as_ref());
@@ -334,7 +334,7 @@ fn service_conflicts(service: &Service, record: &PoolRecord) -> Vec<String> {
 
 /// The `pool describe` page. Pure, so it is tested without a cluster. `kind` says how the
 /// record is stored; `extra` are warnings found outside the record (node ports, shards).
-pub fn describe_text(record: &PoolRecord, kind: &str, extra: &[String]) -> String {
+pub fn describe_text(record: &WindowRecord, kind: &str, extra: &[String]) -> String {
     let spec = &record.pool.spec;
     let state = &record.state;
     let mut out = String::new();
@@ -490,10 +490,10 @@ mod tests {
             owner: "ml/ray".into(),
             ports: "ray.head=20099 ray.workers=20000-20007,20008-20015".into(),
         }];
-        let copy = PoolCopy::of_pool(&pool);
+        let copy = PoolSnapshot::of_pool(&pool);
         let ports = copy.ports().unwrap();
         let static_band = copy.spec.core_static_band();
-        let record = PoolRecord::joined(copy, ports, static_band, holders);
+        let record = WindowRecord::joined(copy, ports, static_band, holders);
         let text = describe_text(&record, "1 shard", &[]);
         assert!(
             text.contains("  ml/ray  (17 ports, uid u1)\n    ray.head=20099 ray.workers=20000-20007,20008-20015\n"),

@@ -1,5 +1,5 @@
 //! `repair`, the reads and the writes: LIST a pool's shards, then list its PortAllocations,
-//! plan per shard ([`crate::ledger::plan_sharded_repair`], whose docs carry the one-pass
+//! plan per shard ([`crate::ledger::plan_pool_repair`], whose docs carry the one-pass
 //! argument), and write each changed shard with a compare-and-swap on the version listed. A
 //! conflict on any shard starts again from the LIST: the shards already written hold what was
 //! planned for them, and the new plan sees them as they now are.
@@ -16,8 +16,8 @@ use super::resources::{ALLOCATIONS, POOLS, SHARDS};
 use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 use crate::api::{PortAllocation, PortPool, PortPoolShard, SpecError};
 use crate::ledger::{
-    Change, FreeReason, PoolCopy, RepairPlan, Restored, ShardRepairPlan, ShardedRecord, StaleShard,
-    plan_sharded_repair,
+    Change, CopyRecord, FreeReason, PoolRepairPlan, PoolSnapshot, RepairPlan, Restored, StaleShard,
+    plan_pool_repair,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -165,13 +165,13 @@ impl Repairer {
                     }
                 },
             };
-            let sharded = ShardedRecord::load(PoolCopy::of_pool(&object), listed_shards.clone())
+            let sharded = CopyRecord::load(PoolSnapshot::of_pool(&object), listed_shards.clone())
                 .map_err(|error| RepairError::PoolSpec {
-                    pool: pool.clone(),
-                    error,
-                })?;
+                pool: pool.clone(),
+                error,
+            })?;
             let planned = match listed.take() {
-                Some(all) => plan_sharded_repair(&sharded, &listed_shards, all),
+                Some(all) => plan_pool_repair(&sharded, &listed_shards, all),
                 None => {
                     self.plan_sharded_alone(&sharded, &listed_shards, &mut attempts)
                         .await?
@@ -229,10 +229,10 @@ impl Repairer {
     /// frees anything, every PortAllocation is listed once more (leaks are rare).
     async fn plan_sharded_alone(
         &self,
-        sharded: &ShardedRecord,
+        sharded: &CopyRecord,
         listed: &[PortPoolShard],
         attempts: &mut Attempts,
-    ) -> Result<ShardRepairPlan, RepairError> {
+    ) -> Result<PoolRepairPlan, RepairError> {
         let pool = sharded.name();
         let mine = loop {
             match self.list_allocations(Some(pool)).await {
@@ -243,7 +243,7 @@ impl Repairer {
                 }
             }
         };
-        let planned = plan_sharded_repair(sharded, listed, &mine);
+        let planned = plan_pool_repair(sharded, listed, &mine);
         let frees = planned.plan.changes.iter().any(|c| {
             matches!(
                 c,
@@ -260,7 +260,7 @@ impl Repairer {
             .list_allocations(None)
             .await
             .map_err(|e| KubeError::from_kube(e, ALLOCATIONS.all("list", None)))?;
-        Ok(plan_sharded_repair(sharded, listed, &all))
+        Ok(plan_pool_repair(sharded, listed, &all))
     }
 
     /// Delete the earlier pool objects' shards, then commit each shard write in
@@ -268,8 +268,8 @@ impl Repairer {
     async fn write_shards(
         &self,
         store: &ShardStore,
-        pool: &PoolCopy,
-        planned: &ShardRepairPlan,
+        pool: &PoolSnapshot,
+        planned: &PoolRepairPlan,
     ) -> Result<(), (kube::Error, super::error::Target)> {
         for stale in &planned.replace {
             delete_stale(&self.client, stale).await?;

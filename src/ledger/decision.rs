@@ -10,8 +10,8 @@ use crate::api::PortAllocation;
 use crate::core::{self, Holdings, PortDemand};
 
 use super::owner_of;
-use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
+use super::window_record::WindowRecord;
 
 /// What the caller asked for. The operation, not the numbers it produces, decides what the
 /// PortAllocation's status says afterwards (see [`Operation::released_on_purpose`]).
@@ -68,7 +68,7 @@ impl Decision {
 
 /// Decide what `uid` (the PortAllocation `owner`, `namespace/name`) holds after `operation`.
 pub fn decide(
-    record: &PoolRecord,
+    record: &WindowRecord,
     uid: &str,
     owner: &str,
     operation: &Operation,
@@ -83,7 +83,7 @@ pub fn decide(
 
 /// Plan against what `uid` holds now, and carry the plan out on a copy of the record's state.
 fn decide_sync(
-    record: &PoolRecord,
+    record: &WindowRecord,
     uid: &str,
     owner: &str,
     demands: &[PortDemand],
@@ -104,7 +104,7 @@ fn decide_sync(
     })
 }
 
-fn decide_release(record: &PoolRecord, uid: &str, role: Option<&str>) -> Decision {
+fn decide_release(record: &WindowRecord, uid: &str, role: Option<&str>) -> Decision {
     let current = record.holdings_of(uid);
     let keep: Holdings = current
         .iter()
@@ -122,7 +122,7 @@ fn decide_release(record: &PoolRecord, uid: &str, role: Option<&str>) -> Decisio
     }
 }
 
-fn decide_remove(record: &PoolRecord, uid: &str) -> Decision {
+fn decide_remove(record: &WindowRecord, uid: &str) -> Decision {
     let current = record.holdings_of(uid);
     // An undecodable entry of this owner goes too (writing empty holdings drops it): the
     // object is gone, nobody will read it.
@@ -137,7 +137,7 @@ fn decide_remove(record: &PoolRecord, uid: &str) -> Decision {
 }
 
 /// Would syncing `pa` against this pool succeed? Lets `create` refuse before writing anything.
-pub fn precheck(record: &PoolRecord, pa: &PortAllocation) -> Result<(), Refusal> {
+pub fn precheck(record: &WindowRecord, pa: &PortAllocation) -> Result<(), Refusal> {
     let operation = Operation::sync_of(pa)?;
     let uid = pa.metadata.uid.clone().unwrap_or_default();
     decide(record, &uid, &owner_of(pa), &operation, &mut rand::rng()).map(|_| ())
@@ -151,12 +151,12 @@ mod tests {
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
-    fn record(pairs: &[(&str, &str)]) -> PoolRecord {
+    fn record(pairs: &[(&str, &str)]) -> WindowRecord {
         whole_record(&pool_of(&["100-103"], &[]), holders(pairs))
     }
 
     /// The record after `holdings` are written for `uid`.
-    fn after(record: &PoolRecord, uid: &str, holdings: &Holdings) -> PoolRecord {
+    fn after(record: &WindowRecord, uid: &str, holdings: &Holdings) -> WindowRecord {
         let mut state = record.state.clone();
         for port in record.holdings_of(uid).ports() {
             state.release(port);
@@ -294,7 +294,7 @@ mod tests {
         );
     }
 
-    fn wide_record(pairs: &[(&str, &str)]) -> PoolRecord {
+    fn wide_record(pairs: &[(&str, &str)]) -> WindowRecord {
         whole_record(&pool_of(&["100-199"], &[]), holders(pairs))
     }
 

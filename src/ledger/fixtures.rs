@@ -5,9 +5,9 @@ use crate::api::{
     PortPoolSpec, PortRequest, Role, Scope, StaticBandSetting,
 };
 
-use super::pool_copy::PoolCopy;
-use super::pool_record::PoolRecord;
-use super::sharded_record::{ShardedRecord, new_shard};
+use super::copy_record::{CopyRecord, new_shard};
+use super::pool_snapshot::PoolSnapshot;
+use super::window_record::WindowRecord;
 
 /// Pool `p` (UID `pool-uid`, generation 1) over `ranges` less `exclude`, no static band.
 pub fn pool_of(ranges: &[&str], exclude: &[&str]) -> PortPool {
@@ -43,16 +43,16 @@ pub fn holders(pairs: &[(&str, &str)]) -> Vec<PoolHolder> {
 }
 
 /// Every port of `pool` as one record holding `holders`.
-pub fn whole_record(pool: &PortPool, holders: Vec<PoolHolder>) -> PoolRecord {
-    let copy = PoolCopy::of_pool(pool);
+pub fn whole_record(pool: &PortPool, holders: Vec<PoolHolder>) -> WindowRecord {
+    let copy = PoolSnapshot::of_pool(pool);
     let ports = copy.ports().expect("a valid test pool");
     let static_band = copy.spec.core_static_band();
-    PoolRecord::joined(copy, ports, static_band, holders)
+    WindowRecord::joined(copy, ports, static_band, holders)
 }
 
 /// Shard `index` of `pool`, read at version `rv<index>`, holding `holders`.
 pub fn shard_of(pool: &PortPool, index: u16, holders: Vec<PoolHolder>) -> PortPoolShard {
-    let mut shard = new_shard(&PoolCopy::of_pool(pool), index);
+    let mut shard = new_shard(&PoolSnapshot::of_pool(pool), index);
     shard.metadata.resource_version = Some(format!("rv{index}"));
     shard.status = Some(PortPoolShardStatus {
         pool_generation: pool.metadata.generation.unwrap_or_default(),
@@ -64,8 +64,8 @@ pub fn shard_of(pool: &PortPool, index: u16, holders: Vec<PoolHolder>) -> PortPo
 }
 
 /// `pool` and the given shards, loaded.
-pub fn sharded(pool: &PortPool, shards: Vec<PortPoolShard>) -> ShardedRecord {
-    ShardedRecord::load(PoolCopy::of_pool(pool), shards).expect("a valid test pool")
+pub fn sharded(pool: &PortPool, shards: Vec<PortPoolShard>) -> CopyRecord {
+    CopyRecord::load(PoolSnapshot::of_pool(pool), shards).expect("a valid test pool")
 }
 
 /// A PortAllocation `name` (uid = name) with one role of `replicas` pods, one PodScoped port

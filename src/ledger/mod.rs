@@ -1,9 +1,9 @@
 //! The ledger: every decision about who holds which port, over the API types and with no I/O.
 //!
-//! - [`ShardedRecord`]: a pool as read — a copy of its spec ([`PoolCopy`]) and its
-//!   PortPoolShards, one per 256-port window ([`ShardLayout`]) — and the per-shard writes that
+//! - [`CopyRecord`]: a pool as read — a snapshot of its spec ([`PoolSnapshot`]) and its
+//!   PortPoolShards, one per 256-port window ([`WindowLayout`]) — and the per-shard writes that
 //!   commit a decision; every pool, whatever its size, is recorded this way.
-//! - [`PoolRecord`]: one shard (or several windows joined), decoded into the core's pool state
+//! - [`WindowRecord`]: one shard (or several windows joined), decoded into the core's pool state
 //!   plus its holders, and turned back into the shard status to write.
 //! - [`decide`]: what one owner holds after a sync, a release or its removal; [`Refusal`] when
 //!   that is impossible (pool full, port held, invalid spec, pool missing).
@@ -12,53 +12,51 @@
 //!   one write per shard, a refusal staying with its own item).
 //! - [`allocation_status`]: a PortAllocation's status as a function of its spec and its pool
 //!   entry, so it can be recomputed at any time.
-//! - [`plan_sharded_repair`]: the diff that makes a pool's shards match the live
+//! - [`plan_pool_repair`]: the diff that makes a pool's shards match the live
 //!   PortAllocations, one [`plan_repair`] per shard.
 //! - [`preview`]: a dry run's decisions, against a copy of the record nothing writes back.
 //! - [`overlapping_pool`]: whether a new pool would share ports with an existing one.
-//! - [`shard_warnings`]: what readers (`pool describe`) say about the shards.
+//! - [`record_warnings`]: what readers (`pool describe`) say about the shards.
 //!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
 mod allocation_status;
+mod copy_record;
 mod decision;
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod known;
 mod placement;
-mod pool_copy;
-mod pool_record;
+mod pool_repair;
+mod pool_snapshot;
 mod pools;
 mod preview;
+mod record_warnings;
 mod refusal;
 mod repair_plan;
 mod repair_text;
-mod shard_layout;
-mod shard_placement;
-mod shard_repair;
-mod shard_view;
-mod sharded_record;
+mod window_record;
+mod windows;
 
 pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
     allocation_status, recorded_holdings,
 };
+pub use copy_record::{
+    CopyRecord, ShardAnomaly, ShardRecord, ShardWrite, load_shard, new_shard, split_by_shard,
+};
 pub use decision::{Decision, Operation, decide, precheck};
+pub use known::{home_shard, known_shards, listed_shards, single_shard};
 pub use placement::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
-pub use pool_copy::PoolCopy;
-pub use pool_record::{Anomaly, HolderEntry, PoolRecord, counted_status};
+pub use pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
+pub use pool_snapshot::PoolSnapshot;
 pub use pools::{PoolOverlap, overlapping_pool};
 pub use preview::{PortChanges, Previewed, preview};
+pub use record_warnings::record_warnings;
 pub use refusal::{Reason, Refusal};
 pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_repair};
-pub use shard_layout::{
-    SHARD_WINDOW, ShardLayout, ShardSpan, fnv1a, shard_index_of, shard_name, window,
-};
-pub use shard_placement::{home_shard, known_shards, listed_shards, single_shard};
-pub use shard_repair::{ShardRepairPlan, StaleShard, plan_sharded_repair};
-pub use shard_view::shard_warnings;
-pub use sharded_record::{
-    ShardAnomaly, ShardRecord, ShardWrite, ShardedRecord, load_shard, new_shard, split_by_shard,
-};
+pub use window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
+pub use windows::{WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of};
 
 use kube::ResourceExt;
 

@@ -11,7 +11,7 @@
 //! shard (KEP-3668). Best fit gathers the clients that leave their home onto one shard; that
 //! happens only when homes are full, and what it buys is measured in `benches/placement.rs`. A decision that writes outside the owner's known shards
 //! names the status widening that must be written first (the rule that makes a kill safe, see
-//! `shard_placement`).
+//! `known`).
 //!
 //! A batch is decided item after item against the shards as the items before it left them, so
 //! it equals running the items one after another, with one write per shard instead of one per
@@ -25,10 +25,10 @@ use rand::Rng;
 
 use crate::core::{Band, Holdings};
 
+use super::copy_record::{CopyRecord, ShardWrite, split_by_shard};
 use super::decision::{Decision, Operation, decide};
+use super::known::single_shard;
 use super::refusal::Refusal;
-use super::shard_placement::single_shard;
-use super::sharded_record::{ShardWrite, ShardedRecord, split_by_shard};
 
 /// One owner's part of a batch.
 #[derive(Clone, Debug)]
@@ -97,7 +97,7 @@ pub struct PoolBatch {
 /// Decide `items` in order against `sharded`. With `propagate`, shards that carry an older
 /// spec of the pool are written too, so a pool edit reaches them.
 pub fn decide_pool_batch(
-    sharded: &ShardedRecord,
+    sharded: &CopyRecord,
     items: &[BatchItem],
     pass: Pass,
     propagate: bool,
@@ -125,7 +125,7 @@ pub fn decide_pool_batch(
 }
 
 /// One owner, decided wherever it fits (the whole-pool path of a single allocation).
-pub fn place(sharded: &ShardedRecord, item: &BatchItem, rng: &mut impl Rng) -> Placed {
+pub fn place(sharded: &CopyRecord, item: &BatchItem, rng: &mut impl Rng) -> Placed {
     let batch = decide_pool_batch(
         sharded,
         std::slice::from_ref(item),
@@ -159,7 +159,7 @@ pub struct Placed {
 /// One item against the shards as the items before it left them; `work` follows the decision.
 /// `None` when `pass` leaves it. The second value: the widened known shards, when needed.
 fn decide_item(
-    work: &mut ShardedRecord,
+    work: &mut CopyRecord,
     item: &BatchItem,
     pass: Pass,
     rng: &mut impl Rng,
@@ -224,7 +224,7 @@ fn decide_item(
 /// takes it (see [`best_window`]), else on as few shards as it fits. Each try is one decision in
 /// memory; nothing is read again.
 fn elsewhere(
-    work: &ShardedRecord,
+    work: &CopyRecord,
     present: &BTreeSet<u16>,
     uid: &str,
     owner: &str,
@@ -271,7 +271,7 @@ fn elsewhere(
 /// fullest window (best fit, as for a block within a window: emptier windows keep room for
 /// larger owners). `None` when none takes it.
 fn best_window(
-    work: &ShardedRecord,
+    work: &CopyRecord,
     candidates: &[u16],
     uid: &str,
     owner: &str,
@@ -308,7 +308,7 @@ fn best_window(
 }
 
 /// The shards whose part of `uid`'s holdings changes if its holdings become `after`.
-fn touched_by(work: &ShardedRecord, uid: &str, after: &Holdings) -> BTreeSet<u16> {
+fn touched_by(work: &CopyRecord, uid: &str, after: &Holdings) -> BTreeSet<u16> {
     let parts = split_by_shard(after);
     let mut touched: BTreeSet<u16> = BTreeSet::new();
     for (&index, part) in &parts {
@@ -325,7 +325,7 @@ fn touched_by(work: &ShardedRecord, uid: &str, after: &Holdings) -> BTreeSet<u16
     touched
 }
 
-fn apply(work: &mut ShardedRecord, uid: &str, owner: &str, decision: Decision) -> ItemOutcome {
+fn apply(work: &mut CopyRecord, uid: &str, owner: &str, decision: Decision) -> ItemOutcome {
     match decision {
         Decision::Unchanged(holdings) => ItemOutcome::Unchanged(holdings),
         Decision::Write {

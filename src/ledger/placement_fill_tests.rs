@@ -50,7 +50,7 @@ fn random_mix(rng: &mut StdRng, name: &str) -> PortAllocation {
 }
 
 struct Filling {
-    record: ShardedRecord,
+    record: CopyRecord,
     ports: PortSet,
     owners: BTreeMap<String, Vec<u16>>,
     /// Every owner's ports.

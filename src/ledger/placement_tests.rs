@@ -6,16 +6,16 @@ use rand::rngs::StdRng;
 use super::*;
 use crate::api::{PortAllocation, SpecError};
 use crate::ledger::fixtures::{allocation, holder, holders, pool_of, shard_of, sharded};
-use crate::ledger::{Reason, ShardLayout, home_shard, owner_of};
+use crate::ledger::{Reason, WindowLayout, home_shard, owner_of};
 
 /// One-window pool 100-105 (window 0), as most batch tests need one shard.
-fn small(pairs: &[(&str, &str)]) -> ShardedRecord {
+fn small(pairs: &[(&str, &str)]) -> CopyRecord {
     let pool = pool_of(&["100-105"], &[]);
     sharded(&pool, vec![shard_of(&pool, 0, holders(pairs))])
 }
 
 /// An item whose known shards are its home (no status yet) in `layout`.
-fn item_in(layout: &ShardLayout, pa: &PortAllocation) -> BatchItem {
+fn item_in(layout: &WindowLayout, pa: &PortAllocation) -> BatchItem {
     let owner = owner_of(pa);
     BatchItem {
         uid: pa.metadata.uid.clone().unwrap(),
@@ -25,11 +25,11 @@ fn item_in(layout: &ShardLayout, pa: &PortAllocation) -> BatchItem {
     }
 }
 
-fn sync(record: &ShardedRecord, name: &str, replicas: i32) -> BatchItem {
+fn sync(record: &CopyRecord, name: &str, replicas: i32) -> BatchItem {
     item_in(&record.layout, &allocation(name, replicas, None))
 }
 
-fn op(record: &ShardedRecord, uid: &str, operation: Operation) -> BatchItem {
+fn op(record: &CopyRecord, uid: &str, operation: Operation) -> BatchItem {
     BatchItem {
         uid: uid.into(),
         owner: format!("ns/{uid}"),
@@ -213,7 +213,7 @@ fn deciding_the_written_batch_again_changes_nothing() {
     for (item, outcome) in items.iter().zip(decided(&first)) {
         written.set(&item.uid, &item.owner, outcome.holdings());
     }
-    let reread = ShardedRecord::load(
+    let reread = CopyRecord::load(
         written.pool.clone(),
         written
             .writes(false)
@@ -295,7 +295,7 @@ fn nothing_to_do_writes_nothing_and_others_text_is_kept_verbatim() {
 }
 
 /// Pool 30000-30767 (windows 117-120): 208 + 256 + 256 + 48 ports.
-fn four_windows() -> ShardedRecord {
+fn four_windows() -> CopyRecord {
     sharded(&pool_of(&["30000-30767"], &[]), vec![])
 }
 
@@ -443,7 +443,7 @@ fn a_newer_pool_spec_reaches_every_shard_when_propagating() {
 }
 
 /// An allocation of `replicas` single ports whose home in `record` is window `home`.
-fn homed_at(record: &ShardedRecord, home: u16, replicas: i32) -> BatchItem {
+fn homed_at(record: &CopyRecord, home: u16, replicas: i32) -> BatchItem {
     let pa = (0..)
         .map(|i| allocation(&format!("h{home}-{i}"), replicas, None))
         .find(|pa| home_shard(&record.layout, &owner_of(pa)) == Some(home))

@@ -7,8 +7,8 @@ use rand::Rng;
 
 use crate::core::{Holdings, PortBlock, SlotKey};
 
+use super::copy_record::{CopyRecord, ShardWrite};
 use super::placement::{BatchItem, ItemOutcome, place};
-use super::sharded_record::{ShardWrite, ShardedRecord};
 
 /// The ports one item would take, keep and free.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -67,7 +67,7 @@ impl Previewed {
 }
 
 /// Decide `item` against `record` and apply the writes to the copy, so the next item sees them.
-pub fn preview(record: &mut ShardedRecord, item: &BatchItem, rng: &mut impl Rng) -> Previewed {
+pub fn preview(record: &mut CopyRecord, item: &BatchItem, rng: &mut impl Rng) -> Previewed {
     let before = record.holdings_of(&item.uid);
     let placed = place(record, item, rng);
     for write in &placed.writes {
@@ -91,7 +91,7 @@ mod tests {
     use crate::ledger::fixtures::{allocation, holders, pool_of, shard_of, sharded};
     use crate::ledger::{Operation, home_shard, owner_of};
 
-    fn item(record: &ShardedRecord, pa: &crate::api::PortAllocation) -> BatchItem {
+    fn item(record: &CopyRecord, pa: &crate::api::PortAllocation) -> BatchItem {
         let owner = owner_of(pa);
         BatchItem {
             uid: pa.metadata.uid.clone().unwrap(),

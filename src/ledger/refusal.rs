@@ -5,7 +5,7 @@
 use crate::api::SpecError;
 use crate::core::{AllocError, PortBlock, SlotKey};
 
-use super::pool_record::PoolRecord;
+use super::window_record::WindowRecord;
 
 /// The CamelCase `reason` of the PortAllocation's conditions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +116,7 @@ impl Refusal {
     }
 
     /// Add who is involved to a refusal of the core.
-    pub fn from_core(error: AllocError, record: &PoolRecord, uid: &str, owner: &str) -> Refusal {
+    pub fn from_core(error: AllocError, record: &WindowRecord, uid: &str, owner: &str) -> Refusal {
         let pool = record.pool_name().to_string();
         let (port, block) = match error {
             AllocError::Held { port } => (port, None),
@@ -173,7 +173,7 @@ fn block_note(block: &Option<PortBlock>) -> String {
 }
 
 /// `. Holders: ns/a (12 ports), ns/b (8 ports) and 3 more`, largest first.
-fn holders_summary(record: &PoolRecord) -> String {
+fn holders_summary(record: &WindowRecord) -> String {
     let mut holders: Vec<(&str, usize)> = record
         .holders
         .values()

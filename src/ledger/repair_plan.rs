@@ -1,5 +1,5 @@
 //! `repair`: make one record of a pool (one shard) match the live PortAllocations again;
-//! `shard_repair` runs it once per shard.
+//! `pool_repair` runs it once per shard.
 //!
 //! The shards' `status.holders` are the authoritative record of who holds which port. Two
 //! things can make them disagree with the cluster: an entry whose PortAllocation is gone (a `delete`
@@ -49,7 +49,7 @@ use serde::Serialize;
 
 use super::allocation_status::recorded_holdings;
 use super::owner_of;
-use super::pool_record::{Anomaly, HolderEntry, PoolRecord};
+use super::window_record::{Anomaly, HolderEntry, WindowRecord};
 use crate::api::{PoolHolder, PortAllocation, PortPoolShardStatus, SpecError};
 use crate::core::{Holdings, PortBlock, PortRange, desired_slots};
 
@@ -223,7 +223,7 @@ impl RepairPlan {
 
 /// The diff for one pool. `allocations` is every PortAllocation in the cluster, listed *after*
 /// the pool was read (see the module docs for why that order matters). Pure.
-pub fn plan_repair(record: &PoolRecord, allocations: &[PortAllocation]) -> RepairPlan {
+pub fn plan_repair(record: &WindowRecord, allocations: &[PortAllocation]) -> RepairPlan {
     plan_repair_scoped(record, allocations, &RepairScope::default())
 }
 
@@ -254,7 +254,7 @@ impl RepairScope {
 
 /// [`plan_repair`] over one part of a pool (see [`RepairScope`]).
 pub(crate) fn plan_repair_scoped(
-    record: &PoolRecord,
+    record: &WindowRecord,
     allocations: &[PortAllocation],
     scope: &RepairScope,
 ) -> RepairPlan {
@@ -561,7 +561,7 @@ fn counts(status: &PortPoolShardStatus) -> (i32, i32, i32, i32) {
     )
 }
 
-fn describe_ports(record: &PoolRecord) -> String {
+fn describe_ports(record: &WindowRecord) -> String {
     if record.ports.is_empty() {
         "none (every port is excluded)".into()
     } else {

@@ -10,7 +10,7 @@ use crate::api::{PortPool, PortPoolShard};
 use crate::core::SlotKey;
 use crate::ledger::fixtures::shard_of;
 use crate::ledger::{Outcome, allocation_status};
-use crate::ledger::{PoolCopy, load_shard};
+use crate::ledger::{PoolSnapshot, load_shard};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 const POOL_UID: &str = "pool-uid-2";
@@ -49,8 +49,8 @@ fn pool(holders: &[(&str, &str, &str)]) -> PortPoolShard {
 }
 
 /// The shard loaded as the record repair plans against.
-fn record(shard: PortPoolShard) -> PoolRecord {
-    let copy = PoolCopy::of_pool(&pool_object());
+fn record(shard: PortPoolShard) -> WindowRecord {
+    let copy = PoolSnapshot::of_pool(&pool_object());
     let layout = copy.layout().unwrap();
     load_shard(&copy, &layout, 0, shard)
 }

@@ -10,7 +10,7 @@ use portalloc::api::{PoolHolder, PortAllocation};
 use portalloc::core::{Holdings, SlotKey};
 use portalloc::ledger::recorded_holdings;
 
-use crate::support::invariants::{assert_consistent, pool_record};
+use crate::support::invariants::{assert_consistent, window_record};
 use crate::support::{self, cli};
 
 fn sglang(name: &str, pool: &str, decode_replicas: u32, metrics_port: u16) -> String {
@@ -192,7 +192,7 @@ async fn scaling_keeps_surviving_ports_and_frees_exactly_the_removed_ones() {
         two, expected,
         "scale-down must release exactly indices 2..4 of decode.http"
     );
-    let record = pool_record(&client, &pool).await;
+    let record = window_record(&client, &pool).await;
     for removed in [2, 3, 4] {
         let port = five.get(&slot("decode", "http", removed)).unwrap();
         assert!(
@@ -226,7 +226,7 @@ async fn release_and_delete_give_ports_back() {
 
     let run = cli::run(&["release", "pd", "--role", "decode", "-n", &ns]);
     assert!(run.ok(), "{run}");
-    let held = pool_record(&client, &pool).await.holdings_of(&uid);
+    let held = window_record(&client, &pool).await.holdings_of(&uid);
     assert!(
         held.iter().all(|(s, _)| s.role != "decode") && !held.is_empty(),
         "{held:?}"
@@ -253,7 +253,7 @@ async fn release_and_delete_give_ports_back() {
     let run = cli::run(&["delete", "pd", "-n", &ns]);
     assert!(run.ok(), "{run}");
     assert!(run.stdout.contains("8 ports released"), "{run}");
-    let record = pool_record(&client, &pool).await;
+    let record = window_record(&client, &pool).await;
     assert!(record.holders.is_empty());
     assert_eq!(record.state.held_count(), 0);
     assert!(

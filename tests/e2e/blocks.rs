@@ -11,7 +11,7 @@ use portalloc::api::PortAllocation;
 use portalloc::core::{Holdings, PortBlock, SlotKey};
 use portalloc::ledger::recorded_holdings;
 
-use crate::support::invariants::{allocations_of, assert_consistent, pool_record};
+use crate::support::invariants::{allocations_of, assert_consistent, window_record};
 use crate::support::{self, cli};
 
 /// Ray on hostNetwork: a head port and, per worker pod, a block of `count` worker ports.
@@ -100,7 +100,7 @@ async fn pod_scoped_blocks_are_disjoint_runs_and_a_resync_keeps_them() {
     assert_eq!(head.count, None);
 
     // The pool text and `pool describe` write blocks first-last.
-    let record = pool_record(&client, &pool).await;
+    let record = window_record(&client, &pool).await;
     let text = &record.entries()[0].ports;
     let block = |i: u32| mine.block(&SlotKey::new("worker", "ray", i)).unwrap();
     let expected = format!("worker.ray={},{},{}", block(0), block(1), block(2));
@@ -125,7 +125,7 @@ async fn pod_scoped_blocks_are_disjoint_runs_and_a_resync_keeps_them() {
     let run = cli::run(&["sync", "ray", "-n", &ns]);
     assert!(run.ok(), "{run}");
     assert!(run.stdout.contains("(unchanged)"), "{run}");
-    let again = pool_record(&client, &pool).await;
+    let again = window_record(&client, &pool).await;
     assert_eq!(
         crate::support::invariants::shard_versions(&client, &pool).await,
         version,
@@ -236,7 +236,7 @@ async fn a_pool_too_fragmented_for_a_block_is_refused_with_its_largest_run() {
     // Blocks of 9 still fit, one per run; the head port goes in the fourth run.
     let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns], &ray("nine", &pool, 3, 9));
     assert!(run.ok(), "{run}");
-    let frag = pool_record(&client, &pool).await.state.fragmentation();
+    let frag = window_record(&client, &pool).await.state.fragmentation();
     assert_eq!((frag.free(), frag.fits(9)), (8, 0));
 }
 
@@ -262,14 +262,14 @@ async fn repair_restores_blocks_exactly_after_the_pool_is_recreated() {
     let run = cli::run(&["pool", "delete", &pool, "--force"]);
     assert!(run.ok(), "{run}");
     support::create_pool(&pool, "34400-34599");
-    assert!(pool_record(&client, &pool).await.holders.is_empty());
+    assert!(window_record(&client, &pool).await.holders.is_empty());
 
     let run = cli::run(&["repair", "--pool", &pool, "--apply"]);
     assert!(run.ok(), "{run}");
     assert!(run.stdout.contains("applied 2 changes"), "{run}");
     let after = assert_consistent(&client, &pool).await;
     assert_eq!(after, before, "every block came back exactly");
-    let record = pool_record(&client, &pool).await;
+    let record = window_record(&client, &pool).await;
     assert_eq!(record.state.held_count(), 38);
     for pa in allocations_of(&client, &pool).await.values() {
         let recorded = recorded_holdings(pa.status.as_ref().unwrap());
@@ -335,5 +335,5 @@ async fn four_processes_allocating_blocks_at_once_never_overlap() {
     }
     assert_eq!(all.len(), 68);
     assert!(all.iter().all(|p| (34600..=34719).contains(p)));
-    assert_eq!(pool_record(&client, &pool).await.state.held_count(), 68);
+    assert_eq!(window_record(&client, &pool).await.state.held_count(), 68);
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use kube::api::Api;
 use portalloc::api::PortAllocation;
 
-use crate::support::invariants::{assert_consistent, pool_record};
+use crate::support::invariants::{assert_consistent, window_record};
 use crate::support::{self, cli};
 
 struct Outcome {
@@ -119,7 +119,7 @@ async fn race_to_a_full_pool(two_shards: bool) {
         holdings.values().all(|h| h.len() == 2),
         "every winner holds exactly its 2 ports"
     );
-    let record = pool_record(&client, &pool).await;
+    let record = window_record(&client, &pool).await;
     assert_eq!(record.state.held_count(), 40);
     // Losers leave no object behind, and no half allocation.
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use kube::api::Api;
 use portalloc::api::PortAllocation;
-use portalloc::ledger::{Anomaly, PoolRecord, recorded_holdings};
+use portalloc::ledger::{Anomaly, WindowRecord, recorded_holdings};
 use rand::Rng;
 
 use crate::support::cli::BIN;
@@ -146,7 +146,7 @@ fn run_and_kill(kubeconfig: &std::path::Path, args: Vec<String>, delay: Duration
 }
 
 /// Ports held twice in a pool's record (the authoritative one).
-fn pool_duplicates(record: &PoolRecord) -> Vec<&Anomaly> {
+fn pool_duplicates(record: &WindowRecord) -> Vec<&Anomaly> {
     record
         .anomalies
         .iter()
@@ -240,7 +240,7 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     let mut stale_before = 0;
     for pool in &POOLS {
         // The pool's shards joined (and checked for ports in two shards).
-        let record = crate::support::invariants::pool_record(&client, pool.name).await;
+        let record = crate::support::invariants::window_record(&client, pool.name).await;
         assert!(
             pool_duplicates(&record).is_empty(),
             "pool {} after the kills: {:?}",

@@ -12,7 +12,7 @@ use portalloc::core::Holdings;
 use portalloc::ledger::recorded_holdings;
 
 use crate::support::invariants::{
-    allocations_of, assert_consistent, pool_record, pool_uid, set_holders, shard_versions,
+    allocations_of, assert_consistent, pool_uid, set_holders, shard_versions, window_record,
 };
 use crate::support::{self, cli};
 
@@ -81,7 +81,7 @@ async fn a_pool_deleted_and_created_again_gets_every_holding_back() {
     let run = cli::run(&["pool", "delete", &pool, "--force"]);
     assert!(run.ok(), "{run}");
     support::create_pool(&pool, "33000-33199");
-    let record = pool_record(&client, &pool).await;
+    let record = window_record(&client, &pool).await;
     assert_ne!(record.pool_uid(), old_uid, "a new pool object");
     assert!(record.holders.is_empty());
     let version = shard_versions(&client, &pool).await;
@@ -139,7 +139,7 @@ async fn leaked_entries_are_freed_and_live_ones_kept() {
     let gone_uid = api.get("gone").await.unwrap().uid().unwrap();
     api.delete("gone", &DeleteParams::default()).await.unwrap();
     // And an entry of an object that never existed, and one nobody can read.
-    let mut holders = pool_record(&client, &pool).await.entries().to_vec();
+    let mut holders = window_record(&client, &pool).await.entries().to_vec();
     holders.push(holder(
         "00000000-dead-beef-0000-000000000000",
         &format!("{ns}/ghost"),
@@ -199,7 +199,7 @@ async fn duplicates_and_stale_statuses_are_reported_and_left_alone() {
         let manifest = support::simple_allocation(name, &pool, "worker", 1, &["rpc"]);
         assert!(cli::run_stdin(&["create", "-f", "-", "-n", &ns], &manifest).ok());
     }
-    let record = pool_record(&client, &pool).await;
+    let record = window_record(&client, &pool).await;
     let live = allocations_of(&client, &pool).await;
     let uid_of = |name: &str| {
         live.iter()

@@ -1,7 +1,7 @@
 //! The roles and the tenancy policies of rbac/ over a pool's PortPoolShards, with the
 //! control plane's unprivileged certificate identities: tenant A (`portalloc-user` in tenant-a,
 //! `portalloc-pool-user` cluster-wide) and an administrator (`portalloc-admin`). Shard writes are
-//! built by the pure ledger (`ShardedRecord::writes_for`) and committed by `ShardStore::commit`,
+//! built by the pure ledger (`CopyRecord::writes_for`) and committed by `ShardStore::commit`,
 //! the allocator's own path: a lazy create of the window's shard, then its status CAS. Last, the
 //! tenant runs the plugin itself on the pool, under the policies.
 //!
@@ -18,7 +18,7 @@ use kube::api::{Api, PostParams};
 use portalloc::api::{PoolHolder, PortPool, PortPoolShard, PortPoolShardStatus};
 use portalloc::core::Holdings;
 use portalloc::k8s::ShardStore;
-use portalloc::ledger::{PoolCopy, ShardedRecord, new_shard, shard_name};
+use portalloc::ledger::{CopyRecord, PoolSnapshot, new_shard, shard_name};
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::invariants::assert_consistent;
@@ -42,13 +42,13 @@ fn dry_run() -> PostParams {
     }
 }
 
-async fn read(client: &Client) -> ShardedRecord {
+async fn read(client: &Client) -> CopyRecord {
     let pool = Api::<PortPool>::all(client.clone())
         .get(POOL)
         .await
         .unwrap();
     let shards = ShardStore::new(client.clone()).list(POOL).await.unwrap();
-    let record = ShardedRecord::load(PoolCopy::of_pool(&pool), shards).unwrap();
+    let record = CopyRecord::load(PoolSnapshot::of_pool(&pool), shards).unwrap();
     assert!(record.anomalies.is_empty(), "{:?}", record.anomalies);
     record
 }
@@ -236,7 +236,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     );
     let name_denial = until_refused("portalloc-shard-names", || async {
         let pool = pools_as_tenant.get(POOL).await.unwrap();
-        let mut shard = new_shard(&PoolCopy::of_pool(&pool), 91);
+        let mut shard = new_shard(&PoolSnapshot::of_pool(&pool), 91);
         // Sorts before gpu-91: a reader would take it for window 91's record.
         shard.metadata.name = Some("a-rival".into());
         shards_as_tenant
@@ -256,7 +256,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     let mut long_pool = pools_as_tenant.get(POOL).await.unwrap();
     let long = "p".repeat(252);
     long_pool.metadata.name = Some(long.clone());
-    let hashed = new_shard(&PoolCopy::of_pool(&long_pool), 91);
+    let hashed = new_shard(&PoolSnapshot::of_pool(&long_pool), 91);
     assert_ne!(hashed.metadata.name, Some(format!("{long}-91")));
     shards_as_tenant
         .create(&dry_run(), &hashed)
@@ -324,7 +324,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         .delete(&gpu93, &Default::default())
         .await
         .unwrap();
-    let mut narrow = new_shard(&PoolCopy::of_pool(&pool), 93);
+    let mut narrow = new_shard(&PoolSnapshot::of_pool(&pool), 93);
     narrow.spec.ranges = vec!["23808-23900".into()];
     let err = shards_as_tenant
         .create(&PostParams::default(), &narrow)
@@ -341,7 +341,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         owner: "tenant-b/b3".into(),
         ports: "db.sql=23810".into(),
     };
-    let mut with_status = new_shard(&PoolCopy::of_pool(&pool), 93);
+    let mut with_status = new_shard(&PoolSnapshot::of_pool(&pool), 93);
     with_status.status = Some(PortPoolShardStatus {
         holders: vec![foreign.clone()],
         ..Default::default()
@@ -369,7 +369,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         .await
         .expect("no entry changed");
     // The shard policy binds administrators too: a misnamed shard is wrong for every reader.
-    let mut misnamed = new_shard(&PoolCopy::of_pool(&pool), 93);
+    let mut misnamed = new_shard(&PoolSnapshot::of_pool(&pool), 93);
     misnamed.metadata.name = Some("a-rival".into());
     let err = Api::<PortPoolShard>::all(admin.clone())
         .create(&dry_run(), &misnamed)

@@ -1,6 +1,6 @@
 //! `repair`, `pool describe|get|delete` of pools across several shards against the real API
 //! server. Holdings are placed in shards with the same per-shard writes the allocator commits
-//! (`ShardedRecord::writes_for`, `ShardStore::commit`), recorded in the owners' statuses.
+//! (`CopyRecord::writes_for`, `ShardStore::commit`), recorded in the owners' statuses.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +9,7 @@ use kube::{Client, ResourceExt};
 use portalloc::api::{PortAllocation, PortPool, PortPoolShard};
 use portalloc::core::{Holdings, SlotKey};
 use portalloc::k8s::{Allocator, FollowUp, PoolRepair, Repairer, ShardStore};
-use portalloc::ledger::{Outcome, PoolCopy, ShardedRecord, allocation_status, shard_index_of};
+use portalloc::ledger::{CopyRecord, Outcome, PoolSnapshot, allocation_status, window_of};
 
 use crate::support::{self, cli};
 
@@ -67,22 +67,22 @@ async fn place(client: &Client, pool: &str, pa: &PortAllocation, holdings: &Hold
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.unwrap();
     let store = ShardStore::new(client.clone());
-    let sharded =
-        ShardedRecord::load(PoolCopy::of_pool(&object), store.list(pool).await.unwrap()).unwrap();
+    let sharded = CopyRecord::load(
+        PoolSnapshot::of_pool(&object),
+        store.list(pool).await.unwrap(),
+    )
+    .unwrap();
     let owner = format!("{}/{}", pa.namespace().unwrap(), pa.name_any());
     let uid = pa.uid().unwrap();
     for write in sharded.writes_for(&uid, &owner, holdings) {
         store
-            .commit(&PoolCopy::of_pool(&object), &write)
+            .commit(&PoolSnapshot::of_pool(&object), &write)
             .await
             .map_err(|(e, _)| e)
             .unwrap();
     }
     let mut status = allocation_status(pa, holdings, object.uid().as_deref(), Outcome::Converged);
-    let mut windows: Vec<i32> = holdings
-        .ports()
-        .map(|p| i32::from(shard_index_of(p)))
-        .collect();
+    let mut windows: Vec<i32> = holdings.ports().map(|p| i32::from(window_of(p))).collect();
     windows.dedup();
     status.shards = windows;
     let mut updated = pa.clone();
@@ -109,7 +109,7 @@ async fn holdings_in_shards(client: &Client, pool: &str) -> BTreeMap<String, Hol
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.unwrap();
     let listed: Vec<PortPoolShard> = shards_of(client, pool).await.into_values().collect();
-    let sharded = ShardedRecord::load(PoolCopy::of_pool(&object), listed).unwrap();
+    let sharded = CopyRecord::load(PoolSnapshot::of_pool(&object), listed).unwrap();
     assert!(sharded.anomalies.is_empty(), "{:?}", sharded.anomalies);
     let uids: Vec<String> = sharded
         .shards
@@ -133,11 +133,13 @@ async fn place_retrying(client: &Client, pool: &str, pa: &PortAllocation, holdin
     let owner = format!("{}/{}", pa.namespace().unwrap(), pa.name_any());
     let uid = pa.uid().unwrap();
     'read: loop {
-        let sharded =
-            ShardedRecord::load(PoolCopy::of_pool(&object), store.list(pool).await.unwrap())
-                .unwrap();
+        let sharded = CopyRecord::load(
+            PoolSnapshot::of_pool(&object),
+            store.list(pool).await.unwrap(),
+        )
+        .unwrap();
         for write in sharded.writes_for(&uid, &owner, holdings) {
-            match store.commit(&PoolCopy::of_pool(&object), &write).await {
+            match store.commit(&PoolSnapshot::of_pool(&object), &write).await {
                 Ok(_) => {}
                 Err((kube::Error::Api(s), _)) if s.code == 409 => continue 'read,
                 Err((e, target)) => panic!("{target:?}: {e}"),

@@ -6,16 +6,16 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 use portalloc::api::{PortAllocation, PortPool};
 use portalloc::k8s::ShardStore;
-use portalloc::ledger::{PoolCopy, ShardLayout, ShardedRecord, home_shard};
+use portalloc::ledger::{CopyRecord, PoolSnapshot, WindowLayout, home_shard};
 
 use crate::support::invariants::{allocations_of, assert_consistent};
 use crate::support::{self, cli};
 
-async fn sharded_record(client: &Client, pool: &str) -> ShardedRecord {
+async fn copy_record(client: &Client, pool: &str) -> CopyRecord {
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.unwrap();
     let shards = ShardStore::new(client.clone()).list(pool).await.unwrap();
-    ShardedRecord::load(PoolCopy::of_pool(&object), shards).unwrap()
+    CopyRecord::load(PoolSnapshot::of_pool(&object), shards).unwrap()
 }
 
 /// Each shard's name and resourceVersion: what a write would change.
@@ -50,8 +50,8 @@ async fn owners_live_in_their_home_shard_and_a_resync_writes_nothing() {
     assert_eq!(holdings.len(), 12);
     assert!(holdings.values().all(|h| h.len() == 4));
 
-    let record = sharded_record(&client, &pool).await;
-    let layout = ShardLayout::new(&record.ports, record.pool.spec.core_static_band());
+    let record = copy_record(&client, &pool).await;
+    let layout = WindowLayout::new(&record.ports, record.pool.spec.core_static_band());
     for (uid, pa) in allocations_of(&client, &pool).await {
         let owner = format!("{}/{}", pa.namespace().unwrap(), pa.name_any());
         let home = home_shard(&layout, &owner).unwrap();
@@ -92,7 +92,7 @@ async fn an_owner_larger_than_a_shard_spans_shards_and_releases_whole() {
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
     let pa = api.get("big").await.unwrap();
     let uid = pa.uid().unwrap();
-    let record = sharded_record(&client, &pool).await;
+    let record = copy_record(&client, &pool).await;
     let parts = record.shards_of(&uid);
     assert!(parts.len() >= 2, "300 ports in {parts:?}");
     let listed: Vec<u16> = pa
@@ -117,7 +117,7 @@ async fn an_owner_larger_than_a_shard_spans_shards_and_releases_whole() {
 
     let run = cli::run(&["release", "big", "-n", &ns]);
     assert!(run.ok(), "{run}");
-    let record = sharded_record(&client, &pool).await;
+    let record = copy_record(&client, &pool).await;
     assert!(record.shards_of(&uid).is_empty(), "release left entries");
     assert!(record.holdings_of(&uid).is_empty());
     assert_consistent(&client, &pool).await;
@@ -136,10 +136,10 @@ async fn delete_frees_every_shard() {
     );
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
     let uid = api.get("big").await.unwrap().uid().unwrap();
-    assert!(sharded_record(&client, &pool).await.shards_of(&uid).len() >= 2);
+    assert!(copy_record(&client, &pool).await.shards_of(&uid).len() >= 2);
     let run = cli::run(&["delete", "big", "-n", &ns]);
     assert!(run.ok(), "{run}");
-    let record = sharded_record(&client, &pool).await;
+    let record = copy_record(&client, &pool).await;
     assert!(record.shards_of(&uid).is_empty(), "delete left entries");
     assert_eq!(record.union_record().state.held_count(), 0);
 }

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use portalloc::api::{ConfigMapTarget, PortAllocation};
-use portalloc::ledger::{PoolRecord, recorded_holdings};
+use portalloc::ledger::{WindowRecord, recorded_holdings};
 
 use crate::configmap::{assert_own_ports, files};
 use crate::support::apply::{apply_value, apply_yaml};
@@ -270,8 +270,8 @@ fn ready_with(pa: Option<&PortAllocation>, ports: usize) -> bool {
     })
 }
 
-async fn record(client: &Client, pool: &str) -> PoolRecord {
-    crate::support::invariants::pool_record(client, pool).await
+async fn record(client: &Client, pool: &str) -> WindowRecord {
+    crate::support::invariants::window_record(client, pool).await
 }
 
 /// How many ports are held, if every pool entry belongs to a live object and says what its

@@ -32,8 +32,8 @@ use crate::k8s::record::{ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, POOLS};
 use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{
-    BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolCopy, Refusal, ShardWrite, ShardedRecord,
-    allocation_status, decide_pool_batch, known_shards, owner_of,
+    BatchItem, CopyRecord, ItemOutcome, Operation, Outcome, Pass, PoolSnapshot, Refusal,
+    ShardWrite, allocation_status, decide_pool_batch, known_shards, owner_of,
 };
 
 type ItemResult = Result<SyncReport, AllocateError>;
@@ -153,7 +153,7 @@ impl Allocator {
             Ok(Some(object)) => store
                 .list(pool)
                 .await
-                .map(|shards| (PoolCopy::of_pool(&object), shards)),
+                .map(|shards| (PoolSnapshot::of_pool(&object), shards)),
             Ok(None) => {
                 return Round::Stop(StopAll::Refused(Refusal::PoolNotFound {
                     pool: pool.into(),
@@ -166,7 +166,7 @@ impl Allocator {
             Ok(read) => read,
             Err((e, target)) => return waited(attempts.backoff(e, target, label).await, pool),
         };
-        let mut sharded = match ShardedRecord::load(copy, shards) {
+        let mut sharded = match CopyRecord::load(copy, shards) {
             Ok(sharded) => sharded,
             Err(error) => {
                 return Round::Stop(StopAll::Refused(Refusal::PoolSpec {
@@ -285,7 +285,7 @@ impl Allocator {
     async fn write_all(
         &self,
         writes: &[ShardWrite],
-        sharded: &ShardedRecord,
+        sharded: &CopyRecord,
         label: &str,
     ) -> Vec<Result<PortPoolShard, (kube::Error, crate::k8s::error::Target)>> {
         let store = ShardStore::new(self.client.clone());
@@ -463,7 +463,7 @@ fn unreachable_ok(pa: &PortAllocation) -> AllocateError {
     }
 }
 
-fn item_of(pa: &PortAllocation, sharded: &ShardedRecord) -> BatchItem {
+fn item_of(pa: &PortAllocation, sharded: &CopyRecord) -> BatchItem {
     let owner = owner_of(pa);
     BatchItem {
         uid: pa.uid().unwrap_or_default(),
@@ -479,7 +479,7 @@ fn changes(outcome: &ItemOutcome) -> bool {
 }
 
 /// The shards among `writes` whose write did not commit (not replaced by its response).
-fn failed_shards(writes: &[ShardWrite], sharded: &ShardedRecord) -> BTreeSet<u16> {
+fn failed_shards(writes: &[ShardWrite], sharded: &CopyRecord) -> BTreeSet<u16> {
     writes
         .iter()
         .filter(|w| {
@@ -493,7 +493,7 @@ fn failed_shards(writes: &[ShardWrite], sharded: &ShardedRecord) -> BTreeSet<u16
 }
 
 /// The shard as written becomes the record the next pass decides against.
-fn replace_shard(sharded: &mut ShardedRecord, written: PortPoolShard) {
+fn replace_shard(sharded: &mut CopyRecord, written: PortPoolShard) {
     sharded.replace(written);
 }
 

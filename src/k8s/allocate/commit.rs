@@ -24,8 +24,8 @@ use crate::k8s::record::{ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
 use crate::k8s::retry::Attempts;
 use crate::ledger::{
-    BatchItem, Decision, ItemOutcome, Operation, PoolCopy, Refusal, ShardAnomaly, ShardRecord,
-    ShardWrite, ShardedRecord, decide, home_shard, known_shards, load_shard, new_shard, owner_of,
+    BatchItem, CopyRecord, Decision, ItemOutcome, Operation, PoolSnapshot, Refusal, ShardAnomaly,
+    ShardRecord, ShardWrite, decide, home_shard, known_shards, load_shard, new_shard, owner_of,
     place, shard_name, single_shard, split_by_shard,
 };
 
@@ -65,7 +65,7 @@ impl Allocator {
             };
             let one = match known {
                 Where::Listed(listed) => single_shard(&listed, request.operation),
-                Where::Home => match self.pool_copy(request, attempts, false).await? {
+                Where::Home => match self.pool_snapshot(request, attempts, false).await? {
                     Some(copy) => {
                         let layout = copy.layout().map_err(|error| pool_spec(request, error))?;
                         home_shard(&layout, request.owner).filter(|&home| {
@@ -95,18 +95,18 @@ impl Allocator {
 
     /// The newest spec of the pool: remembered (unless `fresh`), else read. `None`: a read
     /// failed and was waited for; go round again.
-    pub(super) async fn pool_copy(
+    pub(super) async fn pool_snapshot(
         &self,
         request: &Request<'_>,
         attempts: &mut Attempts,
         fresh: bool,
-    ) -> Result<Option<PoolCopy>, Failed> {
+    ) -> Result<Option<PoolSnapshot>, Failed> {
         if !fresh && let Some(copy) = self.pools.get(request.pool) {
             return Ok(Some(copy));
         }
         match read_pool(&self.client, request.pool).await {
             Ok(Some(pool)) => {
-                let copy = PoolCopy::of_pool(&pool);
+                let copy = PoolSnapshot::of_pool(&pool);
                 self.pools.remember(request.pool, &copy);
                 Ok(Some(copy))
             }
@@ -147,7 +147,7 @@ impl Allocator {
         loop {
             if !whole {
                 let Some(copy) = self
-                    .pool_copy(&request, &mut attempts, false)
+                    .pool_snapshot(&request, &mut attempts, false)
                     .await
                     .map_err(|f| f.error)?
                 else {
@@ -164,8 +164,8 @@ impl Allocator {
                     continue;
                 };
                 if let Some(shard) = shard.filter(|s| s.spec.pool_uid == copy.uid) {
-                    let copy =
-                        PoolCopy::of_shard(&shard).map_or(copy.clone(), |c| c.newest(Some(copy)));
+                    let copy = PoolSnapshot::of_shard(&shard)
+                        .map_or(copy.clone(), |c| c.newest(Some(copy)));
                     let record = load_shard(&copy, &layout, home, shard.clone());
                     match decide(&record, &uid, &owner, &operation, &mut rand::rng()) {
                         Ok(_) => {
@@ -184,7 +184,7 @@ impl Allocator {
                 }
             }
             let Some(copy) = self
-                .pool_copy(&request, &mut attempts, true)
+                .pool_snapshot(&request, &mut attempts, true)
                 .await
                 .map_err(|f| f.error)?
             else {
@@ -198,7 +198,7 @@ impl Allocator {
                 }
             };
             let sharded =
-                ShardedRecord::load(copy, shards).map_err(|error| pool_spec(&request, error))?;
+                CopyRecord::load(copy, shards).map_err(|error| pool_spec(&request, error))?;
             let item = BatchItem {
                 known: known_shards(pa.status.as_ref(), &sharded.layout, &owner),
                 uid: uid.clone(),
@@ -261,10 +261,10 @@ impl Allocator {
         // The pool's spec: the shard's copy (newer than a remembered one, if any); for a shard
         // not written yet, the pool itself, read now, so no shard is created for a pool that
         // was deleted.
-        let carried = shard.as_ref().and_then(PoolCopy::of_shard);
+        let carried = shard.as_ref().and_then(PoolSnapshot::of_shard);
         let copy = match carried {
             Some(carried) => carried.newest(self.pools.get(request.pool)),
-            None => match self.pool_copy(request, attempts, true).await? {
+            None => match self.pool_snapshot(request, attempts, true).await? {
                 Some(copy) => copy,
                 None => return Ok(Step::Again),
             },
@@ -359,7 +359,7 @@ impl Allocator {
         pa: Option<&mut PortAllocation>,
         attempts: &mut Attempts,
     ) -> Result<Step, Failed> {
-        let Some(copy) = self.pool_copy(request, attempts, true).await? else {
+        let Some(copy) = self.pool_snapshot(request, attempts, true).await? else {
             return Ok(Step::Again);
         };
         let store = ShardStore::new(self.client.clone());
@@ -370,8 +370,7 @@ impl Allocator {
                 return Ok(Step::Again);
             }
         };
-        let sharded =
-            ShardedRecord::load(copy, shards).map_err(|error| pool_spec(request, error))?;
+        let sharded = CopyRecord::load(copy, shards).map_err(|error| pool_spec(request, error))?;
         let status = pa.as_deref().and_then(|pa| pa.status.as_ref());
         let known = match (&pa, &request.without_object) {
             (None, Where::Listed(listed)) => listed.clone(),
@@ -499,7 +498,7 @@ impl Allocator {
 /// A write that would create a shard whose name an object that is not part of the record
 /// holds (an earlier pool object's shard, mostly): (its name, why it is not loaded).
 pub(super) fn blocked_shard(
-    sharded: &ShardedRecord,
+    sharded: &CopyRecord,
     writes: &[ShardWrite],
 ) -> Option<(String, String)> {
     writes
@@ -516,7 +515,7 @@ pub(super) fn blocked_shard(
 }
 
 fn committed(
-    copy: &PoolCopy,
+    copy: &PoolSnapshot,
     holdings: crate::core::Holdings,
     allocated: usize,
     released: usize,

@@ -14,7 +14,7 @@ use crate::k8s::error::KubeError;
 use crate::k8s::record::{Applied, ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
 use crate::ledger::{
-    BatchItem, ItemOutcome, Operation, Outcome, PoolCopy, PortChanges, Refusal, ShardedRecord,
+    BatchItem, CopyRecord, ItemOutcome, Operation, Outcome, PoolSnapshot, PortChanges, Refusal,
     allocation_status, known_shards, owner_of, preview as preview_in,
 };
 
@@ -62,7 +62,7 @@ pub async fn preview(
     mode: DryRun,
     new_pools: &[PortPool],
 ) -> Result<Vec<Preview>, KubeError> {
-    let mut pools: BTreeMap<String, Result<ShardedRecord, Refusal>> = BTreeMap::new();
+    let mut pools: BTreeMap<String, Result<CopyRecord, Refusal>> = BTreeMap::new();
     let mut rng = rand::rng();
     let mut previews = Vec::new();
     for (object, intent) in items {
@@ -233,12 +233,12 @@ async fn load_pool(
     pool: &str,
     owner: &str,
     new_pool: Option<&PortPool>,
-) -> Result<Result<ShardedRecord, Refusal>, KubeError> {
+) -> Result<Result<CopyRecord, Refusal>, KubeError> {
     let read = read_pool(client, pool)
         .await
         .map_err(|e| KubeError::from_kube(e, POOLS.on("get", pool, None)))?;
     if let (None, Some(new_pool)) = (&read, new_pool) {
-        let loaded = ShardedRecord::load(PoolCopy::of_pool(new_pool), Vec::new());
+        let loaded = CopyRecord::load(PoolSnapshot::of_pool(new_pool), Vec::new());
         return Ok(loaded.map_err(|error| Refusal::PoolSpec {
             pool: pool.into(),
             error,
@@ -255,7 +255,7 @@ async fn load_pool(
         .await
         .map_err(|(e, target)| KubeError::from_kube(e, target))?;
     Ok(
-        ShardedRecord::load(PoolCopy::of_pool(&read), shards).map_err(|error| Refusal::PoolSpec {
+        CopyRecord::load(PoolSnapshot::of_pool(&read), shards).map_err(|error| Refusal::PoolSpec {
             pool: pool.into(),
             error,
         }),
@@ -268,7 +268,7 @@ async fn send_dry_run(
     pa: &PortAllocation,
     (exists, updated): (bool, bool),
     intent: &Intent,
-    pool: &PoolCopy,
+    pool: &PoolSnapshot,
     writes: &[crate::ledger::ShardWrite],
 ) -> Result<(), KubeError> {
     let namespace = pa.namespace().unwrap_or_default();

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::api::PortPoolShard;
-use crate::ledger::PoolCopy;
+use crate::ledger::PoolSnapshot;
 
 /// Above this share of stale copies, read first (break-even: a stale copy costs two requests
 /// more, a current one saves one).
@@ -28,7 +28,7 @@ const STALE_WEIGHT: f64 = 0.1;
 pub type ShardCache = ObjectCache<PortPoolShard>;
 /// The newest spec of each pool seen (read, or carried by a shard), by pool name: what an
 /// owner's home shard is computed from.
-pub type PoolCache = ObjectCache<PoolCopy>;
+pub type PoolCache = ObjectCache<PoolSnapshot>;
 
 /// Shared by the clones of one Allocator (the watcher's tasks, `sync --all`'s batches).
 #[derive(Clone, Debug)]

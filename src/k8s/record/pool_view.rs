@@ -5,12 +5,12 @@ use kube::{Client, ResourceExt};
 use super::shards::ShardStore;
 use crate::api::{PortPool, SpecError};
 use crate::k8s::error::KubeError;
-use crate::ledger::{PoolCopy, PoolRecord, ShardedRecord, shard_warnings};
+use crate::ledger::{CopyRecord, PoolSnapshot, WindowRecord, record_warnings};
 
 /// A pool as `pool describe` and `pool get` show it.
 #[derive(Clone, Debug)]
 pub struct PoolView {
-    pub record: PoolRecord,
+    pub record: WindowRecord,
     /// How many shards were loaded.
     pub shards: usize,
     /// What only the shards show (shards not loaded, ports in the wrong shard, shards that
@@ -38,10 +38,10 @@ pub async fn pool_view(
         .await
         .map_err(|(e, target)| KubeError::from_kube(e, target))?;
     Ok(
-        ShardedRecord::load(PoolCopy::of_pool(&pool), shards).map(|sharded| PoolView {
+        CopyRecord::load(PoolSnapshot::of_pool(&pool), shards).map(|sharded| PoolView {
             record: sharded.union_record(),
             shards: sharded.shards.len(),
-            warnings: shard_warnings(&sharded),
+            warnings: record_warnings(&sharded),
         }),
     )
 }

@@ -15,7 +15,7 @@ use crate::k8s::error::{ApiErrorKind, KubeError, Target};
 use crate::k8s::resources::{POOL_STATUS, POOLS, SHARDS};
 use crate::k8s::retry::{Attempts, RetryPolicy, Stop};
 use crate::ledger::{
-    PoolCopy, PoolOverlap, ShardRecord, ShardedRecord, load_shard, new_shard, overlapping_pool,
+    CopyRecord, PoolOverlap, PoolSnapshot, ShardRecord, load_shard, new_shard, overlapping_pool,
 };
 
 /// Shard writes in flight at once when a pool is created or its spec carried to its shards.
@@ -156,7 +156,7 @@ async fn initialize_status(
 /// Every shard of a new pool, empty, with the pool's spec. A shard someone else created first
 /// (an allocation into the new pool) is theirs and stays as it is.
 async fn create_shards(client: &Client, pool: &PortPool) -> Result<(), PoolError> {
-    let copy = PoolCopy::of_pool(pool);
+    let copy = PoolSnapshot::of_pool(pool);
     let layout = copy.layout().map_err(|error| PoolError::Invalid {
         pool: copy.name.clone(),
         error,
@@ -236,7 +236,7 @@ pub async fn carry_spec(client: &Client, name: &str) -> Result<(), PoolError> {
     loop {
         let pool = get_pool(client, name).await?;
         let shards = store.list(name).await.map_err(kube_error)?;
-        let sharded = ShardedRecord::load(PoolCopy::of_pool(&pool), shards).map_err(|error| {
+        let sharded = CopyRecord::load(PoolSnapshot::of_pool(&pool), shards).map_err(|error| {
             PoolError::Invalid {
                 pool: name.into(),
                 error,

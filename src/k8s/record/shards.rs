@@ -11,7 +11,7 @@ use kube::{Client, ResourceExt};
 use crate::api::PortPoolShard;
 use crate::k8s::error::{KubeError, Target};
 use crate::k8s::resources::{SHARD_STATUS, SHARDS};
-use crate::ledger::{PoolCopy, ShardWrite, new_shard};
+use crate::ledger::{PoolSnapshot, ShardWrite, new_shard};
 
 /// The shards of pools, through one client. Reads and writes return the raw error with the
 /// request, for the callers' retry loops; `KubeError::from_kube` makes the message.
@@ -28,7 +28,7 @@ impl ShardStore {
     }
 
     /// Every shard object of `pool` (by the selectable field `spec.pool`), in one consistent
-    /// list; foreign or malformed ones are sorted out by `ShardedRecord::load`.
+    /// list; foreign or malformed ones are sorted out by `CopyRecord::load`.
     pub async fn list(&self, pool: &str) -> Result<Vec<PortPoolShard>, (kube::Error, Target)> {
         let params = ListParams::default().fields(&format!("spec.pool={pool}"));
         self.api
@@ -51,7 +51,7 @@ impl ShardStore {
     /// so the caller's retry loop can tell a conflict (409) from the rest.
     pub async fn commit(
         &self,
-        pool: &PoolCopy,
+        pool: &PoolSnapshot,
         write: &ShardWrite,
     ) -> Result<PortPoolShard, (kube::Error, Target)> {
         let resource_version = match &write.resource_version {
@@ -80,7 +80,7 @@ impl ShardStore {
     /// is checked by its create alone (no status can be written to an object never stored).
     pub async fn commit_dry_run(
         &self,
-        pool: &PoolCopy,
+        pool: &PoolSnapshot,
         write: &ShardWrite,
     ) -> Result<(), KubeError> {
         let dry_run = PostParams {

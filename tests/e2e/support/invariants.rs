@@ -8,18 +8,17 @@ use portalloc::api::{Phase, PoolHolder, PortAllocation, PortPool, PortPoolShard}
 use portalloc::core::{Holdings, SlotKey};
 use portalloc::k8s::ShardStore;
 use portalloc::ledger::{
-    PoolCopy, PoolRecord, ShardAnomaly, ShardedRecord, load_shard, recorded_holdings,
-    shard_index_of,
+    CopyRecord, PoolSnapshot, ShardAnomaly, WindowRecord, load_shard, recorded_holdings, window_of,
 };
 
 /// The pool as the allocator sees it: its shards joined into one record, after checking that
 /// no shard has a cross-shard anomaly and every shard's counts are current.
-pub async fn pool_record(client: &Client, pool: &str) -> PoolRecord {
-    sharded_record(client, pool).await.union_record()
+pub async fn window_record(client: &Client, pool: &str) -> WindowRecord {
+    copy_record(client, pool).await.union_record()
 }
 
-/// The pool and its shards as read, checked as [`pool_record`] says.
-pub async fn sharded_record(client: &Client, pool: &str) -> ShardedRecord {
+/// The pool and its shards as read, checked as [`window_record`] says.
+pub async fn copy_record(client: &Client, pool: &str) -> CopyRecord {
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.expect("pool exists");
     let shards = ShardStore::new(client.clone())
@@ -27,7 +26,7 @@ pub async fn sharded_record(client: &Client, pool: &str) -> ShardedRecord {
         .await
         .expect("list the pool's shards");
     let sharded =
-        ShardedRecord::load(PoolCopy::of_pool(&object), shards).expect("pool spec is valid");
+        CopyRecord::load(PoolSnapshot::of_pool(&object), shards).expect("pool spec is valid");
     let cross: Vec<_> = sharded
         .anomalies
         .iter()
@@ -71,7 +70,7 @@ pub async fn allocations_of(client: &Client, pool: &str) -> BTreeMap<String, Por
 /// exactly what the pool holds for it (but for ports a refused spec dropped: see
 /// `undesired_after_refusal`). Returns the holdings by UID, less those ports.
 pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, Holdings> {
-    let record = pool_record(client, pool).await;
+    let record = window_record(client, pool).await;
     assert!(
         record.anomalies.is_empty(),
         "pool {pool} has anomalies: {:?}",
@@ -179,7 +178,7 @@ pub async fn write_holders(
     holders: Vec<PoolHolder>,
 ) -> Result<(), kube::Error> {
     let object = Api::<PortPool>::all(client.clone()).get(pool).await?;
-    let copy = PoolCopy::of_pool(&object);
+    let copy = PoolSnapshot::of_pool(&object);
     let layout = copy.layout().expect("pool spec is valid");
     let shards = ShardStore::new(client.clone())
         .list(pool)
@@ -191,7 +190,7 @@ pub async fn write_holders(
         let index = Holdings::decode(&holder.ports)
             .ok()
             .and_then(|h| h.ports().min())
-            .map_or(first, shard_index_of);
+            .map_or(first, window_of);
         by_shard.entry(index).or_default().push(holder);
     }
     let api: Api<PortPoolShard> = Api::all(client.clone());

@@ -23,9 +23,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use kube::ResourceExt;
 
 use super::allocation_status::recorded_holdings;
+use super::copy_record::{CopyRecord, ShardAnomaly, ShardWrite, load_shard, new_shard};
 use super::repair_plan::{Change, Finding, RepairPlan, RepairScope, Restored, plan_repair_scoped};
-use super::shard_layout::{shard_index_of, shard_name, window};
-use super::sharded_record::{ShardAnomaly, ShardWrite, ShardedRecord, load_shard, new_shard};
+use super::windows::{shard_name, window, window_of};
 use crate::api::{PortAllocation, PortPoolShard};
 
 /// A shard object left by an earlier pool object of the same name: deleted before the writes
@@ -41,7 +41,7 @@ pub struct StaleShard {
 
 /// What repair does to a sharded pool.
 #[derive(Clone, Debug)]
-pub struct ShardRepairPlan {
+pub struct PoolRepairPlan {
     /// Every shard's changes and findings, plus the cross-shard findings; `status` is `None`
     /// (the PortPool's status is not written; the shards are).
     pub plan: RepairPlan,
@@ -53,11 +53,11 @@ pub struct ShardRepairPlan {
 
 /// The repair of a sharded pool: `sharded` from one LIST of its shards (`listed`, the same
 /// objects, loaded or not), `allocations` listed after it. Pure.
-pub fn plan_sharded_repair(
-    sharded: &ShardedRecord,
+pub fn plan_pool_repair(
+    sharded: &CopyRecord,
     listed: &[PortPoolShard],
     allocations: &[PortAllocation],
-) -> ShardRepairPlan {
+) -> PoolRepairPlan {
     let pool_name = sharded.name().to_string();
     let pool_uid = sharded.pool.uid.clone();
 
@@ -70,7 +70,7 @@ pub fn plan_sharded_repair(
         missing.extend(
             recorded_holdings(status)
                 .ports()
-                .map(shard_index_of)
+                .map(window_of)
                 .filter(|k| !sharded.shards.contains_key(k)),
         );
     }
@@ -182,7 +182,7 @@ pub fn plan_sharded_repair(
     }
 
     findings.extend(cross_shard_findings(sharded, &freed, &freed_uids, &replace));
-    ShardRepairPlan {
+    PoolRepairPlan {
         plan: RepairPlan {
             pool: pool_name,
             pool_uid,
@@ -200,11 +200,11 @@ pub fn plan_sharded_repair(
 }
 
 /// Ports of window `k` that other shards list, with their owners.
-fn held_elsewhere(sharded: &ShardedRecord, k: u16) -> BTreeMap<u16, String> {
+fn held_elsewhere(sharded: &CopyRecord, k: u16) -> BTreeMap<u16, String> {
     let mut held = BTreeMap::new();
     for shard in sharded.shards.values().filter(|s| s.index != k) {
         for entry in shard.record.holders.values() {
-            for port in entry.holdings.ports().filter(|&p| shard_index_of(p) == k) {
+            for port in entry.holdings.ports().filter(|&p| window_of(p) == k) {
                 held.entry(port).or_insert_with(|| entry.owner.clone());
             }
         }
@@ -215,7 +215,7 @@ fn held_elsewhere(sharded: &ShardedRecord, k: u16) -> BTreeMap<u16, String> {
 /// The anomalies only the view of all shards sees, minus those that freeing dead entries
 /// resolves. Per-shard ones (and `WrongShard`) come from each shard's own plan.
 fn cross_shard_findings(
-    sharded: &ShardedRecord,
+    sharded: &CopyRecord,
     freed: &BTreeSet<(u16, String)>,
     freed_uids: &BTreeSet<String>,
     replace: &[StaleShard],
@@ -265,5 +265,5 @@ fn cross_shard_findings(
 }
 
 #[cfg(test)]
-#[path = "shard_repair_tests.rs"]
+#[path = "pool_repair_tests.rs"]
 mod tests;

@@ -1,14 +1,14 @@
 //! A pool seen as one record, for readers (`pool describe`, `pool get`): its usage is never
 //! kept on the PortPool (that would make it a hot object again), so what readers show is
-//! computed from the shards ([`ShardedRecord::union_record`]), and what only the shards show is
+//! computed from the shards ([`CopyRecord::union_record`]), and what only the shards show is
 //! said in warnings. Pure.
 
-use super::pool_copy::PoolCopy;
-use super::sharded_record::{ShardAnomaly, ShardedRecord};
+use super::copy_record::{CopyRecord, ShardAnomaly};
+use super::pool_snapshot::PoolSnapshot;
 
 /// The cross-shard anomalies as warning lines (the per-shard ones show in the union record),
 /// and shards that still carry an older spec of the pool.
-pub fn shard_warnings(sharded: &ShardedRecord) -> Vec<String> {
+pub fn record_warnings(sharded: &CopyRecord) -> Vec<String> {
     let name_of = |k: u16| {
         sharded
             .shards
@@ -18,7 +18,7 @@ pub fn shard_warnings(sharded: &ShardedRecord) -> Vec<String> {
     let behind: Vec<String> = sharded
         .shards
         .values()
-        .filter(|s| s.is_behind(&sharded.pool) && PoolCopy::of_shard(&s.record.shard).is_some())
+        .filter(|s| s.is_behind(&sharded.pool) && PoolSnapshot::of_shard(&s.record.shard).is_some())
         .map(|s| s.record.name().to_string())
         .collect();
     let stale = (!behind.is_empty()).then(|| {
@@ -75,7 +75,7 @@ mod tests {
         pool.metadata.generation = Some(2);
         let mut current = shard_of(&pool, 118, vec![]);
         current.status.as_mut().unwrap().pool_generation = 2;
-        let warnings = shard_warnings(&sharded(&pool, vec![wrong, old, behind, current]));
+        let warnings = record_warnings(&sharded(&pool, vec![wrong, old, behind, current]));
         assert_eq!(warnings.len(), 3, "{warnings:?}");
         assert!(
             warnings[0].starts_with("2 of 3 shards carry an older spec of the pool (p-117, p-120)"),

@@ -16,12 +16,12 @@ use crate::api::PortAllocationStatus;
 use crate::core::PortDemand;
 
 use super::decision::Operation;
-use super::shard_layout::{ShardLayout, shard_index_of};
+use super::windows::{WindowLayout, window_of};
 
 /// The shards where the owner `namespace/name` may have entries, by the rule above.
 pub fn known_shards(
     status: Option<&PortAllocationStatus>,
-    layout: &ShardLayout,
+    layout: &WindowLayout,
     owner: &str,
 ) -> BTreeSet<u16> {
     let listed = listed_shards(status);
@@ -42,7 +42,7 @@ pub fn listed_shards(status: Option<&PortAllocationStatus>) -> BTreeSet<u16> {
 }
 
 /// The first shard of the owner's home order (dynamic-band shards first).
-pub fn home_shard(layout: &ShardLayout, owner: &str) -> Option<u16> {
+pub fn home_shard(layout: &WindowLayout, owner: &str) -> Option<u16> {
     layout.home_order(owner).first().copied()
 }
 
@@ -56,8 +56,8 @@ pub fn single_shard(known: &BTreeSet<u16>, operation: &Operation) -> Option<u16>
         demands.iter().all(|d| {
             d.requested.is_none_or(|first| {
                 let last = u32::from(first) + d.count.max(1) - 1;
-                shard_index_of(first) == only
-                    && u16::try_from(last).is_ok_and(|last| shard_index_of(last) == only)
+                window_of(first) == only
+                    && u16::try_from(last).is_ok_and(|last| window_of(last) == only)
             })
         })
     };
@@ -74,9 +74,9 @@ mod tests {
     use crate::api::{PortAssignment, Scope};
     use crate::core::{PortSet, StaticBand};
 
-    fn layout() -> ShardLayout {
+    fn layout() -> WindowLayout {
         let ports: PortSet = "30000-32767".parse().unwrap();
-        ShardLayout::new(&ports, StaticBand::None)
+        WindowLayout::new(&ports, StaticBand::None)
     }
 
     fn status_with_ports(values: Vec<i32>, pool_uid: &str) -> PortAllocationStatus {

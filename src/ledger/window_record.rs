@@ -1,6 +1,6 @@
 //! The record of some of a pool's ports, as the allocator sees it: the core's [`PoolState`]
 //! plus who holds what. Usually one shard (one 256-port window); for an owner that needs
-//! several windows, their shards joined into one record (`ShardedRecord::union_record`).
+//! several windows, their shards joined into one record (`CopyRecord::union_record`).
 //! Pure: built from one read, and turned back into the shard status to write.
 
 use std::collections::BTreeMap;
@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus};
 use crate::core::{Holdings, PoolState, PortSet, SlotKey, StaticBand};
 
-use super::pool_copy::PoolCopy;
+use super::pool_snapshot::PoolSnapshot;
 
 /// One holder's entry, decoded.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,12 +45,12 @@ pub enum Anomaly {
 
 /// A record as read, ready for planning.
 #[derive(Clone, Debug)]
-pub struct PoolRecord {
+pub struct WindowRecord {
     /// The shard as read: its name and resourceVersion (the compare-and-swap) and its entries.
     /// For a record of several windows, an object holding all of their entries.
     pub shard: PortPoolShard,
     /// The pool this record is decided under (its spec gives the ports).
-    pub pool: PoolCopy,
+    pub pool: PoolSnapshot,
     pub ports: PortSet,
     pub state: PoolState,
     pub holders: BTreeMap<String, HolderEntry>,
@@ -59,15 +59,15 @@ pub struct PoolRecord {
     pub anomalies: Vec<Anomaly>,
 }
 
-impl PoolRecord {
+impl WindowRecord {
     /// The entries of `shard` over `ports` (the shard's window of the pool, or several
     /// windows), whose lowest ports form a static band of `static_band`.
     pub fn load(
         shard: PortPoolShard,
-        pool: PoolCopy,
+        pool: PoolSnapshot,
         ports: PortSet,
         static_band: StaticBand,
-    ) -> PoolRecord {
+    ) -> WindowRecord {
         let mut state = PoolState::new(ports.clone(), static_band);
         let mut holders = BTreeMap::new();
         let mut opaque = BTreeMap::new();
@@ -124,7 +124,7 @@ impl PoolRecord {
                 },
             );
         }
-        PoolRecord {
+        WindowRecord {
             shard,
             pool,
             ports,
@@ -137,11 +137,11 @@ impl PoolRecord {
 
     /// A record of `holders` over `ports` that is no one shard: several windows joined.
     pub fn joined(
-        pool: PoolCopy,
+        pool: PoolSnapshot,
         ports: PortSet,
         static_band: StaticBand,
         holders: Vec<PoolHolder>,
-    ) -> PoolRecord {
+    ) -> WindowRecord {
         let mut shard = PortPoolShard::new(
             &pool.name,
             crate::api::PortPoolShardSpec {
@@ -155,14 +155,14 @@ impl PoolRecord {
             holders,
             ..Default::default()
         });
-        PoolRecord::load(shard, pool, ports, static_band)
+        WindowRecord::load(shard, pool, ports, static_band)
     }
 
     /// This record as it is after `status` is written (the same object, ports and bands).
-    pub fn after(&self, status: PortPoolShardStatus) -> PoolRecord {
+    pub fn after(&self, status: PortPoolShardStatus) -> WindowRecord {
         let mut shard = self.shard.clone();
         shard.status = Some(status);
-        PoolRecord::load(
+        WindowRecord::load(
             shard,
             self.pool.clone(),
             self.ports.clone(),
@@ -288,9 +288,9 @@ impl PoolRecord {
     }
 }
 
-/// [`PoolRecord::counted_status`] for a record not loaded yet.
+/// [`WindowRecord::counted_status`] for a record not loaded yet.
 pub fn counted_status(
-    pool: &PoolCopy,
+    pool: &PoolSnapshot,
     state: &PoolState,
     holders: Vec<PoolHolder>,
 ) -> PortPoolShardStatus {
@@ -310,7 +310,7 @@ mod tests {
     use super::*;
     use crate::ledger::fixtures::{holder, pool_of, whole_record};
 
-    fn record(holders: Vec<PoolHolder>) -> PoolRecord {
+    fn record(holders: Vec<PoolHolder>) -> WindowRecord {
         whole_record(&pool_of(&["100-109"], &["105"]), holders)
     }
 

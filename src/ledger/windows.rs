@@ -19,25 +19,25 @@
 //!
 //! **Bands.** The pool's static band (KEP-3668) is its lowest ports by ordinal, so inside
 //! every shard the static ports are the shard's lowest ones, and a shard can plan with a
-//! static band of its own: [`ShardSpan::static_ports`]. A shard whose ports are all static
+//! static band of its own: [`WindowSpan::static_ports`]. A shard whose ports are all static
 //! is tried last.
 
 use crate::core::{PortRange, PortSet, StaticBand};
 
 /// Ports per window.
-pub const SHARD_WINDOW: u32 = 256;
+pub const WINDOW_PORTS: u32 = 256;
 /// The longest object name Kubernetes accepts (a DNS-1123 subdomain).
 pub const MAX_NAME_LEN: usize = 253;
 
 /// The window (shard index) a port falls in.
-pub fn shard_index_of(port: u16) -> u16 {
-    port / SHARD_WINDOW as u16
+pub fn window_of(port: u16) -> u16 {
+    port / WINDOW_PORTS as u16
 }
 
 /// All ports of window `index` (0..=255), whether or not the pool has them.
 pub fn window(index: u16) -> PortRange {
-    let first = (u32::from(index) * SHARD_WINDOW).max(1);
-    let last = (u32::from(index) * SHARD_WINDOW + SHARD_WINDOW - 1).min(u32::from(u16::MAX));
+    let first = (u32::from(index) * WINDOW_PORTS).max(1);
+    let last = (u32::from(index) * WINDOW_PORTS + WINDOW_PORTS - 1).min(u32::from(u16::MAX));
     PortRange::new(first as u16, last as u16).expect("a window is never empty")
 }
 
@@ -68,7 +68,7 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// One shard of a pool's current layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShardSpan {
+pub struct WindowSpan {
     pub index: u16,
     /// The pool's ports in this window.
     pub ports: PortSet,
@@ -76,7 +76,7 @@ pub struct ShardSpan {
     pub static_ports: u32,
 }
 
-impl ShardSpan {
+impl WindowSpan {
     /// Whether automatic allocation should come here only when every other shard is full.
     pub fn is_static(&self) -> bool {
         self.static_ports == self.ports.len()
@@ -91,19 +91,19 @@ impl ShardSpan {
 /// The shards of a pool with the given ports and static band, ascending by index; windows
 /// without a pool port have none.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShardLayout {
-    shards: Vec<ShardSpan>,
+pub struct WindowLayout {
+    shards: Vec<WindowSpan>,
 }
 
-impl ShardLayout {
-    pub fn new(ports: &PortSet, static_band: StaticBand) -> ShardLayout {
+impl WindowLayout {
+    pub fn new(ports: &PortSet, static_band: StaticBand) -> WindowLayout {
         let static_len = static_band.size_for(ports.len());
-        let mut shards: Vec<ShardSpan> = Vec::new();
+        let mut shards: Vec<WindowSpan> = Vec::new();
         let mut ordinal = 0u32;
         for range in ports.ranges() {
             let (mut first, last) = (range.first, range.last);
             loop {
-                let index = shard_index_of(first);
+                let index = window_of(first);
                 let piece_last = window(index).last.min(last);
                 let piece = PortRange::new(first, piece_last).expect("first <= piece_last");
                 // Ports of the static band are ordinals 0..static_len.
@@ -116,7 +116,7 @@ impl ShardLayout {
                         );
                         shard.static_ports += statics;
                     }
-                    _ => shards.push(ShardSpan {
+                    _ => shards.push(WindowSpan {
                         index,
                         ports: PortSet::from_ranges([piece]),
                         static_ports: statics,
@@ -128,14 +128,14 @@ impl ShardLayout {
                 first = piece_last + 1;
             }
         }
-        ShardLayout { shards }
+        WindowLayout { shards }
     }
 
-    pub fn shards(&self) -> &[ShardSpan] {
+    pub fn shards(&self) -> &[WindowSpan] {
         &self.shards
     }
 
-    pub fn get(&self, index: u16) -> Option<&ShardSpan> {
+    pub fn get(&self, index: u16) -> Option<&WindowSpan> {
         self.shards
             .binary_search_by_key(&index, |s| s.index)
             .ok()
@@ -144,9 +144,8 @@ impl ShardLayout {
 
     /// The shard recording `port`, or `None` if the pool does not have that port. A requested
     /// port fixes its shard this way.
-    pub fn shard_of(&self, port: u16) -> Option<&ShardSpan> {
-        self.get(shard_index_of(port))
-            .filter(|s| s.ports.contains(port))
+    pub fn shard_of(&self, port: u16) -> Option<&WindowSpan> {
+        self.get(window_of(port)).filter(|s| s.ports.contains(port))
     }
 
     /// The order in which the owner `namespace/name` tries shards: from `hash(owner) mod n`
@@ -156,9 +155,9 @@ impl ShardLayout {
     /// only a different first guess for new owners.
     pub fn home_order(&self, owner: &str) -> Vec<u16> {
         let hash = fnv1a(owner.as_bytes());
-        let (statics, dynamics): (Vec<&ShardSpan>, Vec<&ShardSpan>) =
+        let (statics, dynamics): (Vec<&WindowSpan>, Vec<&WindowSpan>) =
             self.shards.iter().partition(|s| s.is_static());
-        let indices = |spans: Vec<&ShardSpan>| spans.iter().map(|s| s.index).collect();
+        let indices = |spans: Vec<&WindowSpan>| spans.iter().map(|s| s.index).collect();
         let (statics, dynamics) = (indices(statics), indices(dynamics));
         let mut order = rotated(dynamics, hash);
         order.extend(rotated(statics, hash));
@@ -185,7 +184,7 @@ mod tests {
 
     #[test]
     fn node_port_range_is_eleven_windows_of_at_most_256() {
-        let layout = ShardLayout::new(&set(&["30000-32767"]), StaticBand::Auto);
+        let layout = WindowLayout::new(&set(&["30000-32767"]), StaticBand::Auto);
         let shards = layout.shards();
         assert_eq!(shards.len(), 11);
         assert_eq!(shards[0].index, 117);
@@ -202,7 +201,7 @@ mod tests {
 
     #[test]
     fn whole_port_space_is_256_shards() {
-        let layout = ShardLayout::new(&set(&["1-65535"]), StaticBand::None);
+        let layout = WindowLayout::new(&set(&["1-65535"]), StaticBand::None);
         assert_eq!(layout.shards().len(), 256);
         assert_eq!(layout.shards()[0].ports.to_string(), "1-255");
         assert_eq!(layout.shards()[255].ports.to_string(), "65280-65535");
@@ -210,8 +209,8 @@ mod tests {
 
     #[test]
     fn an_edit_of_the_pool_leaves_every_port_in_its_shard() {
-        let before = ShardLayout::new(&set(&["30000-30999"]), StaticBand::Auto);
-        let after = ShardLayout::new(&set(&["30000-30009", "30011-31500"]), StaticBand::Auto);
+        let before = WindowLayout::new(&set(&["30000-30999"]), StaticBand::Auto);
+        let after = WindowLayout::new(&set(&["30000-30009", "30011-31500"]), StaticBand::Auto);
         for port in 30000..=30999 {
             if let (Some(a), Some(b)) = (before.shard_of(port), after.shard_of(port)) {
                 assert_eq!(a.index, b.index, "{port}");
@@ -224,7 +223,7 @@ mod tests {
     #[test]
     fn static_only_shards_come_last() {
         // 64 ports kept static: the whole first window (1-63) and one port of the next.
-        let layout = ShardLayout::new(&set(&["1-63", "1000-1511"]), StaticBand::Count(64));
+        let layout = WindowLayout::new(&set(&["1-63", "1000-1511"]), StaticBand::Count(64));
         let spans: Vec<_> = layout
             .shards()
             .iter()
@@ -280,18 +279,18 @@ mod tests {
         fn every_pool_port_is_in_exactly_one_shard_of_at_most_256(
             (ports, band) in arb_pool(),
         ) {
-            let layout = ShardLayout::new(&ports, band);
+            let layout = WindowLayout::new(&ports, band);
             let mut total = 0;
             let mut statics = 0;
             let mut previous: Option<u16> = None;
             for shard in layout.shards() {
                 prop_assert!(previous.is_none_or(|p| p < shard.index), "ascending, distinct");
                 previous = Some(shard.index);
-                prop_assert!(!shard.ports.is_empty() && shard.ports.len() <= SHARD_WINDOW);
+                prop_assert!(!shard.ports.is_empty() && shard.ports.len() <= WINDOW_PORTS);
                 prop_assert!(shard.static_ports <= shard.ports.len());
                 for port in shard.ports.iter() {
                     prop_assert!(ports.contains(port));
-                    prop_assert_eq!(shard_index_of(port), shard.index);
+                    prop_assert_eq!(window_of(port), shard.index);
                     prop_assert!(window(shard.index).contains(port));
                 }
                 total += shard.ports.len();
@@ -310,7 +309,7 @@ mod tests {
             (ports, band) in arb_pool(),
             uid in "[0-9a-f-]{1,36}",
         ) {
-            let layout = ShardLayout::new(&ports, band);
+            let layout = WindowLayout::new(&ports, band);
             let order = layout.home_order(&uid);
             let mut sorted = order.clone();
             sorted.sort_unstable();
@@ -318,11 +317,11 @@ mod tests {
             prop_assert_eq!(sorted, all);
             let first_static = order
                 .iter()
-                .position(|&i| layout.get(i).is_some_and(ShardSpan::is_static))
+                .position(|&i| layout.get(i).is_some_and(WindowSpan::is_static))
                 .unwrap_or(order.len());
             prop_assert!(order[first_static..]
                 .iter()
-                .all(|&i| layout.get(i).is_some_and(ShardSpan::is_static)));
+                .all(|&i| layout.get(i).is_some_and(WindowSpan::is_static)));
             prop_assert_eq!(order, layout.home_order(&uid));
         }
     }

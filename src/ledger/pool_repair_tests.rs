@@ -9,7 +9,7 @@ use crate::api::{
     Scope, StaticBandSetting,
 };
 use crate::core::{Holdings, SlotKey};
-use crate::ledger::PoolCopy;
+use crate::ledger::PoolSnapshot;
 use crate::ledger::{Outcome, allocation_status, split_by_shard};
 
 const POOL_UID: &str = "pool-uid";
@@ -103,7 +103,7 @@ fn shards(pool: &PortPool, owners: &[(&str, &[u16])]) -> Vec<PortPoolShard> {
 }
 
 fn shard_object(pool: &PortPool, k: u16, holders: Vec<PoolHolder>) -> PortPoolShard {
-    let mut shard = new_shard(&PoolCopy::of_pool(pool), k);
+    let mut shard = new_shard(&PoolSnapshot::of_pool(pool), k);
     shard.metadata.resource_version = Some(format!("rv{k}"));
     shard.metadata.uid = Some(format!("{}-shard-{k}", pool.uid().unwrap()));
     shard.status = Some(PortPoolShardStatus {
@@ -117,7 +117,7 @@ fn shard_object(pool: &PortPool, k: u16, holders: Vec<PoolHolder>) -> PortPoolSh
 
 /// The shards with the counts the allocator writes (computed from their holders).
 fn counted(pool: &PortPool, listed: &mut [PortPoolShard]) {
-    let loaded = ShardedRecord::load(PoolCopy::of_pool(pool), listed.to_vec()).unwrap();
+    let loaded = CopyRecord::load(PoolSnapshot::of_pool(pool), listed.to_vec()).unwrap();
     for shard in listed.iter_mut() {
         let k = shard.spec.index as u16;
         if let Some(s) = loaded.shards.get(&k) {
@@ -126,17 +126,13 @@ fn counted(pool: &PortPool, listed: &mut [PortPoolShard]) {
     }
 }
 
-fn plan(pool: PortPool, listed: &[PortPoolShard], pas: &[PortAllocation]) -> ShardRepairPlan {
-    let sharded = ShardedRecord::load(PoolCopy::of_pool(&pool), listed.to_vec()).unwrap();
-    plan_sharded_repair(&sharded, listed, pas)
+fn plan(pool: PortPool, listed: &[PortPoolShard], pas: &[PortAllocation]) -> PoolRepairPlan {
+    let sharded = CopyRecord::load(PoolSnapshot::of_pool(&pool), listed.to_vec()).unwrap();
+    plan_pool_repair(&sharded, listed, pas)
 }
 
 /// The shards after the plan's writes (and deletions), as the server would hold them.
-fn applied(
-    pool: &PortPool,
-    listed: &[PortPoolShard],
-    plan: &ShardRepairPlan,
-) -> Vec<PortPoolShard> {
+fn applied(pool: &PortPool, listed: &[PortPoolShard], plan: &PoolRepairPlan) -> Vec<PortPoolShard> {
     let mut out: BTreeMap<String, PortPoolShard> = listed
         .iter()
         .filter(|s| !plan.replace.iter().any(|r| r.name == s.name_any()))

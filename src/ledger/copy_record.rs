@@ -3,13 +3,13 @@
 //! it. Pure: built from one copy of the pool (read, or carried by a shard) and one LIST of its
 //! shards.
 //!
-//! Each shard is loaded as a [`PoolRecord`] over the shard's ports (its window intersected with
+//! Each shard is loaded as a [`WindowRecord`] over the shard's ports (its window intersected with
 //! the pool's ports), so everything that works on one record (decoding, anomalies, the bytes
 //! of other holders' entries) works on a shard unchanged.
 //!
 //! An owner may hold ports in several shards (a spanning owner, or a block cut at a window
 //! edge): its entries there share its UID, and a slot whose block crosses a window edge appears
-//! in each shard with the piece of the block that lies there. [`ShardedRecord::holdings_of`]
+//! in each shard with the piece of the block that lies there. [`CopyRecord::holdings_of`]
 //! joins the pieces again; [`split_by_shard`] cuts them.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,9 +17,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
 use crate::core::{Holdings, Lean, PoolState, PortBlock, PortSet, SlotKey, StaticBand};
 
-use super::pool_copy::PoolCopy;
-use super::pool_record::{Anomaly, PoolRecord};
-use super::shard_layout::{ShardLayout, shard_index_of, shard_name, window};
+use super::pool_snapshot::PoolSnapshot;
+use super::window_record::{Anomaly, WindowRecord};
+use super::windows::{WindowLayout, shard_name, window, window_of};
 
 /// Something in the shards that should not be there; as with [`Anomaly`], such ports are
 /// never handed out again by us and `repair` reports them.
@@ -43,7 +43,7 @@ pub enum ShardAnomaly {
         second: (u16, String),
     },
     /// An owner's slot listed in several shards whose pieces do not join into one block; the
-    /// piece in the lowest shard is what [`ShardedRecord::holdings_of`] returns.
+    /// piece in the lowest shard is what [`CopyRecord::holdings_of`] returns.
     SlotApart {
         uid: String,
         slot: SlotKey,
@@ -65,13 +65,13 @@ pub struct ShardRecord {
     pub index: u16,
     /// The shard's metadata (name, resourceVersion: the CAS) and status, the pool's spec, and
     /// the shard's ports.
-    pub record: PoolRecord,
+    pub record: WindowRecord,
     entries: BTreeMap<String, PoolHolder>,
     changed: bool,
 }
 
 impl ShardRecord {
-    pub fn new(index: u16, record: PoolRecord) -> ShardRecord {
+    pub fn new(index: u16, record: WindowRecord) -> ShardRecord {
         let entries = record
             .entries()
             .iter()
@@ -115,7 +115,7 @@ impl ShardRecord {
             self.entries.insert(uid.to_string(), entry);
             self.record.holders.insert(
                 uid.to_string(),
-                super::pool_record::HolderEntry {
+                super::window_record::HolderEntry {
                     owner: owner.to_string(),
                     holdings: after.clone(),
                 },
@@ -130,17 +130,18 @@ impl ShardRecord {
     }
 
     /// Whether this shard carries an older spec of the pool than `pool`.
-    pub fn is_behind(&self, pool: &PoolCopy) -> bool {
-        PoolCopy::of_shard(&self.record.shard).is_none_or(|own| own.generation < pool.generation)
+    pub fn is_behind(&self, pool: &PoolSnapshot) -> bool {
+        PoolSnapshot::of_shard(&self.record.shard)
+            .is_none_or(|own| own.generation < pool.generation)
     }
 
     /// The write that commits this shard as it now is, by its own name at the version read.
     /// It keeps the copy of the pool's spec the shard carries; with `carry` (or when it carries
     /// none yet) it carries `pool`'s instead. Only pool administrators may change a shard's
     /// copy (rbac/portalloc-tenancy-policy.yaml), so ordinary allocations never touch it.
-    pub fn write(&self, pool: &PoolCopy, carry: bool) -> ShardWrite {
+    pub fn write(&self, pool: &PoolSnapshot, carry: bool) -> ShardWrite {
         let holders = self.entries.values().cloned().collect();
-        let copy = match PoolCopy::of_shard(&self.record.shard) {
+        let copy = match PoolSnapshot::of_shard(&self.record.shard) {
             Some(own) if !carry => own,
             _ => pool.clone(),
         };
@@ -148,7 +149,7 @@ impl ShardRecord {
             index: self.index,
             name: self.record.name().to_string(),
             resource_version: self.record.resource_version(),
-            status: super::pool_record::counted_status(&copy, &self.record.state, holders),
+            status: super::window_record::counted_status(&copy, &self.record.state, holders),
         }
     }
 }
@@ -165,24 +166,24 @@ pub struct ShardWrite {
 
 /// The pool and all of its shards, ready for planning.
 #[derive(Clone, Debug)]
-pub struct ShardedRecord {
+pub struct CopyRecord {
     /// The newest copy of the pool: the one read, or a newer one a shard carries.
-    pub pool: PoolCopy,
+    pub pool: PoolSnapshot,
     pub ports: PortSet,
-    pub layout: ShardLayout,
+    pub layout: WindowLayout,
     /// By window index, ascending.
     pub shards: BTreeMap<u16, ShardRecord>,
     pub anomalies: Vec<ShardAnomaly>,
 }
 
-impl ShardedRecord {
-    pub fn load(pool: PoolCopy, shards: Vec<PortPoolShard>) -> Result<ShardedRecord, SpecError> {
+impl CopyRecord {
+    pub fn load(pool: PoolSnapshot, shards: Vec<PortPoolShard>) -> Result<CopyRecord, SpecError> {
         let pool = shards
             .iter()
-            .filter_map(PoolCopy::of_shard)
+            .filter_map(PoolSnapshot::of_shard)
             .fold(pool, |newest, copy| newest.newest(Some(copy)));
         let ports = pool.ports()?;
-        let layout = ShardLayout::new(&ports, pool.spec.core_static_band());
+        let layout = WindowLayout::new(&ports, pool.spec.core_static_band());
         let pool_name = pool.name.clone();
         let mut anomalies = Vec::new();
         let mut loaded: BTreeMap<u16, ShardRecord> = BTreeMap::new();
@@ -226,7 +227,7 @@ impl ShardedRecord {
             loaded.insert(index, ShardRecord::new(index, record));
         }
         anomalies.extend(cross_shard_anomalies(&ports, &loaded));
-        Ok(ShardedRecord {
+        Ok(CopyRecord {
             pool,
             ports,
             layout,
@@ -259,7 +260,7 @@ impl ShardedRecord {
             .filter(|s| s.index != index)
             .flat_map(|s| s.record.holders.values())
             .flat_map(|entry| entry.holdings.ports());
-        for port in elsewhere.filter(|&p| shard_index_of(p) == index) {
+        for port in elsewhere.filter(|&p| window_of(p) == index) {
             // Already held here (a HeldInTwoShards anomaly) or outside the pool: nothing to add.
             let _ = state.mark_held(port);
         }
@@ -307,18 +308,18 @@ impl ShardedRecord {
     /// The whole pool as one record, for deciding an owner whose ports do not fit one shard:
     /// every owner's parts joined into one entry, undecodable entries kept verbatim (their ports
     /// stay unknown). Decide on it, then cut the owner's decided
-    /// holdings back into shards with [`ShardedRecord::writes_for`].
-    pub fn union_record(&self) -> PoolRecord {
+    /// holdings back into shards with [`CopyRecord::writes_for`].
+    pub fn union_record(&self) -> WindowRecord {
         self.union_of_windows(None)
     }
 
-    /// [`ShardedRecord::union_record`] restricted to the windows in `only` (their ports, and the
+    /// [`CopyRecord::union_record`] restricted to the windows in `only` (their ports, and the
     /// entries of their shards): a spanning owner is placed in as few shards as it can be.
-    pub fn union_record_of(&self, only: &BTreeSet<u16>) -> PoolRecord {
+    pub fn union_record_of(&self, only: &BTreeSet<u16>) -> WindowRecord {
         self.union_of_windows(Some(only))
     }
 
-    fn union_of_windows(&self, only: Option<&BTreeSet<u16>>) -> PoolRecord {
+    fn union_of_windows(&self, only: Option<&BTreeSet<u16>>) -> WindowRecord {
         let inside = |index: &u16| only.is_none_or(|only| only.contains(index));
         let shards = || self.shards.values().filter(|s| inside(&s.index));
         let mut holders: BTreeMap<String, PoolHolder> = BTreeMap::new();
@@ -359,7 +360,7 @@ impl ShardedRecord {
                 (ports, StaticBand::Count(statics))
             }
         };
-        PoolRecord::joined(
+        WindowRecord::joined(
             self.pool.clone(),
             ports,
             static_band,
@@ -369,7 +370,7 @@ impl ShardedRecord {
 
     /// The record of shard `index` alone (an empty one when the shard does not exist yet), to
     /// decide an owner that lives in that shard only.
-    pub fn shard_record(&self, index: u16) -> PoolRecord {
+    pub fn shard_record(&self, index: u16) -> WindowRecord {
         match self.shards.get(&index) {
             Some(shard) => shard.record.clone(),
             None => load_shard(&self.pool, &self.layout, index, self.new_shard(index)),
@@ -406,7 +407,7 @@ impl ShardedRecord {
 /// The shard object for window `index` of `pool`, with no status yet. Owned by the PortPool,
 /// so a garbage collector deletes it with the pool; nothing here relies on one running
 /// (`pool delete` and `repair` remove shards themselves).
-pub fn new_shard(pool: &PoolCopy, index: u16) -> PortPoolShard {
+pub fn new_shard(pool: &PoolSnapshot, index: u16) -> PortPoolShard {
     let mut shard = PortPoolShard::new(
         &shard_name(&pool.name, index),
         crate::api::PortPoolShardSpec {
@@ -432,16 +433,16 @@ pub fn new_shard(pool: &PoolCopy, index: u16) -> PortPoolShard {
 
 /// Loads one shard object as a record over its window of `pool`'s ports.
 pub fn load_shard(
-    pool: &PoolCopy,
-    layout: &ShardLayout,
+    pool: &PoolSnapshot,
+    layout: &WindowLayout,
     index: u16,
     shard: PortPoolShard,
-) -> PoolRecord {
+) -> WindowRecord {
     let (ports, static_band) = layout
         .get(index)
         .map(|span| (span.ports.clone(), span.static_band()))
         .unwrap_or((PortSet::empty(), StaticBand::None));
-    let mut record = PoolRecord::load(shard, pool.clone(), ports, static_band);
+    let mut record = WindowRecord::load(shard, pool.clone(), ports, static_band);
     record.state = record.state.leaning(window_lean(index));
     record
 }
@@ -464,7 +465,7 @@ pub fn split_by_shard(holdings: &Holdings) -> BTreeMap<u16, Holdings> {
     for (slot, block) in holdings.iter() {
         let mut first = block.first;
         loop {
-            let index = shard_index_of(first);
+            let index = window_of(first);
             let last = window(index).last.min(block.last());
             let piece = PortBlock::spanning(first, last).expect("first <= last, both ports");
             parts
@@ -586,5 +587,5 @@ fn cross_shard_anomalies(
 }
 
 #[cfg(test)]
-#[path = "sharded_record_tests.rs"]
+#[path = "copy_record_tests.rs"]
 mod tests;

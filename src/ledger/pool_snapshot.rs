@@ -9,21 +9,21 @@
 use crate::api::{PortPool, PortPoolShard, PortPoolSpec, SpecError};
 use crate::core::PortSet;
 
-use super::shard_layout::ShardLayout;
+use super::windows::WindowLayout;
 
 /// One PortPool as a decision sees it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PoolCopy {
+pub struct PoolSnapshot {
     pub name: String,
     pub uid: String,
     pub generation: i64,
     pub spec: PortPoolSpec,
 }
 
-impl PoolCopy {
+impl PoolSnapshot {
     /// The pool object as read.
-    pub fn of_pool(pool: &PortPool) -> PoolCopy {
-        PoolCopy {
+    pub fn of_pool(pool: &PortPool) -> PoolSnapshot {
+        PoolSnapshot {
             name: pool.metadata.name.clone().unwrap_or_default(),
             uid: pool.metadata.uid.clone().unwrap_or_default(),
             generation: pool.metadata.generation.unwrap_or_default(),
@@ -33,9 +33,9 @@ impl PoolCopy {
 
     /// The copy a shard carries; `None` for a shard never written (created, then its writer
     /// stopped before the status write).
-    pub fn of_shard(shard: &PortPoolShard) -> Option<PoolCopy> {
+    pub fn of_shard(shard: &PortPoolShard) -> Option<PoolSnapshot> {
         let status = shard.status.as_ref()?;
-        Some(PoolCopy {
+        Some(PoolSnapshot {
             name: shard.spec.pool.clone(),
             uid: shard.spec.pool_uid.clone(),
             generation: status.pool_generation,
@@ -44,7 +44,7 @@ impl PoolCopy {
     }
 
     /// The newer of this copy and `other`, when `other` is of the same pool object.
-    pub fn newest(self, other: Option<PoolCopy>) -> PoolCopy {
+    pub fn newest(self, other: Option<PoolSnapshot>) -> PoolSnapshot {
         match other {
             Some(other) if other.uid == self.uid && other.generation > self.generation => other,
             _ => self,
@@ -56,8 +56,8 @@ impl PoolCopy {
     }
 
     /// Which shard records which of the pool's ports, with each shard's static ports.
-    pub fn layout(&self) -> Result<ShardLayout, SpecError> {
-        Ok(ShardLayout::new(
+    pub fn layout(&self) -> Result<WindowLayout, SpecError> {
+        Ok(WindowLayout::new(
             &self.ports()?,
             self.spec.core_static_band(),
         ))
@@ -87,21 +87,21 @@ mod tests {
 
     #[test]
     fn a_shard_carries_the_copy_it_was_written_under_and_the_newer_copy_wins() {
-        let old = PoolCopy::of_pool(&pool(1, "30000-30999"));
+        let old = PoolSnapshot::of_pool(&pool(1, "30000-30999"));
         let mut shard = new_shard(&old, 117);
-        assert_eq!(PoolCopy::of_shard(&shard), None, "never written");
-        let new = PoolCopy::of_pool(&pool(2, "30000-31999"));
+        assert_eq!(PoolSnapshot::of_shard(&shard), None, "never written");
+        let new = PoolSnapshot::of_pool(&pool(2, "30000-31999"));
         shard.status = Some(PortPoolShardStatus {
             pool_generation: new.generation,
             pool_spec: Some(new.spec.clone()),
             ..Default::default()
         });
-        let carried = PoolCopy::of_shard(&shard).unwrap();
+        let carried = PoolSnapshot::of_shard(&shard).unwrap();
         assert_eq!(carried, new);
         assert_eq!(old.clone().newest(Some(carried.clone())), new);
         assert_eq!(new.clone().newest(Some(old.clone())), new);
         // A copy of another pool object of the same name never replaces ours.
-        let other = PoolCopy {
+        let other = PoolSnapshot {
             uid: "uid-2".into(),
             generation: 9,
             ..carried

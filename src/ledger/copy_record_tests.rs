@@ -29,7 +29,7 @@ pub(super) fn holder(uid: &str, ports: &str) -> PoolHolder {
 }
 
 fn shard(index: u16, holders: Vec<PoolHolder>) -> PortPoolShard {
-    let mut shard = new_shard(&PoolCopy::of_pool(&pool()), index);
+    let mut shard = new_shard(&PoolSnapshot::of_pool(&pool()), index);
     shard.metadata.resource_version = Some(format!("rv{index}"));
     shard.status = Some(PortPoolShardStatus {
         holders,
@@ -48,8 +48,8 @@ fn holdings(text: &str) -> Holdings {
 
 #[test]
 fn a_spanning_owner_is_one_owner_to_the_planner() {
-    let record = ShardedRecord::load(
-        PoolCopy::of_pool(&pool()),
+    let record = CopyRecord::load(
+        PoolSnapshot::of_pool(&pool()),
         vec![
             shard(117, vec![holder("a", "web.http=30001 big.blk=30200-30207")]),
             shard(
@@ -84,8 +84,8 @@ fn anomalies_across_shards_are_named() {
     let mut past = shard(120, vec![]);
     past.metadata.name = Some("p-256".into());
     past.spec.index = 256;
-    let record = ShardedRecord::load(
-        PoolCopy::of_pool(&pool()),
+    let record = CopyRecord::load(
+        PoolSnapshot::of_pool(&pool()),
         vec![
             // c lists 30300, which is window 118's and held there by b; 29990 is in window
             // 117 but not in the pool.
@@ -160,8 +160,8 @@ fn anomalies_across_shards_are_named() {
 fn a_second_object_for_one_window_is_not_loaded() {
     let mut twin = shard(117, vec![holder("t", "x.y=30002")]);
     twin.metadata.name = Some("p-117-twin".into());
-    let record = ShardedRecord::load(
-        PoolCopy::of_pool(&pool()),
+    let record = CopyRecord::load(
+        PoolSnapshot::of_pool(&pool()),
         vec![twin, shard(117, vec![holder("a", "x.y=30001")])],
     )
     .unwrap();
@@ -174,7 +174,7 @@ fn a_second_object_for_one_window_is_not_loaded() {
     // A write goes to the object read, whatever it is called.
     let mut only = shard(117, vec![]);
     only.metadata.name = Some("p-117-renamed".into());
-    let record = ShardedRecord::load(PoolCopy::of_pool(&pool()), vec![only]).unwrap();
+    let record = CopyRecord::load(PoolSnapshot::of_pool(&pool()), vec![only]).unwrap();
     let writes = record.writes_for("a", "ns/a", &holdings("x.y=30001"));
     assert_eq!(
         (
@@ -187,8 +187,8 @@ fn a_second_object_for_one_window_is_not_loaded() {
 
 #[test]
 fn a_spanning_allocation_becomes_one_write_per_shard_in_ascending_order() {
-    let record = ShardedRecord::load(
-        PoolCopy::of_pool(&pool()),
+    let record = CopyRecord::load(
+        PoolSnapshot::of_pool(&pool()),
         vec![shard(118, vec![holder("b", "db.sql=30300")])],
     )
     .unwrap();
@@ -226,8 +226,8 @@ fn a_spanning_allocation_becomes_one_write_per_shard_in_ascending_order() {
 #[test]
 fn shrinking_a_spanning_owner_rewrites_only_the_shards_it_leaves() {
     let b_text = "db.b=30301 db.a=30300"; // decodable, not as we would write it
-    let record = ShardedRecord::load(
-        PoolCopy::of_pool(&pool()),
+    let record = CopyRecord::load(
+        PoolSnapshot::of_pool(&pool()),
         vec![
             shard(117, vec![holder("a", "web.http=30001 big.blk=30200-30207")]),
             shard(
@@ -289,8 +289,8 @@ proptest! {
 
 #[test]
 fn a_union_of_some_windows_has_their_ports_and_only_their_entries_joined() {
-    let record = ShardedRecord::load(
-        PoolCopy::of_pool(&pool()),
+    let record = CopyRecord::load(
+        PoolSnapshot::of_pool(&pool()),
         vec![
             shard(117, vec![holder("a", "big.blk=30200-30207")]),
             shard(
@@ -329,8 +329,8 @@ fn a_union_of_some_windows_has_their_ports_and_only_their_entries_joined() {
 fn a_rival_object_for_a_window_never_hides_the_shard_named_for_it() {
     let mut rival = shard(118, vec![]);
     rival.metadata.name = Some("a-rival".into());
-    let record = ShardedRecord::load(
-        PoolCopy::of_pool(&pool()),
+    let record = CopyRecord::load(
+        PoolSnapshot::of_pool(&pool()),
         vec![rival, shard(118, vec![holder("b", "db.sql=30300")])],
     )
     .unwrap();
