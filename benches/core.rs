@@ -17,7 +17,7 @@ use portalloc::api::{PortPool, PortPoolShard, PortPoolSpec, StaticBandSetting};
 use portalloc::core::{
     Holdings, PoolState, PortDemand, PortSet, Scope, SlotKey, StaticBand, execute, plan,
 };
-use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardRecord, load_shard, new_shard};
+use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardKey, ShardRecord, load_shard, new_shard};
 
 const FULL_RANGE: &str = "1-65535";
 
@@ -124,6 +124,7 @@ fn full_shard(ports_each: u32) -> (PoolSnapshot, PortPoolShard) {
             exclude: vec![],
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
+            node_reuse: None,
         },
     );
     pool.metadata.uid = Some("5f0c8c2e-0000-4000-8000-000000000001".into());
@@ -146,7 +147,7 @@ fn full_shard(ports_each: u32) -> (PoolSnapshot, PortPoolShard) {
         sharded.set(&uid, &format!("team-{:02}/job-{i:05}", i % 50), &holdings);
     }
     let write = sharded.writes(false).remove(0);
-    let mut shard = new_shard(&copy, 1);
+    let mut shard = new_shard(&copy, ShardKey::first(1));
     shard.metadata.resource_version = Some("123456".into());
     shard.status = Some(write.status);
     (copy, shard)
@@ -171,7 +172,7 @@ fn shard_status(c: &mut Criterion) {
         let mine = record.holdings_of(&uid);
         group.bench_function(format!("encode_{ports_each}_port_each"), |b| {
             b.iter(|| {
-                let mut changed = ShardRecord::new(1, record.clone());
+                let mut changed = ShardRecord::new(ShardKey::first(1), record.clone());
                 changed.set(&uid, "ns/new", &mine);
                 let mut updated = shard.clone();
                 updated.status = Some(changed.write(&copy, false).status);

@@ -30,7 +30,8 @@ use portalloc::core::{
     Holdings, Placement, PoolState, PortDemand, Scope, StaticBand, execute, plan,
 };
 use portalloc::ledger::{
-    BatchItem, CopyRecord, ItemOutcome, Operation, PoolSnapshot, home_shard, owner_of, preview,
+    BatchItem, ItemOutcome, Operation, PoolRecord, PoolSnapshot, ShardKey, home_shard, owner_of,
+    preview,
 };
 
 const PLACEMENTS: [(&str, Placement); 2] = [
@@ -332,21 +333,25 @@ fn sharded_mix_run(seed: u64) -> (f64, f64) {
             protocol: Default::default(),
             // As mix_pool: the KEP-3668 split, automatic ports in the upper band first.
             static_band: StaticBandSetting::Auto,
+            node_reuse: None,
         },
     );
     pool.metadata.uid = Some("mix-uid".into());
     pool.metadata.generation = Some(1);
-    let mut record = CopyRecord::load(PoolSnapshot::of_pool(&pool), Vec::new()).unwrap();
+    let mut record = PoolRecord::load(PoolSnapshot::of_pool(&pool), Vec::new()).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut live: Vec<String> = Vec::new();
     let mut next = 0;
-    let mut fill = |record: &mut CopyRecord, rng: &mut StdRng, live: &mut Vec<String>| loop {
+    let mut fill = |record: &mut PoolRecord, rng: &mut StdRng, live: &mut Vec<String>| loop {
         let name = format!("mix-{next}");
         next += 1;
         let pa = mix_allocation(rng, &name);
         let owner = owner_of(&pa);
         let item = BatchItem {
-            known: home_shard(&record.layout, &owner).into_iter().collect(),
+            known: home_shard(&record.layout, &owner)
+                .map(ShardKey::first)
+                .into_iter()
+                .collect(),
             uid: name.clone(),
             owner,
             operation: Operation::sync_of(&pa),
@@ -355,7 +360,7 @@ fn sharded_mix_run(seed: u64) -> (f64, f64) {
             preview(record, &item, rng).outcome,
             ItemOutcome::Refused { .. }
         ) {
-            let state = record.union_record().state;
+            let state = record.first().union_record().state;
             return f64::from(state.held_count()) / f64::from(state.size()) * 100.0;
         }
         live.push(name);

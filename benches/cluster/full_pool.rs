@@ -105,6 +105,7 @@ pub async fn measure(admin: &Client, quick: bool) -> anyhow::Result<Vec<Row>> {
             exclude: vec![],
             protocol: Default::default(),
             static_band: portalloc::api::StaticBandSetting::None,
+            node_reuse: None,
         },
     );
     let pool = portalloc::k8s::create_pool(admin, pool, true).await?;

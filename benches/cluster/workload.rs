@@ -134,6 +134,7 @@ pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Re
             exclude: vec![],
             protocol: Default::default(),
             static_band: StaticBandSetting::Auto,
+            node_reuse: None,
         },
     );
     portalloc::k8s::create_pool(client, pool, true)

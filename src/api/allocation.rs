@@ -235,9 +235,10 @@ pub struct PortAllocationStatus {
     #[serde(rename = "poolUID")]
     pub pool_uid: Option<String>,
 
-    /// In a pool whose record is sharded: the windows (PortPoolShard indices) where this
-    /// object may have entries, written before any entry outside them, so a sync killed
-    /// half-way finds every part again (docs/record-at-scale.md).
+    /// The PortPoolShards where this object may have entries, written before any entry outside
+    /// them, so a sync killed half-way finds every part again (docs/record-at-scale.md): the
+    /// window for the pool's first copy, `copy * 256 + window` for a copy beyond it (a pool with
+    /// `nodeReuse`, whose ports other pods hold on other nodes too).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub shards: Vec<i32>,

@@ -23,6 +23,7 @@ use super::{PortRangeText, StaticBandSetting};
     printcolumn = r#"{"name":"Ranges","type":"string","jsonPath":".spec.ranges"}"#,
     printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
     printcolumn = r#"{"name":"Static","type":"string","priority":1,"jsonPath":".spec.staticBand"}"#,
+    printcolumn = r#"{"name":"Reuse","type":"integer","priority":1,"jsonPath":".spec.nodeReuse"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -48,7 +49,28 @@ pub struct PortPoolSpec {
     /// count. Automatic allocation uses them only when the rest of the pool is full.
     #[serde(default)]
     pub static_band: StaticBandSetting,
+
+    /// How many pods may hold one port at once, never two on one node (default 1: each port has
+    /// one holder in the cluster). With N > 1 the pool keeps N copies of its ports, filled in
+    /// order: a second copy is used only when the first cannot take a PortAllocation whole.
+    /// The pod webhook declares every hostNetwork pod's ports as hostPorts, so kube-scheduler
+    /// keeps two holders of a port off one node; a pod that gets its ports another way (the env
+    /// ConfigMap, `resolve`) must declare them itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub node_reuse: Option<i32>,
 }
+
+impl PortPoolSpec {
+    /// How many copies of its ports the pool keeps: `nodeReuse`, 1 when unset. Values the
+    /// schema refuses (below 1, above 256) are read as the nearest it allows.
+    pub fn reuse(&self) -> u16 {
+        self.node_reuse.unwrap_or(1).clamp(1, MAX_NODE_REUSE) as u16
+    }
+}
+
+/// The most copies a pool may keep: a shard's copy number is 0-255.
+pub const MAX_NODE_REUSE: i32 = 256;
 
 fn exclusions_inside_ranges() -> String {
     let (ef, el, rf, rl) = (cel_first("e"), cel_last("e"), cel_first("r"), cel_last("r"));

@@ -1,5 +1,6 @@
-//! `PortPoolShard`: the record of one 256-port window of a PortPool (docs/record-at-scale.md).
-//! Every pool keeps its holders this way, whatever its size: a small pool is one shard.
+//! `PortPoolShard`: the record of one 256-port window of a PortPool (docs/record-at-scale.md),
+//! in one of its copies (`nodeReuse`). Every pool keeps its holders this way, whatever its size:
+//! a small pool is one shard.
 
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,7 @@ pub const SHARD_SPEC_IMMUTABLE: &str = "spec of a PortPoolShard is immutable: it
     status = "PortPoolShardStatus",
     printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.pool"}"#,
     printcolumn = r#"{"name":"Ranges","type":"string","jsonPath":".spec.ranges"}"#,
+    printcolumn = r#"{"name":"Copy","type":"integer","priority":1,"jsonPath":".spec.copy"}"#,
     printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
     printcolumn = r#"{"name":"Allocated","type":"integer","jsonPath":".status.allocated"}"#,
     printcolumn = r#"{"name":"Holders","type":"integer","priority":1,"jsonPath":".status.holderCount"}"#,
@@ -50,6 +52,15 @@ pub struct PortPoolShardSpec {
     /// ranges intersected with the pool's current ports.
     #[schemars(length(min = 1, max = 1))]
     pub ranges: Vec<PortRangeText>,
+    /// Which copy of the pool's ports this shard records (a pool with `nodeReuse: N` keeps
+    /// copies 0 to N-1; a port is held at most once in each). Omitted for copy 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0, max = 255))]
+    pub copy: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 /// The record of the shard's ports. Written only through the status subresource with the

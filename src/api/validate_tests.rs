@@ -349,6 +349,7 @@ fn pool_ports_subtract_exclusions() {
         exclude: vec!["30005".into(), "30008-30009".into()],
         protocol: Default::default(),
         static_band: StaticBandSetting::Auto,
+        node_reuse: None,
     };
     assert_eq!(
         pool.port_set().unwrap().to_string(),

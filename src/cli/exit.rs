@@ -87,7 +87,8 @@ pub fn exit_for(err: &anyhow::Error) -> Exit {
                 PoolError::Invalid { .. } => Exit::Invalid,
                 PoolError::Overlaps { .. }
                 | PoolError::AlreadyExists { .. }
-                | PoolError::Held { .. } => Exit::Refused,
+                | PoolError::Held { .. }
+                | PoolError::ReuseInUse { .. } => Exit::Refused,
                 PoolError::Changed { .. } => Exit::Unavailable,
                 PoolError::Kube(e) => kube_exit(e),
             };
@@ -133,7 +134,9 @@ fn refusal_exit(refusal: &Refusal) -> Exit {
     match refusal {
         Refusal::Spec { .. } | Refusal::PoolSpec { .. } => Exit::Invalid,
         Refusal::PoolNotFound { .. } => Exit::NotFound,
-        Refusal::PortHeld { .. } | Refusal::Core { .. } => Exit::Refused,
+        Refusal::PortHeld { .. } | Refusal::Core { .. } | Refusal::BeyondReuse { .. } => {
+            Exit::Refused
+        }
     }
 }
 

@@ -18,6 +18,7 @@ mod logging;
 mod manifest;
 mod output;
 mod pool;
+mod pool_copies;
 mod pool_flags;
 mod probes;
 mod release;

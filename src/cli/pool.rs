@@ -37,7 +37,16 @@ pub enum PoolCommand {
   kubectl portalloc pool create llm --range 20000-29999
 
   # Two ranges, a few ports excluded, a UDP pool
-  kubectl portalloc pool create rdma --range 40000-40999,42000-42099 --exclude 40500,40600-40610 --protocol UDP")]
+  kubectl portalloc pool create rdma --range 40000-40999,42000-42099 --exclude 40500,40600-40610 --protocol UDP
+
+  # Each port held by up to 4 pods at once, never two on one node: 4 x 3,998 ports to hand out
+  kubectl portalloc pool create ray --range 20000-23999 --exclude 20000,20001 --node-reuse 4
+
+Node reuse: with --node-reuse N a port may be held by up to N pods, each on another node. Only
+kube-scheduler can keep them apart, and only through ports a pod declares: pods that get their
+ports through the pod webhook (label portalloc.dev/allocation) have every port declared as a
+hostPort for them. A pod that reads its ports from the env ConfigMap or `resolve` must declare
+them itself (containers[].ports with hostPort); `resolve` warns when it hands out such a port.")]
 pub struct CreateArgs {
     /// Pool name (cluster-scoped).
     pub name: String,
@@ -63,6 +72,9 @@ pub struct CreateArgs {
         value_parser = StaticBandParser
     )]
     pub static_band: StaticBandSetting,
+    /// How many pods may hold one port at once, each on another node (1-256). See below.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..=256))]
+    pub node_reuse: Option<i32>,
     /// Create the pool even if it overlaps another pool of the same protocol.
     #[arg(long)]
     pub allow_overlap: bool,
@@ -126,6 +138,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
             .collect(),
         protocol: args.protocol.into(),
         static_band: args.static_band,
+        node_reuse: args.node_reuse.filter(|&n| n > 1),
     };
     let pool = PortPool::new(&args.name, spec);
     let written = k8s::create_pool(client, pool, args.allow_overlap).await?;
@@ -141,7 +154,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         Some(OutputFormat::Name) => print_names("portpool.portalloc.dev", [args.name]),
         _ => {
             println!(
-                "portpool.portalloc.dev/{} created: {} {} ports ({}), static band {}, {}",
+                "portpool.portalloc.dev/{} created: {} {} ports ({}), static band {}, {}{}",
                 args.name,
                 state.size(),
                 written.spec.protocol,
@@ -150,6 +163,13 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
                 match PoolSnapshot::of_pool(&written).layout()?.shards().len() {
                     1 => "its holders recorded in 1 PortPoolShard".to_string(),
                     n => format!("its holders recorded in {n} PortPoolShards"),
+                },
+                match written.spec.reuse() {
+                    1 => String::new(),
+                    n => format!(
+                        "; each port held by up to {n} pods, never two on one node ({} in all)",
+                        state.size() * u32::from(n)
+                    ),
                 }
             );
             Ok(())
@@ -167,6 +187,8 @@ struct PoolRow {
     ranges: String,
     #[tabled(rename = "SIZE")]
     size: u32,
+    #[tabled(rename = "REUSE")]
+    reuse: u16,
     #[tabled(rename = "ALLOCATED")]
     allocated: u32,
     #[tabled(rename = "AVAILABLE")]
@@ -192,17 +214,19 @@ fn row(pool: &PortPool, view: Option<&PoolView>) -> PoolRow {
         protocol: pool.spec.protocol.to_string(),
         ranges,
         size: 0,
+        reuse: pool.spec.reuse(),
         allocated: 0,
         available: 0,
         holders: 0,
         age: age(pool.metadata.creation_timestamp.as_ref()),
     };
-    match view.map(|v| &v.record) {
-        Some(record) => PoolRow {
-            size: record.state.size(),
-            allocated: record.state.held_count(),
-            available: record.state.free_count(),
-            holders: record.holders.len() + record.opaque.len(),
+    // With reuse, AVAILABLE counts every copy: how many more pods' ports fit.
+    match view {
+        Some(view) => PoolRow {
+            size: view.record.state.size(),
+            allocated: view.held(),
+            available: view.capacity().saturating_sub(view.held()),
+            holders: view.holders(),
             ..base
         },
         None => base,
@@ -249,6 +273,9 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
         "{}",
         describe_text(&view.record, &view.record_kind(), &warnings)
     );
+    if view.reuse > 1 || !view.reused.is_empty() {
+        print!("{}", super::pool_copies::copies_text(&view));
+    }
     Ok(())
 }
 
@@ -483,6 +510,7 @@ mod tests {
                 exclude: vec!["20050".into()],
                 protocol: Default::default(),
                 static_band: StaticBandSetting::None,
+                node_reuse: None,
             },
         );
         let holders = vec![PoolHolder {

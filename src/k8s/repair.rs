@@ -16,7 +16,7 @@ use super::resources::{ALLOCATIONS, POOLS, SHARDS};
 use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 use crate::api::{PortAllocation, PortPool, PortPoolShard, SpecError};
 use crate::ledger::{
-    Change, CopyRecord, FreeReason, PoolRepairPlan, PoolSnapshot, RepairPlan, Restored, StaleShard,
+    Change, FreeReason, PoolRecord, PoolRepairPlan, PoolSnapshot, RepairPlan, Restored, StaleShard,
     plan_pool_repair,
 };
 
@@ -165,7 +165,7 @@ impl Repairer {
                     }
                 },
             };
-            let sharded = CopyRecord::load(PoolSnapshot::of_pool(&object), listed_shards.clone())
+            let sharded = PoolRecord::load(PoolSnapshot::of_pool(&object), listed_shards.clone())
                 .map_err(|error| RepairError::PoolSpec {
                 pool: pool.clone(),
                 error,
@@ -229,7 +229,7 @@ impl Repairer {
     /// frees anything, every PortAllocation is listed once more (leaks are rare).
     async fn plan_sharded_alone(
         &self,
-        sharded: &CopyRecord,
+        sharded: &PoolRecord,
         listed: &[PortPoolShard],
         attempts: &mut Attempts,
     ) -> Result<PoolRepairPlan, RepairError> {

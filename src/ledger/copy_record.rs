@@ -19,7 +19,7 @@ use crate::core::{Holdings, Lean, PoolState, PortBlock, PortSet, SlotKey, Static
 
 use super::pool_snapshot::PoolSnapshot;
 use super::window_record::{Anomaly, WindowRecord};
-use super::windows::{WindowLayout, shard_name, window, window_of};
+use super::windows::{ShardKey, WindowLayout, shard_name, window, window_of};
 
 /// Something in the shards that should not be there; as with [`Anomaly`], such ports are
 /// never handed out again by us and `repair` reports them.
@@ -62,7 +62,10 @@ pub enum ShardAnomaly {
 /// rightly refuse.
 #[derive(Clone, Debug)]
 pub struct ShardRecord {
+    /// The window.
     pub index: u16,
+    /// The copy of the pool's ports this shard records.
+    pub copy: u16,
     /// The shard's metadata (name, resourceVersion: the CAS) and status, the pool's spec, and
     /// the shard's ports.
     pub record: WindowRecord,
@@ -71,14 +74,15 @@ pub struct ShardRecord {
 }
 
 impl ShardRecord {
-    pub fn new(index: u16, record: WindowRecord) -> ShardRecord {
+    pub fn new(key: ShardKey, record: WindowRecord) -> ShardRecord {
         let entries = record
             .entries()
             .iter()
             .map(|e| (e.uid.clone(), e.clone()))
             .collect();
         ShardRecord {
-            index,
+            index: key.window,
+            copy: key.copy,
             record,
             entries,
             changed: false,
@@ -124,6 +128,10 @@ impl ShardRecord {
         self.changed = true;
     }
 
+    pub fn key(&self) -> ShardKey {
+        ShardKey::new(self.copy, self.index)
+    }
+
     /// Whether a decision changed this shard since it was read.
     pub fn is_changed(&self) -> bool {
         self.changed
@@ -146,7 +154,7 @@ impl ShardRecord {
             _ => pool.clone(),
         };
         ShardWrite {
-            index: self.index,
+            key: self.key(),
             name: self.record.name().to_string(),
             resource_version: self.record.resource_version(),
             status: super::window_record::counted_status(&copy, &self.record.state, holders),
@@ -157,33 +165,48 @@ impl ShardRecord {
 /// One write of the per-shard compare-and-swap that commits an owner's decided holdings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShardWrite {
-    pub index: u16,
+    pub key: ShardKey,
     pub name: String,
     /// `None`: the shard does not exist yet and is created with this status.
     pub resource_version: Option<String>,
     pub status: PortPoolShardStatus,
 }
 
-/// The pool and all of its shards, ready for planning.
+/// One copy of the pool's ports and the shards that record it, ready for planning. A pool
+/// without reuse is this one record (copy 0); [`super::PoolRecord`] holds every copy.
 #[derive(Clone, Debug)]
 pub struct CopyRecord {
-    /// The newest copy of the pool: the one read, or a newer one a shard carries.
+    /// The newest snapshot of the pool: the one read, or a newer one a shard carries.
     pub pool: PoolSnapshot,
     pub ports: PortSet,
     pub layout: WindowLayout,
+    /// Which copy this is (0 without reuse).
+    pub copy: u16,
     /// By window index, ascending.
     pub shards: BTreeMap<u16, ShardRecord>,
     pub anomalies: Vec<ShardAnomaly>,
 }
 
 impl CopyRecord {
+    /// Copy 0 of the pool from its shards (those of other copies are left out): the record of a
+    /// pool without reuse.
     pub fn load(pool: PoolSnapshot, shards: Vec<PortPoolShard>) -> Result<CopyRecord, SpecError> {
-        let pool = shards
-            .iter()
-            .filter_map(PoolSnapshot::of_shard)
-            .fold(pool, |newest, copy| newest.newest(Some(copy)));
+        let pool = newest_snapshot(pool, &shards);
         let ports = pool.ports()?;
         let layout = WindowLayout::new(&ports, pool.spec.core_static_band());
+        let first: Vec<PortPoolShard> = shards.into_iter().filter(|s| s.spec.copy == 0).collect();
+        Ok(CopyRecord::load_copy(&pool, &ports, &layout, 0, first))
+    }
+
+    /// Copy `copy` of the pool from its shards (all of them of that copy), under the newest
+    /// snapshot of the pool and the layout of its ports.
+    pub fn load_copy(
+        pool: &PoolSnapshot,
+        ports: &PortSet,
+        layout: &WindowLayout,
+        copy: u16,
+        shards: Vec<PortPoolShard>,
+    ) -> CopyRecord {
         let pool_name = pool.name.clone();
         let mut anomalies = Vec::new();
         let mut loaded: BTreeMap<u16, ShardRecord> = BTreeMap::new();
@@ -192,8 +215,10 @@ impl CopyRecord {
         // shards (`<pool>-<k>`), else the lower name. A rival object (created by hand under
         // another name) then never hides the real record of its window.
         let rank = |shard: &PortPoolShard| {
-            let canonical = u16::try_from(shard.spec.index)
-                .is_ok_and(|k| shard.metadata.name.as_deref() == Some(&shard_name(&pool_name, k)));
+            let canonical = u16::try_from(shard.spec.index).is_ok_and(|k| {
+                shard.metadata.name.as_deref()
+                    == Some(&shard_name(&pool_name, ShardKey::new(copy, k)))
+            });
             (shard.spec.index, !canonical, shard.metadata.name.clone())
         };
         sorted.sort_by_key(rank);
@@ -214,8 +239,13 @@ impl CopyRecord {
                 || shard.spec.ranges[0].as_str() != window(index).to_string()
             {
                 Some(format!("its ranges are not its window {}", window(index)))
+            } else if i32::from(copy) != shard.spec.copy {
+                Some(format!("it records copy {}, not {copy}", shard.spec.copy))
             } else if loaded.contains_key(&index) {
-                Some(format!("window {index} already has a shard"))
+                Some(format!(
+                    "{} already has a shard",
+                    ShardKey::new(copy, index)
+                ))
             } else {
                 None
             };
@@ -223,17 +253,18 @@ impl CopyRecord {
                 anomalies.push(ShardAnomaly::NotLoaded { name, reason });
                 continue;
             }
-            let record = load_shard(&pool, &layout, index, shard);
-            loaded.insert(index, ShardRecord::new(index, record));
+            let record = load_shard(pool, layout, index, shard);
+            loaded.insert(index, ShardRecord::new(ShardKey::new(copy, index), record));
         }
-        anomalies.extend(cross_shard_anomalies(&ports, &loaded));
-        Ok(CopyRecord {
-            pool,
-            ports,
-            layout,
+        anomalies.extend(cross_shard_anomalies(ports, &loaded));
+        CopyRecord {
+            pool: pool.clone(),
+            ports: ports.clone(),
+            layout: layout.clone(),
+            copy,
             shards: loaded,
             anomalies,
-        })
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -278,7 +309,8 @@ impl CopyRecord {
         for (index, part) in parts {
             if !self.shards.contains_key(&index) {
                 let record = load_shard(&self.pool, &self.layout, index, self.new_shard(index));
-                self.shards.insert(index, ShardRecord::new(index, record));
+                let key = ShardKey::new(self.copy, index);
+                self.shards.insert(index, ShardRecord::new(key, record));
             }
             if let Some(shard) = self.shards.get_mut(&index) {
                 shard.set(uid, owner, &part);
@@ -383,8 +415,12 @@ impl CopyRecord {
         let Ok(index) = u16::try_from(written.spec.index) else {
             return;
         };
+        if written.spec.copy != i32::from(self.copy) {
+            return;
+        }
         let record = load_shard(&self.pool, &self.layout, index, written);
-        self.shards.insert(index, ShardRecord::new(index, record));
+        let key = ShardKey::new(self.copy, index);
+        self.shards.insert(index, ShardRecord::new(key, record));
     }
 
     /// The shards where `uid` has an entry, ascending.
@@ -398,23 +434,40 @@ impl CopyRecord {
             .collect()
     }
 
-    /// A shard object for window `index` of this pool, with an empty record.
+    /// A shard object for window `index` of this copy, with an empty record.
     pub fn new_shard(&self, index: u16) -> PortPoolShard {
-        new_shard(&self.pool, index)
+        new_shard(&self.pool, ShardKey::new(self.copy, index))
+    }
+
+    /// How many ports are held in this copy.
+    pub fn held(&self) -> u32 {
+        self.shards
+            .values()
+            .map(|s| s.record.state.held_count())
+            .sum()
     }
 }
 
-/// The shard object for window `index` of `pool`, with no status yet. Owned by the PortPool,
-/// so a garbage collector deletes it with the pool; nothing here relies on one running
-/// (`pool delete` and `repair` remove shards themselves).
-pub fn new_shard(pool: &PoolSnapshot, index: u16) -> PortPoolShard {
+/// The newest snapshot of the pool: `pool` (read), or a newer one some shard carries.
+pub fn newest_snapshot(pool: PoolSnapshot, shards: &[PortPoolShard]) -> PoolSnapshot {
+    shards
+        .iter()
+        .filter_map(PoolSnapshot::of_shard)
+        .fold(pool, |newest, copy| newest.newest(Some(copy)))
+}
+
+/// The shard object for `key` of `pool`, with no status yet. Owned by the PortPool, so a
+/// garbage collector deletes it with the pool; nothing here relies on one running (`pool
+/// delete` and `repair` remove shards themselves).
+pub fn new_shard(pool: &PoolSnapshot, key: ShardKey) -> PortPoolShard {
     let mut shard = PortPoolShard::new(
-        &shard_name(&pool.name, index),
+        &shard_name(&pool.name, key),
         crate::api::PortPoolShardSpec {
             pool: pool.name.clone(),
             pool_uid: pool.uid.clone(),
-            index: i32::from(index),
-            ranges: vec![window(index).to_string().as_str().into()],
+            index: i32::from(key.window),
+            ranges: vec![window(key.window).to_string().as_str().into()],
+            copy: i32::from(key.copy),
         },
     );
     if !pool.uid.is_empty() {

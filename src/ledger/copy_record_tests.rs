@@ -13,6 +13,7 @@ pub(super) fn pool() -> PortPool {
             exclude: vec![],
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
+            node_reuse: None,
         },
     );
     pool.metadata.uid = Some("pool-uid".into());
@@ -29,7 +30,7 @@ pub(super) fn holder(uid: &str, ports: &str) -> PoolHolder {
 }
 
 fn shard(index: u16, holders: Vec<PoolHolder>) -> PortPoolShard {
-    let mut shard = new_shard(&PoolSnapshot::of_pool(&pool()), index);
+    let mut shard = new_shard(&PoolSnapshot::of_pool(&pool()), ShardKey::first(index));
     shard.metadata.resource_version = Some(format!("rv{index}"));
     shard.status = Some(PortPoolShardStatus {
         holders,
@@ -240,7 +241,7 @@ fn shrinking_a_spanning_owner_rewrites_only_the_shards_it_leaves() {
     .unwrap();
     let writes = record.writes_for("a", "ns/a", &holdings("web.http=30001"));
     assert_eq!(
-        writes.iter().map(|w| w.index).collect::<Vec<_>>(),
+        writes.iter().map(|w| w.key.window).collect::<Vec<_>>(),
         vec![117, 118]
     );
     assert_eq!(writes[0].status.holders[0].ports, "web.http=30001");

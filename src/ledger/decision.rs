@@ -272,7 +272,8 @@ mod tests {
                 panic!("removing {uid} writes the pool");
             };
             assert!(holdings.is_empty());
-            let mut shard = crate::ledger::ShardRecord::new(0, record.clone());
+            let mut shard =
+                crate::ledger::ShardRecord::new(crate::ledger::ShardKey::first(0), record.clone());
             shard.set(uid, "ns/x", &holdings);
             let status = shard.write(&record.pool, false).status;
             assert_eq!(status.holders.len(), 1);

@@ -5,9 +5,11 @@ use crate::api::{
     PortPoolSpec, PortRequest, Role, Scope, StaticBandSetting,
 };
 
-use super::copy_record::{CopyRecord, new_shard};
+use super::copy_record::new_shard;
+use super::pool_record::PoolRecord;
 use super::pool_snapshot::PoolSnapshot;
 use super::window_record::WindowRecord;
+use super::windows::ShardKey;
 
 /// Pool `p` (UID `pool-uid`, generation 1) over `ranges` less `exclude`, no static band.
 pub fn pool_of(ranges: &[&str], exclude: &[&str]) -> PortPool {
@@ -18,10 +20,18 @@ pub fn pool_of(ranges: &[&str], exclude: &[&str]) -> PortPool {
             exclude: exclude.iter().map(|&r| r.into()).collect(),
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
+            node_reuse: None,
         },
     );
     pool.metadata.uid = Some("pool-uid".into());
     pool.metadata.generation = Some(1);
+    pool
+}
+
+/// [`pool_of`] with `nodeReuse: reuse`.
+pub fn pool_reused(ranges: &[&str], reuse: i32) -> PortPool {
+    let mut pool = pool_of(ranges, &[]);
+    pool.spec.node_reuse = Some(reuse);
     pool
 }
 
@@ -52,8 +62,16 @@ pub fn whole_record(pool: &PortPool, holders: Vec<PoolHolder>) -> WindowRecord {
 
 /// Shard `index` of `pool`, read at version `rv<index>`, holding `holders`.
 pub fn shard_of(pool: &PortPool, index: u16, holders: Vec<PoolHolder>) -> PortPoolShard {
-    let mut shard = new_shard(&PoolSnapshot::of_pool(pool), index);
-    shard.metadata.resource_version = Some(format!("rv{index}"));
+    shard_in(pool, ShardKey::first(index), holders)
+}
+
+/// Shard `key` of `pool`, read at version `rv<copy>.<window>`, holding `holders`.
+pub fn shard_in(pool: &PortPool, key: ShardKey, holders: Vec<PoolHolder>) -> PortPoolShard {
+    let mut shard = new_shard(&PoolSnapshot::of_pool(pool), key);
+    shard.metadata.resource_version = Some(match key.copy {
+        0 => format!("rv{}", key.window),
+        copy => format!("rv{copy}.{}", key.window),
+    });
     shard.status = Some(PortPoolShardStatus {
         pool_generation: pool.metadata.generation.unwrap_or_default(),
         pool_spec: Some(pool.spec.clone()),
@@ -64,8 +82,13 @@ pub fn shard_of(pool: &PortPool, index: u16, holders: Vec<PoolHolder>) -> PortPo
 }
 
 /// `pool` and the given shards, loaded.
-pub fn sharded(pool: &PortPool, shards: Vec<PortPoolShard>) -> CopyRecord {
-    CopyRecord::load(PoolSnapshot::of_pool(pool), shards).expect("a valid test pool")
+pub fn sharded(pool: &PortPool, shards: Vec<PortPoolShard>) -> PoolRecord {
+    pool_record(pool, shards)
+}
+
+/// `pool` and the given shards of any copies, loaded.
+pub fn pool_record(pool: &PortPool, shards: Vec<PortPoolShard>) -> PoolRecord {
+    PoolRecord::load(PoolSnapshot::of_pool(pool), shards).expect("a valid test pool")
 }
 
 /// A PortAllocation `name` (uid = name) with one role of `replicas` pods, one PodScoped port

@@ -8,7 +8,11 @@
 //!
 //! The home shard is a hash of the owner's `namespace/name`, not of its UID: it is known before
 //! the object exists, so `create` reads it (and checks that the new object fits) before it
-//! creates anything.
+//! creates anything. It is a window of copy 0: a pool with reuse hands out a copy beyond the
+//! first only when the first cannot take the owner (`pool_record`).
+//!
+//! `status.shards` names shards by [`ShardKey::to_status`] (`copy * 256 + window`), so a pool
+//! without reuse names its windows as it always did.
 
 use std::collections::BTreeSet;
 
@@ -16,29 +20,41 @@ use crate::api::PortAllocationStatus;
 use crate::core::PortDemand;
 
 use super::decision::Operation;
-use super::windows::{WindowLayout, window_of};
+use super::windows::{ShardKey, WindowLayout, window_of};
 
 /// The shards where the owner `namespace/name` may have entries, by the rule above.
 pub fn known_shards(
     status: Option<&PortAllocationStatus>,
     layout: &WindowLayout,
     owner: &str,
-) -> BTreeSet<u16> {
+) -> BTreeSet<ShardKey> {
     let listed = listed_shards(status);
     if !listed.is_empty() {
         return listed;
     }
-    home_shard(layout, owner).into_iter().collect()
+    home_shard(layout, owner)
+        .map(ShardKey::first)
+        .into_iter()
+        .collect()
 }
 
-/// The windows a status names in `status.shards` (0-255; anything else is ignored).
-pub fn listed_shards(status: Option<&PortAllocationStatus>) -> BTreeSet<u16> {
+/// The shards a status names in `status.shards` (values outside 0-65535 are ignored).
+pub fn listed_shards(status: Option<&PortAllocationStatus>) -> BTreeSet<ShardKey> {
     status
         .iter()
         .flat_map(|status| &status.shards)
-        .filter_map(|&k| u16::try_from(k).ok())
-        .filter(|&k| k <= 255)
+        .filter_map(|&k| ShardKey::from_status(k))
         .collect()
+}
+
+/// The copy of the pool a PortAllocation's ports are in, by its status (the lowest it names;
+/// 0 when it names none): a copy beyond the first is a port other pods hold on other nodes.
+pub fn status_copy(status: Option<&PortAllocationStatus>) -> u16 {
+    listed_shards(status)
+        .iter()
+        .map(|k| k.copy)
+        .min()
+        .unwrap_or(0)
 }
 
 /// The first shard of the owner's home order (dynamic-band shards first).
@@ -48,10 +64,11 @@ pub fn home_shard(layout: &WindowLayout, owner: &str) -> Option<u16> {
 
 /// The one shard that can decide `operation` alone, if any: the owner's only known shard, and
 /// every port it requests lies in that shard's window. `None` asks for the whole pool.
-pub fn single_shard(known: &BTreeSet<u16>, operation: &Operation) -> Option<u16> {
-    let [only] = known.iter().copied().collect::<Vec<_>>()[..] else {
+pub fn single_shard(known: &BTreeSet<ShardKey>, operation: &Operation) -> Option<ShardKey> {
+    let [key] = known.iter().copied().collect::<Vec<_>>()[..] else {
         return None;
     };
+    let only = key.window;
     let requested_inside = |demands: &[PortDemand]| {
         demands.iter().all(|d| {
             d.requested.is_none_or(|first| {
@@ -62,9 +79,9 @@ pub fn single_shard(known: &BTreeSet<u16>, operation: &Operation) -> Option<u16>
         })
     };
     match operation {
-        Operation::Sync(demands) if requested_inside(demands) => Some(only),
+        Operation::Sync(demands) if requested_inside(demands) => Some(key),
         Operation::Sync(_) | Operation::Remove => None,
-        Operation::Release { .. } => Some(only),
+        Operation::Release { .. } => Some(key),
     }
 }
 
@@ -98,6 +115,7 @@ mod tests {
     fn listed_shards_win_else_the_home_of_the_name() {
         let layout = layout();
         let home = home_shard(&layout, "ns/a").unwrap();
+        let home = ShardKey::first(home);
         assert_eq!(known_shards(None, &layout, "ns/a"), [home].into());
         // Recorded ports alone say nothing: a status without `shards` was never committed.
         let recorded = status_with_ports(vec![30000, 31000], "p");
@@ -106,12 +124,16 @@ mod tests {
             [home].into()
         );
         let mut listed = recorded.clone();
-        listed.shards = vec![120, 300, -1];
+        listed.shards = vec![120, 2 * 256 + 118, 65536, -1];
         assert_eq!(
             known_shards(Some(&listed), &layout, "ns/a"),
-            [120].into(),
-            "indices outside 0-255 are ignored"
+            [ShardKey::first(120), ShardKey::new(2, 118)].into(),
+            "values outside 0-65535 are ignored"
         );
+        assert_eq!(status_copy(Some(&listed)), 0);
+        listed.shards = vec![2 * 256 + 118];
+        assert_eq!(status_copy(Some(&listed)), 2);
+        assert_eq!(status_copy(None), 0);
     }
 
     fn demand(requested: Option<u16>, count: u32) -> PortDemand {
@@ -127,19 +149,22 @@ mod tests {
 
     #[test]
     fn one_known_shard_decides_alone_unless_a_requested_port_lies_elsewhere() {
-        let one: BTreeSet<u16> = [117].into();
+        let one: BTreeSet<ShardKey> = [ShardKey::first(117)].into();
         let sync = |d| Operation::Sync(vec![d]);
-        assert_eq!(single_shard(&one, &sync(demand(None, 8))), Some(117));
-        assert_eq!(single_shard(&one, &sync(demand(Some(30000), 1))), Some(117));
+        let home = Some(ShardKey::first(117));
+        assert_eq!(single_shard(&one, &sync(demand(None, 8))), home);
+        assert_eq!(single_shard(&one, &sync(demand(Some(30000), 1))), home);
+        let copied: BTreeSet<ShardKey> = [ShardKey::new(1, 117)].into();
+        assert_eq!(
+            single_shard(&copied, &sync(demand(Some(30000), 1))),
+            Some(ShardKey::new(1, 117))
+        );
         assert_eq!(single_shard(&one, &sync(demand(Some(31000), 1))), None);
         // 30200-30215 crosses from window 117 into 118.
         assert_eq!(single_shard(&one, &sync(demand(Some(30200), 16))), None);
-        assert_eq!(
-            single_shard(&one, &Operation::Release { role: None }),
-            Some(117)
-        );
+        assert_eq!(single_shard(&one, &Operation::Release { role: None }), home);
         assert_eq!(single_shard(&one, &Operation::Remove), None);
-        let two: BTreeSet<u16> = [117, 118].into();
+        let two: BTreeSet<ShardKey> = [ShardKey::first(117), ShardKey::first(118)].into();
         assert_eq!(single_shard(&two, &sync(demand(None, 1))), None);
     }
 }

@@ -1,8 +1,9 @@
 //! The ledger: every decision about who holds which port, over the API types and with no I/O.
 //!
-//! - [`CopyRecord`]: a pool as read — a snapshot of its spec ([`PoolSnapshot`]) and its
-//!   PortPoolShards, one per 256-port window ([`WindowLayout`]) — and the per-shard writes that
-//!   commit a decision; every pool, whatever its size, is recorded this way.
+//! - [`PoolRecord`]: a pool as read — a snapshot of its spec ([`PoolSnapshot`]) and its
+//!   PortPoolShards, one per 256-port window ([`WindowLayout`]) in each copy of its ports
+//!   (`nodeReuse`, [`ShardKey`]) — and the per-shard writes that commit a decision; every pool,
+//!   whatever its size, is recorded this way. [`CopyRecord`] is one copy's windows.
 //! - [`WindowRecord`]: one shard (or several windows joined), decoded into the core's pool state
 //!   plus its holders, and turned back into the shard status to write.
 //! - [`decide`]: what one owner holds after a sync, a release or its removal; [`Refusal`] when
@@ -27,6 +28,7 @@ mod decision;
 pub(crate) mod fixtures;
 mod known;
 mod placement;
+mod pool_record;
 mod pool_repair;
 mod pool_snapshot;
 mod pools;
@@ -43,11 +45,13 @@ pub use allocation_status::{
     allocation_status, recorded_holdings,
 };
 pub use copy_record::{
-    CopyRecord, ShardAnomaly, ShardRecord, ShardWrite, load_shard, new_shard, split_by_shard,
+    CopyRecord, ShardAnomaly, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
+    split_by_shard,
 };
 pub use decision::{Decision, Operation, decide, precheck};
-pub use known::{home_shard, known_shards, listed_shards, single_shard};
+pub use known::{home_shard, known_shards, listed_shards, single_shard, status_copy};
 pub use placement::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
+pub use pool_record::PoolRecord;
 pub use pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
 pub use pool_snapshot::PoolSnapshot;
 pub use pools::{PoolOverlap, overlapping_pool};
@@ -56,7 +60,9 @@ pub use record_warnings::record_warnings;
 pub use refusal::{Reason, Refusal};
 pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_repair};
 pub use window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
-pub use windows::{WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of};
+pub use windows::{
+    ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,
+};
 
 use kube::ResourceExt;
 

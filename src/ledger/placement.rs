@@ -13,6 +13,10 @@
 //! names the status widening that must be written first (the rule that makes a kill safe, see
 //! `known`).
 //!
+//! In a pool with reuse (`nodeReuse: N`, see `pool_record`) an owner is decided in the copy
+//! where it has entries; a new owner goes to the first copy that takes it whole, in order, so
+//! copy 1 fills only once copy 0 cannot take a holder.
+//!
 //! A batch is decided item after item against the shards as the items before it left them, so
 //! it equals running the items one after another, with one write per shard instead of one per
 //! item. Its first pass decides only what stays within known shards; the rest (which needs
@@ -28,7 +32,10 @@ use crate::core::{Band, Holdings};
 use super::copy_record::{CopyRecord, ShardWrite, split_by_shard};
 use super::decision::{Decision, Operation, decide};
 use super::known::single_shard;
+use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
+use super::window_record::WindowRecord;
+use super::windows::ShardKey;
 
 /// One owner's part of a batch.
 #[derive(Clone, Debug)]
@@ -39,7 +46,7 @@ pub struct BatchItem {
     /// What it asks for, or why its spec cannot be served at all.
     pub operation: Result<Operation, Refusal>,
     /// The shards where its entries may be (`known_shards` of its status).
-    pub known: BTreeSet<u16>,
+    pub known: BTreeSet<ShardKey>,
 }
 
 /// What the batch decided for one item.
@@ -87,17 +94,17 @@ pub struct PoolBatch {
     pub outcomes: Vec<Option<ItemOutcome>>,
     /// One per item: the shards its entries are in once the writes are committed (what its
     /// `status.shards` says afterwards).
-    pub shards: Vec<BTreeSet<u16>>,
+    pub shards: Vec<BTreeSet<ShardKey>>,
     /// Items whose `status.shards` must be widened to these shards before any write.
-    pub widen: Vec<(usize, BTreeSet<u16>)>,
-    /// One per changed shard, ascending by window.
+    pub widen: Vec<(usize, BTreeSet<ShardKey>)>,
+    /// One per changed shard, copy after copy, ascending by window.
     pub writes: Vec<ShardWrite>,
 }
 
 /// Decide `items` in order against `sharded`. With `propagate`, shards that carry an older
 /// spec of the pool are written too, so a pool edit reaches them.
 pub fn decide_pool_batch(
-    sharded: &CopyRecord,
+    sharded: &PoolRecord,
     items: &[BatchItem],
     pass: Pass,
     propagate: bool,
@@ -115,9 +122,7 @@ pub fn decide_pool_batch(
         if let Some((_, Some(widened))) = &decided {
             batch.widen.push((i, widened.clone()));
         }
-        batch
-            .shards
-            .push(work.shards_of(&item.uid).into_iter().collect());
+        batch.shards.push(work.shards_of(&item.uid));
         batch.outcomes.push(decided.map(|(outcome, _)| outcome));
     }
     batch.writes = work.writes(propagate);
@@ -125,7 +130,7 @@ pub fn decide_pool_batch(
 }
 
 /// One owner, decided wherever it fits (the whole-pool path of a single allocation).
-pub fn place(sharded: &CopyRecord, item: &BatchItem, rng: &mut impl Rng) -> Placed {
+pub fn place(sharded: &PoolRecord, item: &BatchItem, rng: &mut impl Rng) -> Placed {
     let batch = decide_pool_batch(
         sharded,
         std::slice::from_ref(item),
@@ -150,20 +155,20 @@ pub fn place(sharded: &CopyRecord, item: &BatchItem, rng: &mut impl Rng) -> Plac
 pub struct Placed {
     pub outcome: ItemOutcome,
     /// Where the owner's entries are once `writes` are committed.
-    pub shards: BTreeSet<u16>,
+    pub shards: BTreeSet<ShardKey>,
     /// Its status must name these shards before the writes.
-    pub widen: Option<BTreeSet<u16>>,
+    pub widen: Option<BTreeSet<ShardKey>>,
     pub writes: Vec<ShardWrite>,
 }
 
-/// One item against the shards as the items before it left them; `work` follows the decision.
+/// One owner against the shards as the items before it left them; `work` follows the decision.
 /// `None` when `pass` leaves it. The second value: the widened known shards, when needed.
 fn decide_item(
-    work: &mut CopyRecord,
+    work: &mut PoolRecord,
     item: &BatchItem,
     pass: Pass,
     rng: &mut impl Rng,
-) -> Option<(ItemOutcome, Option<BTreeSet<u16>>)> {
+) -> Option<(ItemOutcome, Option<BTreeSet<ShardKey>>)> {
     let (uid, owner) = (item.uid.as_str(), item.owner.as_str());
     let operation = match &item.operation {
         Ok(operation) => operation,
@@ -172,15 +177,15 @@ fn decide_item(
             return Some((refused(refusal.clone(), holdings), None));
         }
     };
-    let present: BTreeSet<u16> = work.shards_of(uid).into_iter().collect();
+    let present = work.shards_of(uid);
+    let copies = work.copies_of(uid);
     let before = work.holdings_of(uid);
     if matches!(operation, Operation::Remove) {
         // Its object is gone: every entry goes, wherever it is (undecodable ones too).
         if present.is_empty() {
             return Some((ItemOutcome::Unchanged(before), None));
         }
-        work.set(uid, owner, &Holdings::new());
-        let released = before.len();
+        let released = drop_entries(work, uid, owner, &copies);
         let outcome = ItemOutcome::Changed {
             holdings: Holdings::new(),
             allocated: 0,
@@ -188,29 +193,95 @@ fn decide_item(
         };
         return Some((outcome, None));
     }
+    // Another copy may take what this one refuses, while the owner holds nothing anywhere.
+    let movable = copies.is_empty() && work.reuse() > 1;
     // Alone in its one known shard.
-    if let Some(home) = single_shard(&item.known, operation)
-        && present.iter().all(|&k| k == home)
+    if let Some(key) = single_shard(&item.known, operation)
+        && present.iter().all(|&k| k == key)
     {
-        let decision = match work.shards.get(&home) {
-            Some(shard) => decide(&shard.record, uid, owner, operation, rng),
-            None => decide(&work.shard_record(home), uid, owner, operation, rng),
+        let decision = {
+            let fresh: WindowRecord;
+            let record = match work.copy(key.copy).and_then(|c| c.shards.get(&key.window)) {
+                Some(shard) => &shard.record,
+                None => {
+                    fresh = work.copy_or_empty(key.copy).shard_record(key.window);
+                    &fresh
+                }
+            };
+            decide(record, uid, owner, operation, rng)
         };
         match decision {
             Err(Refusal::Core { .. }) => {}
+            Err(Refusal::PortHeld { .. }) if movable => {}
             Err(refusal) => return Some((refused(refusal, before), None)),
-            Ok(decision) => return Some((apply(work, uid, owner, decision), None)),
+            Ok(decision) => {
+                if let Some(refusal) = beyond_reuse(work, key.copy, &decision, owner) {
+                    return Some((refused(refusal, before), None));
+                }
+                return Some((apply(work.copy_mut(key.copy), uid, owner, decision), None));
+            }
         }
     }
     if pass == Pass::WithinKnown {
         return None;
     }
-    let decision = match elsewhere(work, &present, uid, owner, operation, rng) {
-        Ok(decision) => decision,
-        Err(refusal) => return Some((refused(refusal, before), None)),
+    // The copy it is in, else every copy in order: the first that takes it whole.
+    let candidates: Vec<u16> = match copies.first() {
+        Some(&copy) => vec![copy],
+        None => (0..work.reuse()).collect(),
     };
-    let touched = touched_by(work, uid, decision.holdings());
-    let outcome = apply(work, uid, owner, decision);
+    let mut first_refusal: Option<Refusal> = None;
+    let mut chosen: Option<(u16, Decision)> = None;
+    for copy in candidates {
+        let windows: BTreeSet<u16> = present
+            .iter()
+            .filter(|k| k.copy == copy)
+            .map(|k| k.window)
+            .collect();
+        let record = work.copy_mut(copy);
+        match elsewhere(record, &windows, uid, owner, operation, rng) {
+            Ok(decision) => {
+                chosen = Some((copy, decision));
+                break;
+            }
+            Err(refusal @ (Refusal::Core { .. } | Refusal::PortHeld { .. })) if movable => {
+                first_refusal.get_or_insert(refusal);
+            }
+            Err(refusal) => return Some((refused(refusal, before), None)),
+        }
+    }
+    let Some((copy, decision)) = chosen else {
+        let refusal = first_refusal.expect("a refusal for every copy tried");
+        return Some((refused(refusal.in_every_copy(work.reuse()), before), None));
+    };
+    if let Some(refusal) = beyond_reuse(work, copy, &decision, owner) {
+        return Some((refused(refusal, before), None));
+    }
+    let mut touched: BTreeSet<ShardKey> = touched_by(&work.copies[&copy], uid, decision.holdings())
+        .into_iter()
+        .map(|window| ShardKey::new(copy, window))
+        .collect();
+    // Entries in another copy (two clients raced on one new object): they go.
+    let strays: BTreeSet<u16> = copies.iter().copied().filter(|&c| c != copy).collect();
+    touched.extend(present.iter().filter(|k| strays.contains(&k.copy)));
+    let dropped = drop_entries(work, uid, owner, &strays);
+    let outcome = match apply(work.copy_mut(copy), uid, owner, decision) {
+        ItemOutcome::Unchanged(holdings) if dropped > 0 => ItemOutcome::Changed {
+            holdings,
+            allocated: 0,
+            released: dropped,
+        },
+        ItemOutcome::Changed {
+            holdings,
+            allocated,
+            released,
+        } => ItemOutcome::Changed {
+            holdings,
+            allocated,
+            released: released + dropped,
+        },
+        other => other,
+    };
     let widened = (!touched.is_subset(&item.known)).then(|| {
         let mut all = item.known.clone();
         all.extend(touched);
@@ -218,6 +289,29 @@ fn decide_item(
         all
     });
     Some((outcome, widened))
+}
+
+/// Remove `uid`'s entries from the given copies; how many ports that frees.
+fn drop_entries(work: &mut PoolRecord, uid: &str, owner: &str, copies: &BTreeSet<u16>) -> usize {
+    let mut released = 0;
+    for &copy in copies {
+        let record = work.copy_mut(copy);
+        released += record.holdings_of(uid).len();
+        record.set(uid, owner, &Holdings::new());
+    }
+    released
+}
+
+/// A decision that takes new ports in a copy past the pool's `nodeReuse` (it was lowered while
+/// the owner held ports there): refused, the owner keeps what it has.
+fn beyond_reuse(work: &PoolRecord, copy: u16, decision: &Decision, owner: &str) -> Option<Refusal> {
+    let allocates = matches!(decision, Decision::Write { allocated, .. } if *allocated > 0);
+    (allocates && copy >= work.reuse()).then(|| Refusal::BeyondReuse {
+        owner: owner.into(),
+        pool: work.name().into(),
+        copy,
+        reuse: work.reuse(),
+    })
 }
 
 /// The decision for an owner its known shard cannot serve alone: whole in the best shard that
@@ -354,3 +448,7 @@ mod tests;
 #[cfg(test)]
 #[path = "placement_fill_tests.rs"]
 mod fill_tests;
+
+#[cfg(test)]
+#[path = "placement_reuse_tests.rs"]
+mod reuse_tests;

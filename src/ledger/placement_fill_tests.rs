@@ -50,7 +50,7 @@ fn random_mix(rng: &mut StdRng, name: &str) -> PortAllocation {
 }
 
 struct Filling {
-    record: CopyRecord,
+    record: PoolRecord,
     ports: PortSet,
     owners: BTreeMap<String, Vec<u16>>,
     /// Every owner's ports.
@@ -70,6 +70,7 @@ impl Filling {
             let owner = owner_of(&pa);
             let item = BatchItem {
                 known: home_shard(&self.record.layout, &owner)
+                    .map(ShardKey::first)
                     .into_iter()
                     .collect(),
                 uid: name.clone(),
@@ -78,7 +79,7 @@ impl Filling {
             };
             let previewed = preview(&mut self.record, &item, rng);
             if let ItemOutcome::Refused { .. } = previewed.outcome {
-                let state = self.record.union_record().state;
+                let state = self.record.first().union_record().state;
                 let all: BTreeSet<u16> = self.owners.values().flatten().copied().collect();
                 prop_assert_eq!(state.held_ports().collect::<BTreeSet<_>>(), all);
                 return Ok(f64::from(state.held_count()) / f64::from(state.size()));

@@ -6,10 +6,10 @@ use rand::rngs::StdRng;
 use super::*;
 use crate::api::{PortAllocation, SpecError};
 use crate::ledger::fixtures::{allocation, holder, holders, pool_of, shard_of, sharded};
-use crate::ledger::{Reason, WindowLayout, home_shard, owner_of};
+use crate::ledger::{Reason, ShardKey, WindowLayout, home_shard, owner_of};
 
 /// One-window pool 100-105 (window 0), as most batch tests need one shard.
-fn small(pairs: &[(&str, &str)]) -> CopyRecord {
+fn small(pairs: &[(&str, &str)]) -> PoolRecord {
     let pool = pool_of(&["100-105"], &[]);
     sharded(&pool, vec![shard_of(&pool, 0, holders(pairs))])
 }
@@ -19,22 +19,26 @@ fn item_in(layout: &WindowLayout, pa: &PortAllocation) -> BatchItem {
     let owner = owner_of(pa);
     BatchItem {
         uid: pa.metadata.uid.clone().unwrap(),
-        known: home_shard(layout, &owner).into_iter().collect(),
+        known: home_shard(layout, &owner)
+            .map(ShardKey::first)
+            .into_iter()
+            .collect(),
         owner,
         operation: Operation::sync_of(pa),
     }
 }
 
-fn sync(record: &CopyRecord, name: &str, replicas: i32) -> BatchItem {
+fn sync(record: &PoolRecord, name: &str, replicas: i32) -> BatchItem {
     item_in(&record.layout, &allocation(name, replicas, None))
 }
 
-fn op(record: &CopyRecord, uid: &str, operation: Operation) -> BatchItem {
+fn op(record: &PoolRecord, uid: &str, operation: Operation) -> BatchItem {
     BatchItem {
         uid: uid.into(),
         owner: format!("ns/{uid}"),
         operation: Ok(operation),
         known: home_shard(&record.layout, &format!("ns/{uid}"))
+            .map(ShardKey::first)
             .into_iter()
             .collect(),
     }
@@ -150,7 +154,7 @@ fn a_batch_equals_its_items_one_after_another() {
     let mut one_by_one = start;
     let mut rng = rng();
     for (item, outcome) in items.iter().zip(decided(&batch)) {
-        let record = one_by_one.shard_record(0);
+        let record = one_by_one.first().shard_record(0);
         let operation = item.operation.as_ref().unwrap();
         match (
             decide(&record, &item.uid, &item.owner, operation, &mut rng),
@@ -170,7 +174,7 @@ fn a_batch_equals_its_items_one_after_another() {
             ) => {
                 assert_eq!((allocated, released), (*a, *r), "{}", item.owner);
                 assert_eq!(alone.port_count(), holdings.port_count());
-                one_by_one.set(&item.uid, &item.owner, holdings);
+                one_by_one.copy_mut(0).set(&item.uid, &item.owner, holdings);
             }
             (Ok(Decision::Unchanged(holdings)), outcome) => {
                 assert_eq!(*outcome, ItemOutcome::Unchanged(holdings))
@@ -211,15 +215,17 @@ fn deciding_the_written_batch_again_changes_nothing() {
     let first = decide_pool_batch(&start, &items, Pass::Anywhere, false, &mut rng());
     let mut written = start.clone();
     for (item, outcome) in items.iter().zip(decided(&first)) {
-        written.set(&item.uid, &item.owner, outcome.holdings());
+        written
+            .copy_mut(0)
+            .set(&item.uid, &item.owner, outcome.holdings());
     }
-    let reread = CopyRecord::load(
+    let reread = PoolRecord::load(
         written.pool.clone(),
         written
             .writes(false)
             .into_iter()
             .map(|w| {
-                let mut shard = shard_of(&pool, w.index, vec![]);
+                let mut shard = shard_of(&pool, w.key.window, vec![]);
                 shard.status = Some(w.status);
                 shard
             })
@@ -295,7 +301,7 @@ fn nothing_to_do_writes_nothing_and_others_text_is_kept_verbatim() {
 }
 
 /// Pool 30000-30767 (windows 117-120): 208 + 256 + 256 + 48 ports.
-fn four_windows() -> CopyRecord {
+fn four_windows() -> PoolRecord {
     sharded(&pool_of(&["30000-30767"], &[]), vec![])
 }
 
@@ -313,8 +319,11 @@ fn owners_that_fit_their_home_stay_there_and_the_first_pass_leaves_the_rest() {
     }
     assert!(batch.widen.is_empty());
     // Only new shards are written: created with the pool's spec, one write each.
-    let touched: BTreeSet<u16> = items.iter().flat_map(|i| i.known.clone()).collect();
-    let written: BTreeSet<u16> = batch.writes.iter().map(|w| w.index).collect();
+    let touched: BTreeSet<u16> = items
+        .iter()
+        .flat_map(|i| i.known.iter().map(|k| k.window))
+        .collect();
+    let written: BTreeSet<u16> = batch.writes.iter().map(|w| w.key.window).collect();
     assert_eq!(written, touched);
     assert!(batch.writes.iter().all(|w| w.resource_version.is_none()));
     assert!(batch.writes.iter().all(|w| w.status.pool_spec.is_some()));
@@ -346,8 +355,8 @@ fn owners_that_fit_their_home_stay_there_and_the_first_pass_leaves_the_rest() {
             placed.shards
         );
     };
-    assert_ne!(index, 120);
-    assert_eq!(placed.widen, Some([index, 120].into()));
+    assert_ne!(index, ShardKey::first(120));
+    assert_eq!(placed.widen, Some([index, ShardKey::first(120)].into()));
 }
 
 #[test]
@@ -367,7 +376,7 @@ fn a_full_pool_is_filled_to_the_last_port_by_one_batch_without_a_refusal() {
     for (item, outcome) in items.iter().zip(&first.outcomes) {
         match outcome {
             Some(ItemOutcome::Changed { holdings, .. }) => {
-                after.set(&item.uid, &item.owner, holdings)
+                after.copy_mut(0).set(&item.uid, &item.owner, holdings)
             }
             Some(other) => panic!("{}: {other:?}", item.owner),
             None => rest.push(item.clone()),
@@ -427,7 +436,7 @@ fn a_newer_pool_spec_reaches_every_shard_when_propagating() {
     );
     let writes = decide_pool_batch(&record, &[], Pass::Anywhere, true, &mut rng()).writes;
     assert_eq!(
-        writes.iter().map(|w| w.index).collect::<Vec<_>>(),
+        writes.iter().map(|w| w.key.window).collect::<Vec<_>>(),
         [117, 118]
     );
     for write in &writes {
@@ -443,7 +452,7 @@ fn a_newer_pool_spec_reaches_every_shard_when_propagating() {
 }
 
 /// An allocation of `replicas` single ports whose home in `record` is window `home`.
-fn homed_at(record: &CopyRecord, home: u16, replicas: i32) -> BatchItem {
+fn homed_at(record: &PoolRecord, home: u16, replicas: i32) -> BatchItem {
     let pa = (0..)
         .map(|i| allocation(&format!("h{home}-{i}"), replicas, None))
         .find(|pa| home_shard(&record.layout, &owner_of(pa)) == Some(home))
@@ -465,11 +474,13 @@ fn even_windows_fill_upward_and_odd_ones_downward_so_a_pair_keeps_one_free_run()
         let item = homed_at(&record, home, 10);
         let placed = place(&record, &item, &mut rng());
         assert_eq!(ports_of(&placed), expected.collect::<Vec<u16>>());
-        record.set(&item.uid, &item.owner, placed.outcome.holdings());
+        record
+            .copy_mut(0)
+            .set(&item.uid, &item.owner, placed.outcome.holdings());
     }
     // What the two windows leave is one run across their shared edge: a block longer than
     // either window's part still fits (on the whole pool).
-    let union = record.union_record().state;
+    let union = record.first().union_record().state;
     assert_eq!(union.fragmentation().largest(), 512 - 20);
 }
 
@@ -493,8 +504,11 @@ fn an_owner_its_home_cannot_take_goes_to_the_fullest_window_that_can() {
         vec![120, 117, 118, 119]
     );
     let placed = place(&record, &item, &mut rng());
-    assert_eq!(placed.shards, BTreeSet::from([119]));
-    assert_eq!(placed.widen, Some([119, 120].into()));
+    assert_eq!(placed.shards, BTreeSet::from([ShardKey::first(119)]));
+    assert_eq!(
+        placed.widen,
+        Some([ShardKey::first(119), ShardKey::first(120)].into())
+    );
     assert_eq!(ports_of(&placed), (30670..=30719).collect::<Vec<u16>>());
 }
 
@@ -516,11 +530,11 @@ fn a_window_that_would_use_static_ports_is_taken_only_when_no_other_can() {
     let record = sharded(&pool, shards("f.blk=30208-30307"));
     let item = homed_at(&record, 120, 10);
     let placed = place(&record, &item, &mut rng());
-    assert_eq!(placed.shards, BTreeSet::from([118]));
+    assert_eq!(placed.shards, BTreeSet::from([ShardKey::first(118)]));
     // With 118 and 119 full, 117 takes them: 4 dynamic ports and 6 static ones.
     let record = sharded(&pool, shards("f.blk=30208-30463"));
     let placed = place(&record, &item, &mut rng());
-    assert_eq!(placed.shards, BTreeSet::from([117]));
+    assert_eq!(placed.shards, BTreeSet::from([ShardKey::first(117)]));
     let statics = ports_of(&placed).iter().filter(|&&p| p < 30024).count();
     assert_eq!(statics, 6);
 }

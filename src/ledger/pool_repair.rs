@@ -16,6 +16,10 @@
 //! anomalies are reported, never moved. Shards of an earlier pool object of the same name are
 //! deleted (a garbage collector would have; none may run): they would block this pool's.
 //!
+//! A pool with reuse is repaired copy by copy: an owner's status names the copy its ports are
+//! in (`status_copy`), so its holdings are restored there; whether an entry's owner is alive is
+//! asked of every copy alike.
+//!
 //! [`plan_repair`]: super::plan_repair
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,8 +28,10 @@ use kube::ResourceExt;
 
 use super::allocation_status::recorded_holdings;
 use super::copy_record::{CopyRecord, ShardAnomaly, ShardWrite, load_shard, new_shard};
+use super::known::status_copy;
+use super::pool_record::PoolRecord;
 use super::repair_plan::{Change, Finding, RepairPlan, RepairScope, Restored, plan_repair_scoped};
-use super::windows::{shard_name, window, window_of};
+use super::windows::{ShardKey, shard_name, window, window_of};
 use crate::api::{PortAllocation, PortPoolShard};
 
 /// A shard object left by an earlier pool object of the same name: deleted before the writes
@@ -51,34 +57,19 @@ pub struct PoolRepairPlan {
     pub replace: Vec<StaleShard>,
 }
 
-/// The repair of a sharded pool: `sharded` from one LIST of its shards (`listed`, the same
-/// objects, loaded or not), `allocations` listed after it. Pure.
+/// The repair of a pool: `record` from one LIST of its shards (`listed`, the same objects,
+/// loaded or not), `allocations` listed after it. Pure.
 pub fn plan_pool_repair(
-    sharded: &CopyRecord,
+    record: &PoolRecord,
     listed: &[PortPoolShard],
     allocations: &[PortAllocation],
 ) -> PoolRepairPlan {
-    let pool_name = sharded.name().to_string();
-    let pool_uid = sharded.pool.uid.clone();
-
-    // Windows without a loaded shard where a live PortAllocation of the pool records ports.
-    let mut missing: BTreeSet<u16> = BTreeSet::new();
-    for pa in allocations.iter().filter(|pa| pa.spec.pool == pool_name) {
-        let Some(status) = pa.status.as_ref() else {
-            continue;
-        };
-        missing.extend(
-            recorded_holdings(status)
-                .ports()
-                .map(window_of)
-                .filter(|k| !sharded.shards.contains_key(k)),
-        );
-    }
+    let pool_name = record.name().to_string();
     // Shards of earlier pool objects of this name: a garbage collector would have deleted them
     // with their pool (none may run); they would block this pool's shards, so they go.
     let mut replace: Vec<StaleShard> = listed
         .iter()
-        .filter(|s| s.spec.pool == pool_name && s.spec.pool_uid != pool_uid)
+        .filter(|s| s.spec.pool == pool_name && s.spec.pool_uid != record.pool.uid)
         .map(|s| StaleShard {
             name: s.name_any(),
             uid: s.uid().unwrap_or_default(),
@@ -86,16 +77,96 @@ pub fn plan_pool_repair(
         })
         .collect();
     replace.sort_by(|a, b| a.name.cmp(&b.name));
+    // Copies whose shards exist, and copies that statuses name (their shards may be lost).
+    let mut copies: BTreeSet<u16> = record.copies.keys().copied().collect();
+    copies.extend(
+        allocations
+            .iter()
+            .filter(|pa| pa.spec.pool == pool_name)
+            .filter_map(|pa| pa.status.as_ref())
+            .filter(|status| !status.shards.is_empty())
+            .map(|status| status_copy(Some(status))),
+    );
+    let mut whole: Option<PoolRepairPlan> = None;
+    for copy in copies {
+        let part = plan_copy_repair(&record.copy_or_empty(copy), listed, allocations, &replace);
+        whole = Some(match whole {
+            None => part,
+            Some(mut whole) => {
+                let plan = &mut whole.plan;
+                plan.changes.extend(part.plan.changes);
+                plan.findings.extend(part.plan.findings);
+                plan.holders_after.extend(part.plan.holders_after);
+                plan.held_ports += part.plan.held_ports;
+                for r in part.plan.restored {
+                    if !plan.restored.iter().any(|seen| seen.uid == r.uid) {
+                        plan.restored.push(r);
+                    }
+                }
+                whole.writes.extend(part.writes);
+                whole
+            }
+        });
+    }
+    let mut whole = whole.expect("copy 0 is always repaired");
+    whole.plan.holders = whole.plan.holders_after.len();
+    whole
+        .plan
+        .findings
+        .extend(record.anomalies.iter().filter_map(|anomaly| match anomaly {
+            ShardAnomaly::NotLoaded { name, reason } => Some(Finding::NotLoaded {
+                shard: name.clone(),
+                reason: reason.clone(),
+            }),
+            _ => None,
+        }));
+    whole
+}
+
+/// The repair of one copy of a pool (all of it without reuse).
+fn plan_copy_repair(
+    sharded: &CopyRecord,
+    listed: &[PortPoolShard],
+    allocations: &[PortAllocation],
+    replace: &[StaleShard],
+) -> PoolRepairPlan {
+    let pool_name = sharded.name().to_string();
+    let pool_uid = sharded.pool.uid.clone();
+    let key = |window: u16| ShardKey::new(sharded.copy, window);
+
+    // Windows without a loaded shard where a live PortAllocation of the pool records ports in
+    // this copy.
+    let mut missing: BTreeSet<u16> = BTreeSet::new();
+    for pa in allocations.iter().filter(|pa| pa.spec.pool == pool_name) {
+        let Some(status) = pa.status.as_ref() else {
+            continue;
+        };
+        if status_copy(Some(status)) != sharded.copy {
+            continue;
+        }
+        missing.extend(
+            recorded_holdings(status)
+                .ports()
+                .map(window_of)
+                .filter(|k| !sharded.shards.contains_key(k)),
+        );
+    }
     missing.retain(|&k| {
-        let name = shard_name(&pool_name, k);
+        let name = shard_name(&pool_name, key(k));
         // Something else holds the name (reported as not loaded): leave the window alone.
         !listed
             .iter()
             .any(|s| s.name_any() == name && !replace.iter().any(|r| r.name == name))
     });
 
+    // Each stale shard is removed once, by the repair of the copy it was listed in.
     let mut changes: Vec<Change> = replace
         .iter()
+        .filter(|r| {
+            listed
+                .iter()
+                .any(|s| s.name_any() == r.name && s.spec.copy == i32::from(sharded.copy))
+        })
         .map(|r| Change::RemoveShard {
             shard: r.name.clone(),
             pool_uid: r.pool_uid.clone(),
@@ -118,7 +189,7 @@ pub fn plan_pool_repair(
                 &sharded.pool,
                 &sharded.layout,
                 k,
-                new_shard(&sharded.pool, k),
+                new_shard(&sharded.pool, key(k)),
             ),
         };
         let name = record.name().to_string();
@@ -127,6 +198,7 @@ pub fn plan_pool_repair(
             window: Some(window(k)),
             restore_own: loaded.is_none(),
             held_elsewhere: held_elsewhere(sharded, k),
+            copy: Some(sharded.copy),
         };
         let mut plan = plan_repair_scoped(&record, allocations, &scope);
         if loaded.is_none() {
@@ -160,7 +232,7 @@ pub fn plan_pool_repair(
         let after = match plan.status.take().filter(|_| !plan.changes.is_empty()) {
             Some(status) => {
                 writes.push(ShardWrite {
-                    index: k,
+                    key: key(k),
                     name: name.clone(),
                     resource_version,
                     status: status.clone(),
@@ -181,7 +253,7 @@ pub fn plan_pool_repair(
         }
     }
 
-    findings.extend(cross_shard_findings(sharded, &freed, &freed_uids, &replace));
+    findings.extend(cross_shard_findings(sharded, &freed, &freed_uids, replace));
     PoolRepairPlan {
         plan: RepairPlan {
             pool: pool_name,
@@ -190,12 +262,13 @@ pub fn plan_pool_repair(
             changes,
             findings,
             holders: holders_after.len(),
+            holders_after,
             held_ports: held_after,
             status: None,
             restored,
         },
         writes,
-        replace,
+        replace: replace.to_vec(),
     }
 }
 
@@ -225,7 +298,7 @@ fn cross_shard_findings(
             .shards
             .get(&k)
             .map(|s| s.record.name().to_string())
-            .unwrap_or_else(|| shard_name(sharded.name(), k))
+            .unwrap_or_else(|| shard_name(sharded.name(), ShardKey::new(sharded.copy, k)))
     };
     let mut findings = Vec::new();
     for anomaly in &sharded.anomalies {

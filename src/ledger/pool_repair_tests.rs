@@ -24,6 +24,7 @@ fn pool_with_uid(uid: &str) -> PortPool {
             exclude: vec![],
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
+            node_reuse: None,
         },
     );
     pool.metadata.uid = Some(uid.into());
@@ -103,7 +104,7 @@ fn shards(pool: &PortPool, owners: &[(&str, &[u16])]) -> Vec<PortPoolShard> {
 }
 
 fn shard_object(pool: &PortPool, k: u16, holders: Vec<PoolHolder>) -> PortPoolShard {
-    let mut shard = new_shard(&PoolSnapshot::of_pool(pool), k);
+    let mut shard = new_shard(&PoolSnapshot::of_pool(pool), ShardKey::first(k));
     shard.metadata.resource_version = Some(format!("rv{k}"));
     shard.metadata.uid = Some(format!("{}-shard-{k}", pool.uid().unwrap()));
     shard.status = Some(PortPoolShardStatus {
@@ -127,8 +128,8 @@ fn counted(pool: &PortPool, listed: &mut [PortPoolShard]) {
 }
 
 fn plan(pool: PortPool, listed: &[PortPoolShard], pas: &[PortAllocation]) -> PoolRepairPlan {
-    let sharded = CopyRecord::load(PoolSnapshot::of_pool(&pool), listed.to_vec()).unwrap();
-    plan_pool_repair(&sharded, listed, pas)
+    let record = PoolRecord::load(PoolSnapshot::of_pool(&pool), listed.to_vec()).unwrap();
+    plan_pool_repair(&record, listed, pas)
 }
 
 /// The shards after the plan's writes (and deletions), as the server would hold them.
@@ -141,7 +142,7 @@ fn applied(pool: &PortPool, listed: &[PortPoolShard], plan: &PoolRepairPlan) -> 
     for write in &plan.writes {
         let mut shard = out
             .remove(&write.name)
-            .unwrap_or_else(|| shard_object(pool, write.index, vec![]));
+            .unwrap_or_else(|| shard_object(pool, write.key.window, vec![]));
         shard.metadata.resource_version = Some(format!("{}-after", write.name));
         shard.status = Some(write.status.clone());
         out.insert(write.name.clone(), shard);
@@ -183,7 +184,7 @@ fn a_dead_spanning_owner_is_freed_in_every_shard_and_a_live_one_kept() {
     let writes: Vec<(u16, Option<&str>)> = planned
         .writes
         .iter()
-        .map(|w| (w.index, w.resource_version.as_deref()))
+        .map(|w| (w.key.window, w.resource_version.as_deref()))
         .collect();
     assert_eq!(writes, vec![(117, Some("rv117")), (118, Some("rv118"))]);
     assert_eq!(entries(&planned.writes[0]), vec![("a", "web.http=30001")]);
@@ -228,7 +229,7 @@ fn a_recreated_pool_gets_every_holding_back_in_new_shards() {
     let writes: Vec<(u16, Option<&str>)> = planned
         .writes
         .iter()
-        .map(|w| (w.index, w.resource_version.as_deref()))
+        .map(|w| (w.key.window, w.resource_version.as_deref()))
         .collect();
     assert_eq!(writes, vec![(117, None), (118, None), (119, None)]);
     assert_eq!(entries(&planned.writes[2]), vec![("b", "web.http=30500")]);
@@ -274,7 +275,7 @@ fn a_missing_shard_is_recreated_with_what_statuses_record_and_conflicts_reported
     assert_eq!(planned.writes.len(), 1, "{:?}", planned.plan);
     let write = &planned.writes[0];
     assert_eq!(
-        (write.index, write.resource_version.as_deref()),
+        (write.key.window, write.resource_version.as_deref()),
         (118, None)
     );
     assert_eq!(write.name, "p-118");
@@ -312,7 +313,7 @@ fn a_missing_shard_is_recreated_with_what_statuses_record_and_conflicts_reported
         planned.plan.findings
     );
     // Nothing in window 117 moves: c's entry stays.
-    assert!(planned.writes.iter().all(|w| w.index != 117));
+    assert!(planned.writes.iter().all(|w| w.key.window != 117));
 }
 
 #[test]
@@ -384,7 +385,7 @@ fn a_port_in_two_shards_is_reported_until_one_side_is_freed() {
     // b is gone: its wrong-shard entry is freed, and nothing is left to report.
     let planned = plan(p, &listed, &both[..1]);
     assert_eq!(planned.writes.len(), 1);
-    assert_eq!(planned.writes[0].index, 117);
+    assert_eq!(planned.writes[0].key.window, 117);
     assert!(
         planned.plan.findings.is_empty(),
         "{:?}",
@@ -416,4 +417,68 @@ fn kind(f: &Finding) -> &'static str {
         Finding::SlotApart { .. } => "SlotApart",
         _ => "other",
     }
+}
+
+/// `pa` with its status naming copy `copy` (as the allocator writes it for a pool with reuse).
+fn in_copy(mut pa: PortAllocation, copy: u16) -> PortAllocation {
+    let status = pa.status.as_mut().unwrap();
+    let windows = split_by_shard(&crate::ledger::recorded_holdings(status));
+    status.shards = windows
+        .keys()
+        .map(|&w| ShardKey::new(copy, w).to_status())
+        .collect();
+    pa
+}
+
+#[test]
+fn a_pool_with_reuse_is_repaired_copy_by_copy() {
+    let mut pool = pool();
+    pool.spec.node_reuse = Some(2);
+    let holder = |uid: &str, ports: &str| PoolHolder {
+        uid: uid.into(),
+        owner: format!("ns/{uid}"),
+        ports: ports.into(),
+    };
+    let mut listed = shards(&pool, &[("a", &[30000])]);
+    let mut second = new_shard(&PoolSnapshot::of_pool(&pool), ShardKey::new(1, 117));
+    second.metadata.resource_version = Some("rv1.117".into());
+    second.status = Some(PortPoolShardStatus {
+        pool_generation: pool.metadata.generation.unwrap_or_default(),
+        pool_spec: Some(pool.spec.clone()),
+        holders: vec![
+            holder("b", "web.http=30000"),
+            holder("gone", "web.http=30001"),
+        ],
+        ..Default::default()
+    });
+    listed.push(second);
+    let pas = vec![
+        in_copy(pa("a", &[30000], POOL_UID, 0), 0),
+        in_copy(pa("b", &[30000], POOL_UID, 1), 1),
+        // Its copy-1 entry was lost with an earlier pool object: restored in copy 1, where
+        // 30000 is b's but 30002 is free.
+        in_copy(pa("d", &[30002], "old-uid", 2), 1),
+    ];
+    let planned = plan(pool, &listed, &pas);
+    assert_eq!(planned.writes.len(), 1, "{:?}", planned.plan.changes);
+    assert_eq!(planned.writes[0].key, ShardKey::new(1, 117));
+    let after: Vec<&str> = planned.writes[0]
+        .status
+        .holders
+        .iter()
+        .map(|h| h.uid.as_str())
+        .collect();
+    assert_eq!(after, vec!["b", "d"]);
+    assert!(
+        planned
+            .plan
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::Free { uid, .. } if uid == "gone"))
+    );
+    assert_eq!(planned.plan.restored.len(), 1);
+    // b's entry is in copy 1 as its status says: nothing stale, nothing in conflict with a.
+    assert!(planned.plan.findings.is_empty(), "{:?}", planned.plan.findings);
+    assert_eq!(planned.plan.holders, 3);
+    assert_eq!(planned.plan.held_ports, 3);
 }

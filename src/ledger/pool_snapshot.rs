@@ -78,6 +78,7 @@ mod tests {
                 exclude: vec![],
                 protocol: Default::default(),
                 static_band: StaticBandSetting::None,
+                node_reuse: None,
             },
         );
         pool.metadata.uid = Some("uid-1".into());
@@ -88,7 +89,7 @@ mod tests {
     #[test]
     fn a_shard_carries_the_copy_it_was_written_under_and_the_newer_copy_wins() {
         let old = PoolSnapshot::of_pool(&pool(1, "30000-30999"));
-        let mut shard = new_shard(&old, 117);
+        let mut shard = new_shard(&old, crate::ledger::ShardKey::first(117));
         assert_eq!(PoolSnapshot::of_shard(&shard), None, "never written");
         let new = PoolSnapshot::of_pool(&pool(2, "30000-31999"));
         shard.status = Some(PortPoolShardStatus {

@@ -44,6 +44,7 @@ mod tests {
                 exclude: vec![],
                 protocol,
                 static_band: StaticBandSetting::Auto,
+                node_reuse: None,
             },
         )
     }

@@ -7,8 +7,9 @@ use rand::Rng;
 
 use crate::core::{Holdings, PortBlock, SlotKey};
 
-use super::copy_record::{CopyRecord, ShardWrite};
+use super::copy_record::{ShardWrite, new_shard};
 use super::placement::{BatchItem, ItemOutcome, place};
+use super::pool_record::PoolRecord;
 
 /// The ports one item would take, keep and free.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -67,11 +68,11 @@ impl Previewed {
 }
 
 /// Decide `item` against `record` and apply the writes to the copy, so the next item sees them.
-pub fn preview(record: &mut CopyRecord, item: &BatchItem, rng: &mut impl Rng) -> Previewed {
+pub fn preview(record: &mut PoolRecord, item: &BatchItem, rng: &mut impl Rng) -> Previewed {
     let before = record.holdings_of(&item.uid);
     let placed = place(record, item, rng);
     for write in &placed.writes {
-        let mut shard = record.new_shard(write.index);
+        let mut shard = new_shard(&record.pool, write.key);
         shard.status = Some(write.status.clone());
         record.replace(shard);
     }
@@ -89,13 +90,16 @@ mod tests {
 
     use super::*;
     use crate::ledger::fixtures::{allocation, holders, pool_of, shard_of, sharded};
-    use crate::ledger::{Operation, home_shard, owner_of};
+    use crate::ledger::{Operation, ShardKey, home_shard, owner_of};
 
-    fn item(record: &CopyRecord, pa: &crate::api::PortAllocation) -> BatchItem {
+    fn item(record: &PoolRecord, pa: &crate::api::PortAllocation) -> BatchItem {
         let owner = owner_of(pa);
         BatchItem {
             uid: pa.metadata.uid.clone().unwrap(),
-            known: home_shard(&record.layout, &owner).into_iter().collect(),
+            known: home_shard(&record.layout, &owner)
+                .map(ShardKey::first)
+                .into_iter()
+                .collect(),
             owner,
             operation: Operation::sync_of(pa),
         }

@@ -85,8 +85,23 @@ pub enum Refusal {
         owner: String,
         pool: String,
         error: Box<AllocError>,
-        /// For a full pool: who holds its ports.
+        /// For a full pool: who holds its ports (and, with reuse, that every copy is full).
         holders: String,
+    },
+
+    #[error(
+        "PortAllocation {owner} holds its ports in copy {copy} of pool {pool:?}, but the pool's \
+         nodeReuse is now {reuse}: it may keep or give back ports there but take no more. Set \
+         nodeReuse to {} or more again, or release it (kubectl portalloc release) and sync it \
+         into one of copies 0-{}",
+        .copy + 1,
+        .reuse - 1
+    )]
+    BeyondReuse {
+        owner: String,
+        pool: String,
+        copy: u16,
+        reuse: u16,
     },
 }
 
@@ -106,7 +121,47 @@ impl Refusal {
             {
                 Reason::PoolFull
             }
-            Refusal::Core { .. } => Reason::Refused,
+            Refusal::Core { .. } | Refusal::BeyondReuse { .. } => Reason::Refused,
+        }
+    }
+
+    /// This refusal of copy 0, made when every copy of a pool with reuse refused: said so.
+    pub fn in_every_copy(self, reuse: u16) -> Refusal {
+        if reuse <= 1 {
+            return self;
+        }
+        let note = format!(
+            " (in copy 0; each of the pool's {} other copies, nodeReuse {reuse}, refused too)",
+            reuse - 1
+        );
+        match self {
+            Refusal::Core {
+                owner,
+                pool,
+                error,
+                holders,
+            } => Refusal::Core {
+                owner,
+                pool,
+                error,
+                holders: format!("{holders}{note}"),
+            },
+            Refusal::PortHeld {
+                owner,
+                pool,
+                port,
+                block,
+                holder,
+                slot,
+            } => Refusal::PortHeld {
+                owner,
+                pool,
+                port,
+                block,
+                holder,
+                slot: format!("{slot}{note}"),
+            },
+            other => other,
         }
     }
 

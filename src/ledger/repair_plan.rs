@@ -48,6 +48,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::allocation_status::recorded_holdings;
+use super::known::status_copy;
 use super::owner_of;
 use super::window_record::{Anomaly, HolderEntry, WindowRecord};
 use crate::api::{PoolHolder, PortAllocation, PortPoolShardStatus, SpecError};
@@ -208,6 +209,9 @@ pub struct RepairPlan {
     /// Holders and held ports after the changes.
     pub holders: usize,
     pub held_ports: u32,
+    /// The holders after the changes (several copies of a pool may name one twice).
+    #[serde(skip)]
+    pub holders_after: BTreeSet<String>,
     /// The status to write; `None` when nothing changes.
     #[serde(skip)]
     pub status: Option<PortPoolShardStatus>,
@@ -238,6 +242,9 @@ pub(crate) struct RepairScope {
     pub restore_own: bool,
     /// Ports of the window that other shards list (owner): never restored over.
     pub held_elsewhere: BTreeMap<u16, String>,
+    /// The copy of a pool with reuse this record is part of: only statuses that name it (see
+    /// `status_copy`) are restored here or reported as stale.
+    pub copy: Option<u16>,
 }
 
 impl RepairScope {
@@ -377,6 +384,12 @@ pub(crate) fn plan_repair_scoped(
         let Some(status) = pa.status.as_ref() else {
             continue;
         };
+        if scope
+            .copy
+            .is_some_and(|copy| status_copy(Some(status)) != copy)
+        {
+            continue;
+        }
         let recorded = recorded_holdings(status);
         // The part of the recorded holdings this record covers (all of it for a whole pool).
         let here: Holdings = recorded
@@ -544,6 +557,7 @@ pub(crate) fn plan_repair_scoped(
         pool_uid,
         resource_version: record.resource_version().unwrap_or_default(),
         holders: recounted.holders.len(),
+        holders_after: recounted.holders.iter().map(|h| h.uid.clone()).collect(),
         held_ports: recounted.allocated.max(0) as u32,
         status: (!changes.is_empty()).then_some(recounted),
         changes,

@@ -24,6 +24,7 @@ fn pool_object() -> PortPool {
             exclude: vec!["110".into()],
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
+            node_reuse: None,
         },
     );
     pool.metadata.uid = Some(POOL_UID.into());

@@ -149,6 +149,7 @@ impl WindowRecord {
                 pool_uid: pool.uid.clone(),
                 index: 0,
                 ranges: vec![],
+                copy: 0,
             },
         );
         shard.status = Some(PortPoolShardStatus {

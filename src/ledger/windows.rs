@@ -41,17 +41,67 @@ pub fn window(index: u16) -> PortRange {
     PortRange::new(first as u16, last as u16).expect("a window is never empty")
 }
 
-/// The name of shard `index` of pool `pool`: `<pool>-<index>`. A pool name so long that the
-/// suffix would pass 253 characters is cut and followed by 8 hex digits of a hash of the whole
-/// name, `<cut pool>-<hash>-<index>`, so shards of two long names with one prefix still differ.
-/// Short names cannot collide across pools (the part after the last `-` is the index); long
-/// ones could only by a hash collision, which a shard's `spec.pool` and `spec.poolUID` reveal.
-pub fn shard_name(pool: &str, index: u16) -> String {
-    let plain = format!("{pool}-{index}");
+/// Which shard: a window of the pool's ports in one of its copies (`nodeReuse`). Copy 0 is the
+/// pool of a pool without reuse; copy `c` holds a second, third, ... holder of each port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ShardKey {
+    pub copy: u16,
+    pub window: u16,
+}
+
+impl ShardKey {
+    pub const fn new(copy: u16, window: u16) -> ShardKey {
+        ShardKey { copy, window }
+    }
+
+    /// Window `window` of copy 0, the only copy of a pool without reuse.
+    pub const fn first(window: u16) -> ShardKey {
+        ShardKey { copy: 0, window }
+    }
+
+    /// How `status.shards` of a PortAllocation names it: `copy * 256 + window`, so copy 0's
+    /// shards keep the window numbers they always had.
+    pub fn to_status(self) -> i32 {
+        i32::from(self.copy) * WINDOW_PORTS as i32 + i32::from(self.window)
+    }
+
+    /// The key a `status.shards` value names; `None` outside 0-65535.
+    pub fn from_status(value: i32) -> Option<ShardKey> {
+        let value = u16::try_from(value).ok()?;
+        Some(ShardKey {
+            copy: value / WINDOW_PORTS as u16,
+            window: value % WINDOW_PORTS as u16,
+        })
+    }
+}
+
+impl std::fmt::Display for ShardKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.copy {
+            0 => write!(f, "window {}", self.window),
+            copy => write!(f, "window {} of copy {copy}", self.window),
+        }
+    }
+}
+
+/// The name of shard `key` of pool `pool`: `<pool>-<window>` in copy 0, `<pool>-<window>-c<copy>`
+/// in the others. A pool name so long that the suffix would pass 253 characters is cut and
+/// followed by 8 hex digits of a hash of the whole name, `<cut pool>-<hash>-<window>[-c<copy>]`,
+/// so shards of two long names with one prefix still differ. Short names cannot collide across
+/// pools: the pool is what comes before the last `-<number>` (after dropping a `-c<number>`),
+/// and no pool's copy-0 shard ends in `-c<number>`. Long ones could only by a hash collision,
+/// which a shard's `spec.pool` and `spec.poolUID` reveal.
+pub fn shard_name(pool: &str, key: ShardKey) -> String {
+    let ShardKey { copy, window } = key;
+    let tail = match copy {
+        0 => format!("-{window}"),
+        copy => format!("-{window}-c{copy}"),
+    };
+    let plain = format!("{pool}{tail}");
     if plain.len() <= MAX_NAME_LEN {
         return plain;
     }
-    let suffix = format!("-{:08x}-{index}", fnv1a(pool.as_bytes()) as u32);
+    let suffix = format!("-{:08x}{tail}", fnv1a(pool.as_bytes()) as u32);
     // Names are ASCII (DNS subdomains), so any byte offset is a character boundary; a cut
     // ending in '-' or '.' would leave an invalid label.
     let cut = pool[..MAX_NAME_LEN - suffix.len()].trim_end_matches(['-', '.']);
@@ -240,19 +290,40 @@ mod tests {
 
     #[test]
     fn names_stay_within_the_limit_and_distinct() {
-        assert_eq!(shard_name("default", 117), "default-117");
+        assert_eq!(shard_name("default", ShardKey::first(117)), "default-117");
+        assert_eq!(
+            shard_name("default", ShardKey::new(3, 117)),
+            "default-117-c3"
+        );
         let long_a = format!("{}.a", "x".repeat(249));
         let long_b = format!("{}.b", "x".repeat(249));
-        let a = shard_name(&long_a, 255);
-        let b = shard_name(&long_b, 255);
+        let a = shard_name(&long_a, ShardKey::first(255));
+        let b = shard_name(&long_b, ShardKey::first(255));
         assert!(a.len() <= MAX_NAME_LEN && b.len() <= MAX_NAME_LEN);
         assert_ne!(a, b);
         assert!(a.ends_with("-255"));
         // The cut never leaves "-" or "." before the hash.
         let dotted = format!("{}.{}", "y".repeat(241), "z".repeat(11));
-        let name = shard_name(&dotted, 3);
+        let name = shard_name(&dotted, ShardKey::first(3));
         assert!(!name.contains(".-") && !name.contains("--"), "{name}");
         assert!(name.starts_with(&format!("{}-", "y".repeat(241))), "{name}");
+        let copied = shard_name(&long_a, ShardKey::new(255, 255));
+        assert!(
+            copied.len() <= MAX_NAME_LEN && copied.ends_with("-255-c255"),
+            "{copied}"
+        );
+        assert_ne!(copied, a);
+    }
+
+    #[test]
+    fn status_values_keep_copy_zero_as_it_was() {
+        assert_eq!(ShardKey::first(117).to_status(), 117);
+        assert_eq!(ShardKey::new(2, 117).to_status(), 2 * 256 + 117);
+        for value in [0, 117, 255, 256, 629, 65535] {
+            assert_eq!(ShardKey::from_status(value).unwrap().to_status(), value);
+        }
+        assert_eq!(ShardKey::from_status(-1), None);
+        assert_eq!(ShardKey::from_status(65536), None);
     }
 
     #[test]

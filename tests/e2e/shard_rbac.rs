@@ -18,7 +18,7 @@ use kube::api::{Api, PostParams};
 use portalloc::api::{PoolHolder, PortPool, PortPoolShard, PortPoolShardStatus};
 use portalloc::core::Holdings;
 use portalloc::k8s::ShardStore;
-use portalloc::ledger::{CopyRecord, PoolSnapshot, new_shard, shard_name};
+use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardKey, new_shard, shard_name};
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::invariants::assert_consistent;
@@ -82,7 +82,7 @@ async fn set_holdings(
 /// The owners listed in window `index`'s shard, in order.
 async fn owners(client: &Client, index: u16) -> Vec<String> {
     let shard = Api::<PortPoolShard>::all(client.clone())
-        .get(&shard_name(POOL, index))
+        .get(&shard_name(POOL, ShardKey::first(index)))
         .await
         .unwrap();
     let holders = shard.status.unwrap_or_default().holders;
@@ -173,7 +173,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         .expect("RBAC alone lets a tenant write another namespace's entry");
     set_holdings(&root, "ub", "tenant-b/b", "").await.unwrap();
     // Shard specs and deletion are the administrators'.
-    let gpu91 = shard_name(POOL, 91);
+    let gpu91 = shard_name(POOL, ShardKey::first(91));
     let err = shards_as_tenant
         .delete(&gpu91, &Default::default())
         .await
@@ -236,7 +236,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     );
     let name_denial = until_refused("portalloc-shard-names", || async {
         let pool = pools_as_tenant.get(POOL).await.unwrap();
-        let mut shard = new_shard(&PoolSnapshot::of_pool(&pool), 91);
+        let mut shard = new_shard(&PoolSnapshot::of_pool(&pool), ShardKey::first(91));
         // Sorts before gpu-91: a reader would take it for window 91's record.
         shard.metadata.name = Some("a-rival".into());
         shards_as_tenant
@@ -256,7 +256,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     let mut long_pool = pools_as_tenant.get(POOL).await.unwrap();
     let long = "p".repeat(252);
     long_pool.metadata.name = Some(long.clone());
-    let hashed = new_shard(&PoolSnapshot::of_pool(&long_pool), 91);
+    let hashed = new_shard(&PoolSnapshot::of_pool(&long_pool), ShardKey::first(91));
     assert_ne!(hashed.metadata.name, Some(format!("{long}-91")));
     shards_as_tenant
         .create(&dry_run(), &hashed)
@@ -317,14 +317,14 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     // API server, so a foreign entry in it is no way around the policy: the status write that
     // follows is what is checked.
     let pool = pools_as_tenant.get(POOL).await.unwrap();
-    let gpu93 = shard_name(POOL, 93);
+    let gpu93 = shard_name(POOL, ShardKey::first(93));
     // `pool create` made every window's shard: remove 93's to create it again as a tenant would
     // for a pool applied with kubectl.
     Api::<PortPoolShard>::all(root.clone())
         .delete(&gpu93, &Default::default())
         .await
         .unwrap();
-    let mut narrow = new_shard(&PoolSnapshot::of_pool(&pool), 93);
+    let mut narrow = new_shard(&PoolSnapshot::of_pool(&pool), ShardKey::first(93));
     narrow.spec.ranges = vec!["23808-23900".into()];
     let err = shards_as_tenant
         .create(&PostParams::default(), &narrow)
@@ -341,7 +341,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         owner: "tenant-b/b3".into(),
         ports: "db.sql=23810".into(),
     };
-    let mut with_status = new_shard(&PoolSnapshot::of_pool(&pool), 93);
+    let mut with_status = new_shard(&PoolSnapshot::of_pool(&pool), ShardKey::first(93));
     with_status.status = Some(PortPoolShardStatus {
         holders: vec![foreign.clone()],
         ..Default::default()
@@ -369,7 +369,7 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         .await
         .expect("no entry changed");
     // The shard policy binds administrators too: a misnamed shard is wrong for every reader.
-    let mut misnamed = new_shard(&PoolSnapshot::of_pool(&pool), 93);
+    let mut misnamed = new_shard(&PoolSnapshot::of_pool(&pool), ShardKey::first(93));
     misnamed.metadata.name = Some("a-rival".into());
     let err = Api::<PortPoolShard>::all(admin.clone())
         .create(&dry_run(), &misnamed)
@@ -489,7 +489,7 @@ async fn allowed(
                 resource: Some("portpoolshards".into()),
                 subresource: (!subresource.is_empty()).then(|| subresource.to_string()),
                 verb: Some(verb.to_string()),
-                name: Some(shard_name(POOL, 91)),
+                name: Some(shard_name(POOL, ShardKey::first(91))),
                 ..Default::default()
             }),
             ..Default::default()

@@ -13,7 +13,7 @@ use crate::core::Holdings;
 use crate::k8s::error::{KubeError, Target};
 use crate::k8s::record::{PoolCache, ShardCache};
 use crate::k8s::retry::{Attempts, Exhausted, RetryPolicy, Stop};
-use crate::ledger::Refusal;
+use crate::ledger::{Refusal, ShardKey};
 
 /// Why an allocation did not happen. Nothing is half-done in any of these cases: each shard
 /// write is all-or-nothing, and an owner spanning shards completes on its next sync.
@@ -88,7 +88,7 @@ pub(super) struct Committed {
     pub(super) released: usize,
     pub(super) written: bool,
     /// The shards where the owner's entries now are (`status.shards`).
-    pub(super) shards: BTreeSet<u16>,
+    pub(super) shards: BTreeSet<ShardKey>,
 }
 
 /// Allocates and releases ports for PortAllocations.
@@ -180,7 +180,7 @@ pub(super) fn exhausted_error(exhausted: Exhausted, pool: &str, owner: &str) -> 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Where {
     /// In the shards its status names (`status.shards`).
-    Listed(BTreeSet<u16>),
+    Listed(BTreeSet<ShardKey>),
     /// In its home shard, if anywhere: its status names no shard.
     Home,
     /// Not known (no status to go by): every shard is read.

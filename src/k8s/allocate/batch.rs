@@ -32,7 +32,7 @@ use crate::k8s::record::{ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, POOLS};
 use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{
-    BatchItem, CopyRecord, ItemOutcome, Operation, Outcome, Pass, PoolSnapshot, Refusal,
+    BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolRecord, PoolSnapshot, Refusal, ShardKey,
     ShardWrite, allocation_status, decide_pool_batch, known_shards, owner_of,
 };
 
@@ -44,7 +44,7 @@ const WRITES_AT_ONCE: usize = 8;
 /// An item decided and committed, waiting for its status write.
 struct Done {
     outcome: ItemOutcome,
-    shards: BTreeSet<u16>,
+    shards: BTreeSet<ShardKey>,
     written: bool,
 }
 
@@ -166,7 +166,7 @@ impl Allocator {
             Ok(read) => read,
             Err((e, target)) => return waited(attempts.backoff(e, target, label).await, pool),
         };
-        let mut sharded = match CopyRecord::load(copy, shards) {
+        let mut sharded = match PoolRecord::load(copy, shards) {
             Ok(sharded) => sharded,
             Err(error) => {
                 return Round::Stop(StopAll::Refused(Refusal::PoolSpec {
@@ -189,7 +189,7 @@ impl Allocator {
                 Err(e) => conflict = Some(e),
             }
         }
-        let failed: BTreeSet<u16> = failed_shards(&first.writes, &sharded);
+        let failed: BTreeSet<ShardKey> = failed_shards(&first.writes, &sharded);
         let mut second: Vec<usize> = Vec::new();
         for (n, (outcome, shards)) in first.outcomes.into_iter().zip(first.shards).enumerate() {
             let i = open[n];
@@ -265,7 +265,8 @@ impl Allocator {
         let failed = failed_shards(&batch.writes, &sharded);
         for (n, (outcome, shards)) in batch.outcomes.into_iter().zip(batch.shards).enumerate() {
             let Some(outcome) = outcome else { continue };
-            let touched: BTreeSet<u16> = shards.union(&items[second[n]].known).copied().collect();
+            let touched: BTreeSet<ShardKey> =
+                shards.union(&items[second[n]].known).copied().collect();
             if touched.is_disjoint(&failed) || !changes(&outcome) {
                 let written = changes(&outcome);
                 done[open[second[n]]] = Some(Done {
@@ -285,7 +286,7 @@ impl Allocator {
     async fn write_all(
         &self,
         writes: &[ShardWrite],
-        sharded: &CopyRecord,
+        sharded: &PoolRecord,
         label: &str,
     ) -> Vec<Result<PortPoolShard, (kube::Error, crate::k8s::error::Target)>> {
         let store = ShardStore::new(self.client.clone());
@@ -320,11 +321,11 @@ impl Allocator {
     async fn widen(
         &self,
         pa: PortAllocation,
-        shards: &BTreeSet<u16>,
+        shards: &BTreeSet<ShardKey>,
     ) -> Result<PortAllocation, (kube::Error, crate::k8s::error::Target)> {
         let mut updated = pa.clone();
         let mut status = updated.status.take().unwrap_or_default();
-        status.shards = shards.iter().map(|&k| i32::from(k)).collect();
+        status.shards = super::sync::status_shards(shards);
         updated.status = Some(status);
         let name = pa.name_any();
         allocations(&self.client, &pa)
@@ -355,7 +356,7 @@ impl Allocator {
             } => (holdings, allocated, released),
         };
         let mut status = allocation_status(&pa, &holdings, Some(pool_uid), Outcome::Converged);
-        status.shards = done.shards.iter().map(|&k| i32::from(k)).collect();
+        status.shards = super::sync::status_shards(&done.shards);
         let report = |allocation, status_written| SyncReport {
             namespace: pa.namespace().unwrap_or_default(),
             name: pa.name_any(),
@@ -463,7 +464,7 @@ fn unreachable_ok(pa: &PortAllocation) -> AllocateError {
     }
 }
 
-fn item_of(pa: &PortAllocation, sharded: &CopyRecord) -> BatchItem {
+fn item_of(pa: &PortAllocation, sharded: &PoolRecord) -> BatchItem {
     let owner = owner_of(pa);
     BatchItem {
         uid: pa.uid().unwrap_or_default(),
@@ -479,21 +480,21 @@ fn changes(outcome: &ItemOutcome) -> bool {
 }
 
 /// The shards among `writes` whose write did not commit (not replaced by its response).
-fn failed_shards(writes: &[ShardWrite], sharded: &CopyRecord) -> BTreeSet<u16> {
+fn failed_shards(writes: &[ShardWrite], sharded: &PoolRecord) -> BTreeSet<ShardKey> {
     writes
         .iter()
         .filter(|w| {
             sharded
-                .shards
-                .get(&w.index)
+                .copy(w.key.copy)
+                .and_then(|copy| copy.shards.get(&w.key.window))
                 .is_none_or(|s| s.record.resource_version() == w.resource_version)
         })
-        .map(|w| w.index)
+        .map(|w| w.key)
         .collect()
 }
 
 /// The shard as written becomes the record the next pass decides against.
-fn replace_shard(sharded: &mut CopyRecord, written: PortPoolShard) {
+fn replace_shard(sharded: &mut PoolRecord, written: PortPoolShard) {
     sharded.replace(written);
 }
 

@@ -24,9 +24,9 @@ use crate::k8s::record::{ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
 use crate::k8s::retry::Attempts;
 use crate::ledger::{
-    BatchItem, CopyRecord, Decision, ItemOutcome, Operation, PoolSnapshot, Refusal, ShardAnomaly,
-    ShardRecord, ShardWrite, decide, home_shard, known_shards, load_shard, new_shard, owner_of,
-    place, shard_name, single_shard, split_by_shard,
+    BatchItem, Decision, ItemOutcome, Operation, PoolRecord, PoolSnapshot, Refusal, ShardAnomaly,
+    ShardKey, ShardRecord, ShardWrite, decide, home_shard, known_shards, load_shard, new_shard,
+    owner_of, place, shard_name, single_shard, split_by_shard,
 };
 
 /// One operation on one pool, as the rounds of its loop share it.
@@ -68,16 +68,18 @@ impl Allocator {
                 Where::Home => match self.pool_snapshot(request, attempts, false).await? {
                     Some(copy) => {
                         let layout = copy.layout().map_err(|error| pool_spec(request, error))?;
-                        home_shard(&layout, request.owner).filter(|&home| {
-                            single_shard(&[home].into(), request.operation).is_some()
-                        })
+                        home_shard(&layout, request.owner)
+                            .map(ShardKey::first)
+                            .filter(|&home| {
+                                single_shard(&[home].into(), request.operation).is_some()
+                            })
                     }
                     None => continue,
                 },
                 Where::Anywhere => None,
             };
-            if let Some(index) = one {
-                match self.one_shard(request, index, attempts).await? {
+            if let Some(key) = one {
+                match self.one_shard(request, key, attempts).await? {
                     Step::Done(committed) => return Ok(committed),
                     Step::Again => continue,
                     Step::WholePool => {}
@@ -157,7 +159,7 @@ impl Allocator {
                 let Some(home) = home_shard(&layout, &owner) else {
                     return Err(pool_spec_empty(&request));
                 };
-                let name = shard_name(request.pool, home);
+                let name = shard_name(request.pool, ShardKey::first(home));
                 let Some((shard, from_memory)) =
                     self.shard_copy(&request, &mut attempts, &name).await?
                 else {
@@ -177,8 +179,10 @@ impl Allocator {
                             self.shards.forget(&name);
                             continue;
                         }
-                        // No room there, or a port of another window: the whole pool decides.
+                        // No room there, or a port of another window: the whole pool decides;
+                        // with reuse, a held requested port may be free in another copy.
                         Err(Refusal::Core { .. }) => {}
+                        Err(Refusal::PortHeld { .. }) if copy.spec.reuse() > 1 => {}
                         Err(refusal) => return Err(refusal.into()),
                     }
                 }
@@ -198,7 +202,7 @@ impl Allocator {
                 }
             };
             let sharded =
-                CopyRecord::load(copy, shards).map_err(|error| pool_spec(&request, error))?;
+                PoolRecord::load(copy, shards).map_err(|error| pool_spec(&request, error))?;
             let item = BatchItem {
                 known: known_shards(pa.status.as_ref(), &sharded.layout, &owner),
                 uid: uid.clone(),
@@ -250,11 +254,11 @@ impl Allocator {
     async fn one_shard(
         &self,
         request: &Request<'_>,
-        index: u16,
+        key: ShardKey,
         attempts: &mut Attempts,
     ) -> Result<Step, Failed> {
         let store = ShardStore::new(self.client.clone());
-        let name = shard_name(request.pool, index);
+        let name = shard_name(request.pool, key);
         let Some((shard, from_memory)) = self.shard_copy(request, attempts, &name).await? else {
             return Ok(Step::Again);
         };
@@ -281,8 +285,8 @@ impl Allocator {
         let record = load_shard(
             &copy,
             &layout,
-            index,
-            shard.unwrap_or_else(|| new_shard(&copy, index)),
+            key.window,
+            shard.unwrap_or_else(|| new_shard(&copy, key)),
         );
         let decision = decide(
             &record,
@@ -298,6 +302,18 @@ impl Allocator {
         }
         let (holdings, allocated, released) = match decision {
             Err(Refusal::Core { .. }) => return Ok(Step::WholePool),
+            // With reuse, another copy may have the requested port free: the whole pool tells.
+            Err(Refusal::PortHeld { .. })
+                if copy.spec.reuse() > 1 && record.holdings_of(request.uid).is_empty() =>
+            {
+                return Ok(Step::WholePool);
+            }
+            // New ports in a copy past nodeReuse: the whole pool refuses it with the reason.
+            Ok(Decision::Write { allocated, .. })
+                if allocated > 0 && key.copy >= copy.spec.reuse() =>
+            {
+                return Ok(Step::WholePool);
+            }
             Err(refusal) => {
                 return Err(Failed {
                     holdings: Some(record.holdings_of(request.uid)),
@@ -305,7 +321,9 @@ impl Allocator {
                 });
             }
             Ok(Decision::Unchanged(holdings)) => {
-                return Ok(Step::Done(committed(&copy, holdings, 0, 0, false)));
+                return Ok(Step::Done(committed(
+                    &copy, key.copy, holdings, 0, 0, false,
+                )));
             }
             Ok(Decision::Write {
                 holdings,
@@ -313,7 +331,7 @@ impl Allocator {
                 released,
             }) => (holdings, allocated, released),
         };
-        let mut changed = ShardRecord::new(index, record);
+        let mut changed = ShardRecord::new(key, record);
         changed.set(request.uid, request.owner, &holdings);
         match store.commit(&copy, &changed.write(&copy, false)).await {
             Ok(written) => {
@@ -331,7 +349,7 @@ impl Allocator {
                     attempts.conflicts
                 );
                 Ok(Step::Done(committed(
-                    &copy, holdings, allocated, released, true,
+                    &copy, key.copy, holdings, allocated, released, true,
                 )))
             }
             Err((e, target)) => {
@@ -370,11 +388,11 @@ impl Allocator {
                 return Ok(Step::Again);
             }
         };
-        let sharded = CopyRecord::load(copy, shards).map_err(|error| pool_spec(request, error))?;
+        let sharded = PoolRecord::load(copy, shards).map_err(|error| pool_spec(request, error))?;
         let status = pa.as_deref().and_then(|pa| pa.status.as_ref());
         let known = match (&pa, &request.without_object) {
             (None, Where::Listed(listed)) => listed.clone(),
-            (None, Where::Anywhere) => sharded.shards_of(request.uid).into_iter().collect(),
+            (None, Where::Anywhere) => sharded.shards_of(request.uid),
             _ => known_shards(status, &sharded.layout, request.owner),
         };
         let item = BatchItem {
@@ -392,7 +410,14 @@ impl Allocator {
                 });
             }
             ItemOutcome::Unchanged(holdings) => {
-                return Ok(Step::Done(committed(&sharded.pool, holdings, 0, 0, false)));
+                return Ok(Step::Done(Committed {
+                    holdings,
+                    pool_uid: sharded.pool.uid.clone(),
+                    allocated: 0,
+                    released: 0,
+                    written: false,
+                    shards: placed.shards,
+                }));
             }
             ItemOutcome::Changed {
                 holdings,
@@ -451,7 +476,7 @@ impl Allocator {
     async fn widen_known_shards(
         &self,
         pa: &mut PortAllocation,
-        widened: &BTreeSet<u16>,
+        widened: &BTreeSet<ShardKey>,
         attempts: &mut Attempts,
         request: &Request<'_>,
     ) -> Result<bool, Failed> {
@@ -460,7 +485,7 @@ impl Allocator {
         let api: Api<PortAllocation> = Api::namespaced(self.client.clone(), &namespace);
         let mut updated = pa.clone();
         let mut status = updated.status.take().unwrap_or_default();
-        status.shards = widened.iter().map(|&k| i32::from(k)).collect();
+        status.shards = super::sync::status_shards(widened);
         updated.status = Some(status);
         match api
             .replace_status(&name, &crate::k8s::write_params(), &updated)
@@ -498,14 +523,14 @@ impl Allocator {
 /// A write that would create a shard whose name an object that is not part of the record
 /// holds (an earlier pool object's shard, mostly): (its name, why it is not loaded).
 pub(super) fn blocked_shard(
-    sharded: &CopyRecord,
+    sharded: &PoolRecord,
     writes: &[ShardWrite],
 ) -> Option<(String, String)> {
     writes
         .iter()
         .filter(|w| w.resource_version.is_none())
         .find_map(|w| {
-            sharded.anomalies.iter().find_map(|a| match a {
+            sharded.all_anomalies().find_map(|(_, a)| match a {
                 ShardAnomaly::NotLoaded { name, reason } if *name == w.name => {
                     Some((name.clone(), reason.clone()))
                 }
@@ -516,13 +541,17 @@ pub(super) fn blocked_shard(
 
 fn committed(
     copy: &PoolSnapshot,
+    in_copy: u16,
     holdings: crate::core::Holdings,
     allocated: usize,
     released: usize,
     written: bool,
 ) -> Committed {
     Committed {
-        shards: split_by_shard(&holdings).into_keys().collect(),
+        shards: split_by_shard(&holdings)
+            .into_keys()
+            .map(|window| ShardKey::new(in_copy, window))
+            .collect(),
         holdings,
         pool_uid: copy.uid.clone(),
         allocated,

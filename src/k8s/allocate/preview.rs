@@ -14,7 +14,7 @@ use crate::k8s::error::KubeError;
 use crate::k8s::record::{Applied, ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
 use crate::ledger::{
-    BatchItem, CopyRecord, ItemOutcome, Operation, Outcome, PoolSnapshot, PortChanges, Refusal,
+    BatchItem, ItemOutcome, Operation, Outcome, PoolRecord, PoolSnapshot, PortChanges, Refusal,
     allocation_status, known_shards, owner_of, preview as preview_in,
 };
 
@@ -62,7 +62,7 @@ pub async fn preview(
     mode: DryRun,
     new_pools: &[PortPool],
 ) -> Result<Vec<Preview>, KubeError> {
-    let mut pools: BTreeMap<String, Result<CopyRecord, Refusal>> = BTreeMap::new();
+    let mut pools: BTreeMap<String, Result<PoolRecord, Refusal>> = BTreeMap::new();
     let mut rng = rand::rng();
     let mut previews = Vec::new();
     for (object, intent) in items {
@@ -120,11 +120,7 @@ pub async fn preview(
                 _ => Outcome::Converged,
             };
             let mut status = allocation_status(&pa, holdings, Some(&record.pool.uid), outcome);
-            status.shards = record
-                .shards_of(&item.uid)
-                .into_iter()
-                .map(i32::from)
-                .collect();
+            status.shards = super::sync::status_shards(&record.shards_of(&item.uid));
             pa.status = Some(status);
             if mode == DryRun::Server {
                 let writes = &previewed.writes;
@@ -233,12 +229,12 @@ async fn load_pool(
     pool: &str,
     owner: &str,
     new_pool: Option<&PortPool>,
-) -> Result<Result<CopyRecord, Refusal>, KubeError> {
+) -> Result<Result<PoolRecord, Refusal>, KubeError> {
     let read = read_pool(client, pool)
         .await
         .map_err(|e| KubeError::from_kube(e, POOLS.on("get", pool, None)))?;
     if let (None, Some(new_pool)) = (&read, new_pool) {
-        let loaded = CopyRecord::load(PoolSnapshot::of_pool(new_pool), Vec::new());
+        let loaded = PoolRecord::load(PoolSnapshot::of_pool(new_pool), Vec::new());
         return Ok(loaded.map_err(|error| Refusal::PoolSpec {
             pool: pool.into(),
             error,
@@ -255,7 +251,7 @@ async fn load_pool(
         .await
         .map_err(|(e, target)| KubeError::from_kube(e, target))?;
     Ok(
-        CopyRecord::load(PoolSnapshot::of_pool(&read), shards).map_err(|error| Refusal::PoolSpec {
+        PoolRecord::load(PoolSnapshot::of_pool(&read), shards).map_err(|error| Refusal::PoolSpec {
             pool: pool.into(),
             error,
         }),

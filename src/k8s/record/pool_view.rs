@@ -1,16 +1,22 @@
-//! The record a reader of a pool sees: the union of its shards, with what only the shards show.
+//! The record a reader of a pool sees: the union of its shards, copy by copy, with what only the
+//! shards show.
 
 use kube::{Client, ResourceExt};
 
 use super::shards::ShardStore;
 use crate::api::{PortPool, SpecError};
 use crate::k8s::error::KubeError;
-use crate::ledger::{CopyRecord, PoolSnapshot, WindowRecord, record_warnings};
+use crate::ledger::{PoolRecord, PoolSnapshot, WindowRecord, record_warnings};
 
 /// A pool as `pool describe` and `pool get` show it.
 #[derive(Clone, Debug)]
 pub struct PoolView {
+    /// Copy 0: the whole pool without reuse.
     pub record: WindowRecord,
+    /// The other copies that have shards (`nodeReuse`), ascending.
+    pub reused: Vec<(u16, WindowRecord)>,
+    /// The pool's `nodeReuse`.
+    pub reuse: u16,
     /// How many shards were loaded.
     pub shards: usize,
     /// What only the shards show (shards not loaded, ports in the wrong shard, shards that
@@ -26,6 +32,28 @@ impl PoolView {
             n => format!("{n} shards"),
         }
     }
+
+    /// Every copy that has shards, copy 0 first.
+    pub fn copies(&self) -> impl Iterator<Item = (u16, &WindowRecord)> {
+        std::iter::once((0, &self.record)).chain(self.reused.iter().map(|(c, r)| (*c, r)))
+    }
+
+    /// Ports held in all copies together.
+    pub fn held(&self) -> u32 {
+        self.copies().map(|(_, r)| r.state.held_count()).sum()
+    }
+
+    /// How many pods may hold ports at once: the pool's size in each of its copies.
+    pub fn capacity(&self) -> u32 {
+        self.record.state.size() * u32::from(self.reuse)
+    }
+
+    /// Holders in all copies together.
+    pub fn holders(&self) -> usize {
+        self.copies()
+            .map(|(_, r)| r.holders.len() + r.opaque.len())
+            .sum()
+    }
 }
 
 /// Reads the pool's shards (one LIST). The inner error: the pool's spec is unusable.
@@ -37,11 +65,21 @@ pub async fn pool_view(
         .list(&pool.name_any())
         .await
         .map_err(|(e, target)| KubeError::from_kube(e, target))?;
-    Ok(
-        CopyRecord::load(PoolSnapshot::of_pool(&pool), shards).map(|sharded| PoolView {
-            record: sharded.union_record(),
-            shards: sharded.shards.len(),
-            warnings: record_warnings(&sharded),
-        }),
-    )
+    Ok(PoolRecord::load(PoolSnapshot::of_pool(&pool), shards).map(|record| view_of(&record)))
+}
+
+/// What readers see of a loaded record.
+pub fn view_of(record: &PoolRecord) -> PoolView {
+    PoolView {
+        record: record.first().union_record(),
+        reused: record
+            .copies
+            .iter()
+            .filter(|(copy, _)| **copy > 0)
+            .map(|(&copy, shards)| (copy, shards.union_record()))
+            .collect(),
+        reuse: record.reuse(),
+        shards: record.shard_count(),
+        warnings: record_warnings(record),
+    }
 }

@@ -15,7 +15,8 @@ use crate::k8s::error::{ApiErrorKind, KubeError, Target};
 use crate::k8s::resources::{POOL_STATUS, POOLS, SHARDS};
 use crate::k8s::retry::{Attempts, RetryPolicy, Stop};
 use crate::ledger::{
-    CopyRecord, PoolOverlap, PoolSnapshot, ShardRecord, load_shard, new_shard, overlapping_pool,
+    PoolOverlap, PoolRecord, PoolSnapshot, ShardKey, ShardRecord, load_shard, new_shard,
+    overlapping_pool,
 };
 
 /// Shard writes in flight at once when a pool is created or its spec carried to its shards.
@@ -56,6 +57,22 @@ pub enum PoolError {
         "PortPool {pool:?} changed while deleting it (a new allocation?): run the command again"
     )]
     Changed { pool: String },
+
+    #[error(
+        "PortPool {pool:?}: nodeReuse {asked} would leave copies {asked}-{} of its ports, which \
+         hold ports of {}, past the setting; nothing was changed. Keep nodeReuse at {in_use} or \
+         more, or release those PortAllocations first (`kubectl portalloc release NAME -n \
+         NAMESPACE`)",
+        .in_use - 1,
+        .holders.join(", ")
+    )]
+    ReuseInUse {
+        pool: String,
+        asked: u16,
+        /// Copies 0 to in_use-1 hold ports.
+        in_use: u16,
+        holders: Vec<String>,
+    },
 
     #[error(transparent)]
     Kube(#[from] KubeError),
@@ -153,8 +170,9 @@ async fn initialize_status(
         .map_err(|e| KubeError::from_kube(e, POOL_STATUS.on("update", &name, None)))
 }
 
-/// Every shard of a new pool, empty, with the pool's spec. A shard someone else created first
-/// (an allocation into the new pool) is theirs and stays as it is.
+/// Every shard of a new pool's first copy, empty, with the pool's spec (the shards of further
+/// copies, `nodeReuse`, come with their first holder). A shard someone else created first (an
+/// allocation into the new pool) is theirs and stays as it is.
 async fn create_shards(client: &Client, pool: &PortPool) -> Result<(), PoolError> {
     let copy = PoolSnapshot::of_pool(pool);
     let layout = copy.layout().map_err(|error| PoolError::Invalid {
@@ -166,8 +184,9 @@ async fn create_shards(client: &Client, pool: &PortPool) -> Result<(), PoolError
         .shards()
         .iter()
         .map(|span| {
-            let record = load_shard(&copy, &layout, span.index, new_shard(&copy, span.index));
-            ShardRecord::new(span.index, record).write(&copy, true)
+            let key = ShardKey::first(span.index);
+            let record = load_shard(&copy, &layout, span.index, new_shard(&copy, key));
+            ShardRecord::new(key, record).write(&copy, true)
         })
         .collect();
     stream::iter(&writes)
@@ -207,6 +226,9 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
             if existing.spec == pool.spec {
                 return Ok(Applied::Unchanged);
             }
+            if pool.spec.reuse() < existing.spec.reuse() {
+                refuse_reuse_below_use(client, &existing, pool.spec.reuse()).await?;
+            }
             existing.spec = pool.spec;
             // The resourceVersion just read makes this a compare-and-swap: a conflict is
             // reported (a rerun is safe) rather than overwriting someone else's change.
@@ -227,6 +249,45 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
     }
 }
 
+/// Lowering `nodeReuse` to `asked` must leave no holder in a copy past it.
+async fn refuse_reuse_below_use(
+    client: &Client,
+    pool: &PortPool,
+    asked: u16,
+) -> Result<(), PoolError> {
+    let name = pool.name_any();
+    let shards = ShardStore::new(client.clone())
+        .list(&name)
+        .await
+        .map_err(kube_error)?;
+    let record = PoolRecord::load(PoolSnapshot::of_pool(pool), shards).map_err(|error| {
+        PoolError::Invalid {
+            pool: name.clone(),
+            error,
+        }
+    })?;
+    let Some(&last) = record.copies_in_use().last() else {
+        return Ok(());
+    };
+    if last < asked {
+        return Ok(());
+    }
+    let mut holders: Vec<String> = record
+        .copies
+        .range(asked..)
+        .flat_map(|(_, copy)| copy.shards.values())
+        .flat_map(|shard| shard.record.holders.values().map(|h| h.owner.clone()))
+        .collect();
+    holders.sort();
+    holders.dedup();
+    Err(PoolError::ReuseInUse {
+        pool: name,
+        asked,
+        in_use: last + 1,
+        holders,
+    })
+}
+
 /// Write the pool's current spec to every shard that carries an older one, re-reading after a
 /// conflict (a shard another client wrote meanwhile may still carry the old spec).
 pub async fn carry_spec(client: &Client, name: &str) -> Result<(), PoolError> {
@@ -236,7 +297,7 @@ pub async fn carry_spec(client: &Client, name: &str) -> Result<(), PoolError> {
     loop {
         let pool = get_pool(client, name).await?;
         let shards = store.list(name).await.map_err(kube_error)?;
-        let sharded = CopyRecord::load(PoolSnapshot::of_pool(&pool), shards).map_err(|error| {
+        let sharded = PoolRecord::load(PoolSnapshot::of_pool(&pool), shards).map_err(|error| {
             PoolError::Invalid {
                 pool: name.into(),
                 error,

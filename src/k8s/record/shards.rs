@@ -59,13 +59,13 @@ impl ShardStore {
             None => {
                 let created = self
                     .api
-                    .create(&crate::k8s::write_params(), &new_shard(pool, write.index))
+                    .create(&crate::k8s::write_params(), &new_shard(pool, write.key))
                     .await
                     .map_err(|e| (created_meanwhile(e), SHARDS.on("create", &write.name, None)))?;
                 created.resource_version().unwrap_or_default()
             }
         };
-        let mut shard = new_shard(pool, write.index);
+        let mut shard = new_shard(pool, write.key);
         shard.metadata.name = Some(write.name.clone());
         shard.metadata.resource_version = Some(resource_version);
         shard.status = Some(write.status.clone());
@@ -87,7 +87,7 @@ impl ShardStore {
             dry_run: true,
             ..crate::k8s::write_params()
         };
-        let mut shard = new_shard(pool, write.index);
+        let mut shard = new_shard(pool, write.key);
         shard.metadata.name = Some(write.name.clone());
         let Some(version) = &write.resource_version else {
             return self

@@ -1,0 +1,333 @@
+//! Placement in a pool with `nodeReuse`: copies fill in order, an owner stays in its copy, a
+//! port is held at most once per copy and so at most N times in all.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use super::*;
+use crate::api::PortPool;
+use crate::ledger::fixtures::{allocation, holders, pool_of, pool_record, pool_reused, shard_in};
+use crate::ledger::{PoolSnapshot, Reason, ShardKey, home_shard, owner_of, preview};
+
+fn item(record: &PoolRecord, pa: &crate::api::PortAllocation) -> BatchItem {
+    let owner = owner_of(pa);
+    BatchItem {
+        uid: pa.metadata.uid.clone().unwrap(),
+        known: home_shard(&record.layout, &owner)
+            .map(ShardKey::first)
+            .into_iter()
+            .collect(),
+        owner,
+        operation: Operation::sync_of(pa),
+    }
+}
+
+fn removal(uid: &str) -> BatchItem {
+    BatchItem {
+        uid: uid.into(),
+        owner: format!("ns/{uid}"),
+        operation: Ok(Operation::Remove),
+        known: BTreeSet::new(),
+    }
+}
+
+/// Who holds each port, per copy, from the record itself.
+fn holders_by_port(record: &PoolRecord) -> BTreeMap<u16, Vec<(u16, String)>> {
+    let mut by_port: BTreeMap<u16, Vec<(u16, String)>> = BTreeMap::new();
+    for (&copy, shards) in &record.copies {
+        for shard in shards.shards.values() {
+            for (uid, entry) in &shard.record.holders {
+                for port in entry.holdings.ports() {
+                    by_port.entry(port).or_default().push((copy, uid.clone()));
+                }
+            }
+        }
+    }
+    by_port
+}
+
+/// No port twice in one copy, at most `reuse` holders of a port, each owner in one copy.
+fn check_invariants(record: &PoolRecord, reuse: usize) -> Result<(), String> {
+    for (port, holders) in holders_by_port(record) {
+        let copies: BTreeSet<u16> = holders.iter().map(|(c, _)| *c).collect();
+        if copies.len() != holders.len() {
+            return Err(format!("port {port} held twice in one copy: {holders:?}"));
+        }
+        if holders.len() > reuse {
+            return Err(format!(
+                "port {port} has {} holders: {holders:?}",
+                holders.len()
+            ));
+        }
+    }
+    let owners: BTreeSet<String> = record
+        .copies
+        .values()
+        .flat_map(|c| c.shards.values())
+        .flat_map(|s| s.record.holders.keys().cloned())
+        .collect();
+    for uid in owners {
+        if record.copies_of(&uid).len() != 1 {
+            return Err(format!(
+                "{uid} holds ports in copies {:?}",
+                record.copies_of(&uid)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn rng() -> StdRng {
+    StdRng::seed_from_u64(28)
+}
+
+#[test]
+fn copies_fill_in_order_and_the_last_refusal_names_every_copy() {
+    let pool = pool_reused(&["100-103"], 2);
+    let mut record = pool_record(&pool, vec![]);
+    let mut rng = rng();
+    let mut placed = BTreeMap::new();
+    for name in ["a", "b", "c", "d"] {
+        let it = item(&record, &allocation(name, 2, None));
+        let outcome = preview(&mut record, &it, &mut rng);
+        assert!(matches!(
+            outcome.outcome,
+            ItemOutcome::Changed { allocated: 2, .. }
+        ));
+        placed.insert(name, record.copies_of(name));
+    }
+    assert_eq!(placed["a"], BTreeSet::from([0]));
+    assert_eq!(placed["b"], BTreeSet::from([0]));
+    assert_eq!(
+        placed["c"],
+        BTreeSet::from([1]),
+        "copy 1 only once copy 0 is full"
+    );
+    assert_eq!(placed["d"], BTreeSet::from([1]));
+    check_invariants(&record, 2).unwrap();
+    assert_eq!(
+        holders_by_port(&record).values().map(Vec::len).max(),
+        Some(2)
+    );
+
+    let it = item(&record, &allocation("e", 1, None));
+    let refused = preview(&mut record, &it, &mut rng).outcome;
+    let ItemOutcome::Refused { refusal, .. } = refused else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(refusal.reason(), Reason::PoolFull);
+    assert!(
+        refusal
+            .to_string()
+            .contains("each of the pool's 1 other copies, nodeReuse 2, refused too"),
+        "{refusal}"
+    );
+}
+
+#[test]
+fn a_new_owner_in_a_later_copy_widens_its_status_to_that_copys_shards_first() {
+    let pool = pool_reused(&["100-103"], 3);
+    let full = holders(&[("a", "web.http=100,101,102,103")]);
+    let record = pool_record(&pool, vec![shard_in(&pool, ShardKey::first(0), full)]);
+    let it = item(&record, &allocation("b", 1, None));
+    let placed = place(&record, &it, &mut rng());
+    assert_eq!(placed.shards, BTreeSet::from([ShardKey::new(1, 0)]));
+    assert_eq!(
+        placed.widen,
+        Some(BTreeSet::from([ShardKey::first(0), ShardKey::new(1, 0)])),
+        "the home key stays listed beside the new one"
+    );
+    assert_eq!(placed.writes.len(), 1);
+    assert_eq!(placed.writes[0].key, ShardKey::new(1, 0));
+    assert_eq!(placed.writes[0].name, "p-0-c1");
+    assert_eq!(placed.writes[0].resource_version, None, "a shard to create");
+}
+
+#[test]
+fn an_owner_grows_only_in_its_own_copy() {
+    let pool = pool_reused(&["100-103"], 2);
+    let shards = vec![
+        shard_in(&pool, ShardKey::first(0), holders(&[("a", "web.http=100")])),
+        shard_in(
+            &pool,
+            ShardKey::new(1, 0),
+            holders(&[("c", "web.http=100,101,102,103")]),
+        ),
+    ];
+    let record = pool_record(&pool, shards);
+    let mut grown = item(&record, &allocation("c", 5, None));
+    grown.known = BTreeSet::from([ShardKey::new(1, 0)]);
+    let placed = place(&record, &grown, &mut rng());
+    let ItemOutcome::Refused { refusal, holdings } = &placed.outcome else {
+        panic!("{:?}", placed.outcome);
+    };
+    assert_eq!(refusal.reason(), Reason::PoolFull);
+    assert_eq!(holdings.port_count(), 4, "it keeps what it held");
+    assert!(
+        placed.writes.is_empty(),
+        "copy 0's free ports are not its to take"
+    );
+}
+
+#[test]
+fn a_requested_port_held_in_the_first_copy_is_taken_in_the_next() {
+    let fixed = |name| allocation(name, 1, Some(100));
+    for (reuse, expected) in [(1, None), (2, Some(ShardKey::new(1, 0)))] {
+        let pool = match reuse {
+            1 => pool_of(&["100-103"], &[]),
+            n => pool_reused(&["100-103"], n),
+        };
+        let shards = vec![shard_in(
+            &pool,
+            ShardKey::first(0),
+            holders(&[("a", "web.http=100")]),
+        )];
+        let record = pool_record(&pool, shards);
+        let placed = place(&record, &item(&record, &fixed("b")), &mut rng());
+        match expected {
+            None => {
+                let ItemOutcome::Refused { refusal, .. } = &placed.outcome else {
+                    panic!("{:?}", placed.outcome);
+                };
+                assert_eq!(refusal.reason(), Reason::PortHeld);
+            }
+            Some(key) => {
+                assert_eq!(placed.shards, BTreeSet::from([key]));
+                assert_eq!(
+                    placed.outcome.holdings().ports().collect::<Vec<_>>(),
+                    vec![100]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn entries_left_in_a_second_copy_by_a_race_are_dropped_and_the_first_kept() {
+    let pool = pool_reused(&["100-103"], 2);
+    let shards = vec![
+        shard_in(&pool, ShardKey::first(0), holders(&[("x", "web.http=100")])),
+        shard_in(
+            &pool,
+            ShardKey::new(1, 0),
+            holders(&[("x", "web.http=101")]),
+        ),
+    ];
+    let record = pool_record(&pool, shards);
+    let mut it = item(&record, &allocation("x", 1, None));
+    it.known = BTreeSet::from([ShardKey::first(0), ShardKey::new(1, 0)]);
+    let placed = place(&record, &it, &mut rng());
+    assert_eq!(
+        placed.outcome.holdings().ports().collect::<Vec<_>>(),
+        vec![100]
+    );
+    assert!(matches!(
+        placed.outcome,
+        ItemOutcome::Changed { released: 1, .. }
+    ));
+    assert_eq!(placed.shards, BTreeSet::from([ShardKey::first(0)]));
+    assert_eq!(placed.writes.len(), 1);
+    assert_eq!(placed.writes[0].key, ShardKey::new(1, 0));
+    assert!(placed.writes[0].status.holders.is_empty());
+}
+
+#[test]
+fn an_owner_in_a_copy_past_node_reuse_may_shrink_but_not_grow() {
+    let mut pool: PortPool = pool_reused(&["100-103"], 3);
+    let shards = vec![shard_in(
+        &pool,
+        ShardKey::new(2, 0),
+        holders(&[("x", "web.http=100,101")]),
+    )];
+    pool.spec.node_reuse = Some(2);
+    pool.metadata.generation = Some(2);
+    let record = PoolRecord::load(PoolSnapshot::of_pool(&pool), shards).unwrap();
+    assert_eq!(
+        record.reuse(),
+        2,
+        "the pool read is newer than the shard's snapshot"
+    );
+    let known = BTreeSet::from([ShardKey::new(2, 0)]);
+    let mut grow = item(&record, &allocation("x", 3, None));
+    grow.known = known.clone();
+    let ItemOutcome::Refused { refusal, .. } = place(&record, &grow, &mut rng()).outcome else {
+        panic!("growth past nodeReuse");
+    };
+    assert!(matches!(
+        refusal,
+        Refusal::BeyondReuse {
+            copy: 2,
+            reuse: 2,
+            ..
+        }
+    ));
+    assert!(
+        refusal
+            .to_string()
+            .contains("Set nodeReuse to 3 or more again"),
+        "{refusal}"
+    );
+    let mut shrink = item(&record, &allocation("x", 1, None));
+    shrink.known = known;
+    let placed = place(&record, &shrink, &mut rng());
+    assert!(matches!(
+        placed.outcome,
+        ItemOutcome::Changed {
+            released: 1,
+            allocated: 0,
+            ..
+        }
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(28),
+        ..ProptestConfig::default()
+    })]
+
+    /// Random creations and deletions of 1-3 pod owners into a 20-port pool over two windows
+    /// with reuse 1-4: after every step no port is held twice in a copy, never more than N
+    /// times in all, every owner is in one copy; and an owner is refused only when no copy has
+    /// the free ports it asks for.
+    #[test]
+    fn a_port_is_held_at_most_once_per_copy(
+        reuse in 1i32..=4,
+        steps in prop::collection::vec((any::<bool>(), 1i32..=3, any::<u8>()), 1..60),
+        seed in any::<u64>(),
+    ) {
+        let pool = match reuse {
+            1 => pool_of(&["250-269"], &[]),
+            n => pool_reused(&["250-269"], n),
+        };
+        let mut record = pool_record(&pool, vec![]);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut live: Vec<String> = Vec::new();
+        for (n, (create, replicas, pick)) in steps.into_iter().enumerate() {
+            if create || live.is_empty() {
+                let name = format!("o{n}");
+                let free: Vec<u32> = (0..reuse as u16)
+                    .map(|c| record.copy_or_empty(c).union_record().state.free_count())
+                    .collect();
+                let it = item(&record, &allocation(&name, replicas, None));
+                match preview(&mut record, &it, &mut rng).outcome {
+                    ItemOutcome::Refused { refusal, .. } => {
+                        prop_assert_eq!(refusal.reason(), Reason::PoolFull);
+                        prop_assert!(free.iter().all(|&f| f < replicas as u32), "{free:?}");
+                    }
+                    _ => live.push(name),
+                }
+            } else {
+                let gone = live.remove(usize::from(pick) % live.len());
+                preview(&mut record, &removal(&gone), &mut rng);
+            }
+            if let Err(broken) = check_invariants(&record, reuse as usize) {
+                prop_assert!(false, "{}", broken);
+            }
+        }
+    }
+}
