@@ -262,6 +262,45 @@ pub struct PortAllocationStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl PortAllocationStatus {
+    /// The copy of its pool these ports are in: the lowest copy `shards` names (a value is
+    /// `copy * 256 + window`), 0 when it names none. Beyond 0 the same ports are held by other
+    /// pods on other nodes (`nodeReuse`), so the pods must declare them as hostPorts.
+    pub fn pool_copy(&self) -> u16 {
+        self.shards
+            .iter()
+            .filter_map(|&value| u16::try_from(value).ok())
+            .map(|value| value / 256)
+            .min()
+            .unwrap_or(0)
+    }
+}
+
+impl PortAllocation {
+    /// The copy of its pool its ports are in (see [`PortAllocationStatus::pool_copy`]).
+    pub fn pool_copy(&self) -> u16 {
+        self.status
+            .as_ref()
+            .map_or(0, PortAllocationStatus::pool_copy)
+    }
+
+    /// For ports in a copy beyond the first: the one-line warning for whoever hands them to a
+    /// pod other than through the pod webhook (`resolve`, the env files).
+    pub fn reused_ports_warning(&self) -> Option<String> {
+        let copy = self.pool_copy();
+        (copy > 0).then(|| {
+            format!(
+                "the ports of PortAllocation {}/{} are in copy {copy} of pool {}: pods on other \
+                 nodes hold the same ports, so each pod must declare its ports as hostPorts \
+                 (containers[].ports) or be admitted by the portalloc pod webhook, which declares them",
+                self.metadata.namespace.as_deref().unwrap_or_default(),
+                self.metadata.name.as_deref().unwrap_or_default(),
+                self.spec.pool
+            )
+        })
+    }
+}
+
 /// Lifecycle of a PortAllocation.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {

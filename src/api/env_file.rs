@@ -41,9 +41,19 @@ pub fn env_configmap(pa: &PortAllocation, name: Option<&str>) -> Result<ConfigMa
         .map(str::to_string)
         .or_else(|| pa.spec.config_map.as_ref().map(|c| c.name.clone()))
         .unwrap_or_else(|| format!("{}-ports", pa.name_any()));
+    // Each env file says so itself when its ports are reused on other nodes.
+    let warning = pa
+        .reused_ports_warning()
+        .map(|w| format!("# warning: {w}\n"))
+        .unwrap_or_default();
     let mut data: BTreeMap<String, String> = all
         .iter()
-        .map(|(pod, env)| (format!("{pod}.env"), env_lines(env, "")))
+        .map(|(pod, env)| {
+            (
+                format!("{pod}.env"),
+                format!("{warning}{}", env_lines(env, "")),
+            )
+        })
         .collect();
     data.insert(super::TOPOLOGY_FILE.to_string(), pa.topology_yaml()?);
     let owner = kube::Resource::controller_owner_ref(pa, &());

@@ -374,3 +374,36 @@ fn resolve_all_covers_every_pod() {
         vec!["decode-0", "decode-1", "prefill-0", "prefill-1", "router-0"]
     );
 }
+
+#[test]
+fn ports_in_a_later_copy_of_the_pool_come_with_a_warning_in_every_env_file() {
+    let mut pa = pd();
+    assert_eq!(pa.pool_copy(), 0);
+    assert_eq!(pa.reused_ports_warning(), None);
+    let first = crate::api::env_configmap(&pa, None).unwrap();
+    assert!(
+        first
+            .data
+            .as_ref()
+            .unwrap()
+            .values()
+            .all(|text| !text.contains("warning"))
+    );
+    // Shards 78 and 79 of copy 1 (20001 is window 78).
+    pa.status.as_mut().unwrap().shards = vec![256 + 78, 256 + 79];
+    assert_eq!(pa.pool_copy(), 1);
+    let warning = pa.reused_ports_warning().unwrap();
+    assert!(
+        warning.starts_with("the ports of PortAllocation llm/pd are in copy 1 of pool p: "),
+        "{warning}"
+    );
+    let reused = crate::api::env_configmap(&pa, None).unwrap();
+    for (file, text) in reused.data.as_ref().unwrap() {
+        if file.ends_with(".env") {
+            assert!(
+                text.starts_with(&format!("# warning: {warning}\n")),
+                "{file}: {text}"
+            );
+        }
+    }
+}

@@ -4,7 +4,7 @@ use clap::Args;
 use kube::ResourceExt;
 use tabled::Tabled;
 
-use super::output::{OutputFormat, age, print_names, print_objects};
+use super::output::{OutputFormat, age, print_names, print_objects, print_rows_without};
 use super::{GlobalArgs, Session};
 use crate::api::PortAllocation;
 use crate::k8s::{get_allocation, list_allocations};
@@ -115,14 +115,4 @@ pub async fn run(global: &GlobalArgs, args: GetArgs) -> anyhow::Result<()> {
             print_rows_without(&mut table, &drop)
         }
     }
-}
-
-/// Drop columns (by index, as in the row struct) that this format does not show.
-fn print_rows_without(table: &mut tabled::Table, columns: &[usize]) -> anyhow::Result<()> {
-    use tabled::settings::Remove;
-    use tabled::settings::object::Columns;
-    for &column in columns.iter().rev() {
-        table.with(Remove::column(Columns::new(column..=column)));
-    }
-    super::output::print_table(table)
 }

@@ -5,8 +5,8 @@ use std::io::{self, Write};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
+use tabled::Table;
 use tabled::settings::{Padding, Style};
-use tabled::{Table, Tabled};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -32,16 +32,22 @@ pub fn print_objects<T: Serialize>(
     match format {
         OutputFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?,
         OutputFormat::Yaml => write!(out, "{}", serde_yaml::to_string(&value)?)?,
-        _ => unreachable!("tables and names are printed by print_rows and print_names"),
+        _ => unreachable!("tables and names are printed by print_table and print_names"),
     }
     Ok(())
 }
 
-/// A kubectl-style table: no borders, two spaces between columns, upper-case headers.
-pub fn print_rows<R: Tabled>(rows: Vec<R>) -> anyhow::Result<()> {
-    print_table(&mut Table::new(rows))
+/// Drop columns (by index, as in the row struct) that this format does not show.
+pub fn print_rows_without(table: &mut Table, columns: &[usize]) -> anyhow::Result<()> {
+    use tabled::settings::Remove;
+    use tabled::settings::object::Columns;
+    for &column in columns.iter().rev() {
+        table.with(Remove::column(Columns::new(column..=column)));
+    }
+    print_table(table)
 }
 
+/// A kubectl-style table: no borders, two spaces between columns, upper-case headers.
 pub fn print_table(table: &mut Table) -> anyhow::Result<()> {
     table.with(Style::blank()).with(Padding::new(0, 2, 0, 0));
     let text = table.to_string();

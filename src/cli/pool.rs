@@ -8,7 +8,7 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use tabled::Tabled;
 
-use super::output::{OutputFormat, age, bar, print_names, print_objects, print_rows};
+use super::output::{OutputFormat, age, bar, print_names, print_objects, print_rows_without};
 use super::pool_flags::{ProtocolFlag, StaticBandParser};
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::api::{PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
@@ -187,8 +187,6 @@ struct PoolRow {
     ranges: String,
     #[tabled(rename = "SIZE")]
     size: u32,
-    #[tabled(rename = "REUSE")]
-    reuse: u16,
     #[tabled(rename = "ALLOCATED")]
     allocated: u32,
     #[tabled(rename = "AVAILABLE")]
@@ -197,7 +195,13 @@ struct PoolRow {
     holders: usize,
     #[tabled(rename = "AGE")]
     age: String,
+    /// `-o wide` only: its `nodeReuse` (ALLOCATED and AVAILABLE count every copy).
+    #[tabled(rename = "REUSE")]
+    reuse: u16,
 }
+
+/// The REUSE column, which only `-o wide` shows.
+const REUSE_COLUMN: usize = 8;
 
 /// One table row; `view` is the pool's record as readers see it (its shards' union), `None`
 /// when the spec is unusable.
@@ -257,7 +261,11 @@ async fn get(client: &Client, args: GetArgs) -> anyhow::Result<()> {
                 let view = k8s::pool_view(client, pool.clone()).await?.ok();
                 rows.push(row(pool, view.as_ref()));
             }
-            print_rows(rows)
+            let drop: &[usize] = match args.output {
+                OutputFormat::Wide => &[],
+                _ => &[REUSE_COLUMN],
+            };
+            print_rows_without(&mut tabled::Table::new(rows), drop)
         }
     }
 }

@@ -12,6 +12,11 @@ pub fn print_report(report: &SyncReport, verbosity: u8) {
     } else {
         println!("{report}");
     }
+    if report.holdings.port_count() > 0
+        && let Some(warning) = report.allocation.reused_ports_warning()
+    {
+        eprintln!("warning: {warning}");
+    }
     match &report.configmap {
         Some(Ok(configmap)) => println!("{configmap}"),
         // Callers that fail on it take it out first; the others (repair) still say it.

@@ -83,6 +83,9 @@ pub async fn run(global: &GlobalArgs, args: ResolveArgs) -> anyhow::Result<()> {
     }
     let session = Session::connect(global).await?;
     let pa = get_allocation(&session.client, &session.namespace, &args.name).await?;
+    if let Some(warning) = pa.reused_ports_warning() {
+        eprintln!("warning: {warning}");
+    }
     let invalid = |e: crate::api::ResolveError| {
         let exit = match e {
             crate::api::ResolveError::NotAllocated { .. } => Exit::Refused,

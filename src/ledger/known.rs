@@ -50,11 +50,7 @@ pub fn listed_shards(status: Option<&PortAllocationStatus>) -> BTreeSet<ShardKey
 /// The copy of the pool a PortAllocation's ports are in, by its status (the lowest it names;
 /// 0 when it names none): a copy beyond the first is a port other pods hold on other nodes.
 pub fn status_copy(status: Option<&PortAllocationStatus>) -> u16 {
-    listed_shards(status)
-        .iter()
-        .map(|k| k.copy)
-        .min()
-        .unwrap_or(0)
+    status.map_or(0, PortAllocationStatus::pool_copy)
 }
 
 /// The first shard of the owner's home order (dynamic-band shards first).

@@ -478,7 +478,11 @@ fn a_pool_with_reuse_is_repaired_copy_by_copy() {
     );
     assert_eq!(planned.plan.restored.len(), 1);
     // b's entry is in copy 1 as its status says: nothing stale, nothing in conflict with a.
-    assert!(planned.plan.findings.is_empty(), "{:?}", planned.plan.findings);
+    assert!(
+        planned.plan.findings.is_empty(),
+        "{:?}",
+        planned.plan.findings
+    );
     assert_eq!(planned.plan.holders, 3);
     assert_eq!(planned.plan.held_ports, 3);
 }

@@ -168,3 +168,85 @@ async fn sixteen_by_eight(three_shards: bool) {
     assert_eq!(holdings.len(), 16);
     assert_eq!(holdings.values().map(|h| h.len()).sum::<usize>(), 128);
 }
+
+/// 24 processes, 4 ports each, into 40 ports kept twice (`--node-reuse 2`): 10 fit in each
+/// copy, so exactly 20 win and the losers are told every copy is full; no port is held twice in
+/// a copy, none by more than two.
+#[tokio::test]
+async fn concurrent_processes_fill_both_copies_of_a_reused_pool_and_no_more() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "race-reuse").await;
+    let pool = support::unique_name("race-reuse");
+    let run = cli::run(&[
+        "pool",
+        "create",
+        &pool,
+        "--range",
+        "32040-32079",
+        "--node-reuse",
+        "2",
+        "--allow-overlap",
+    ]);
+    assert!(run.ok(), "{run}");
+    let manifests: Vec<String> = (0..24)
+        .map(|i| support::simple_allocation(&format!("job-{i}"), &pool, "worker", 2, &["a", "b"]))
+        .collect();
+    let outcomes = race(&ns, &manifests);
+    let winners = outcomes.iter().filter(|o| o.code == 0).count();
+    let conflicts: u32 = outcomes.iter().map(conflicts_of).sum();
+    eprintln!("concurrency with reuse 2: 24 processes, {winners} won, {conflicts} conflicts");
+    for loser in outcomes.iter().filter(|o| o.code != 0) {
+        assert_eq!(loser.code, 4, "{}", loser.stderr);
+        assert!(
+            loser
+                .stderr
+                .contains("the pool's 1 other copies, nodeReuse 2, refused too"),
+            "{}",
+            loser.stderr
+        );
+    }
+    assert_eq!(winners, 20, "2 copies x 40 ports / 4 per allocation");
+    let holdings = assert_consistent(&client, &pool).await;
+    assert_eq!(holdings.len(), 20);
+    let record = crate::support::invariants::pool_record(&client, &pool).await;
+    assert_eq!(record.copies_in_use().len(), 2);
+    for copy in record.copies.values() {
+        assert_eq!(copy.held(), 40, "copy {} is full", copy.copy);
+    }
+}
+
+/// 16 processes x 8 ports into 40 ports with `--node-reuse 4`: all win, five to a copy, copies
+/// filled in order.
+#[tokio::test]
+async fn sixteen_concurrent_eight_port_allocations_into_a_pool_with_reuse() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "race16-reuse").await;
+    let pool = support::unique_name("race16-reuse");
+    let run = cli::run(&[
+        "pool",
+        "create",
+        &pool,
+        "--range",
+        "32080-32119",
+        "--node-reuse",
+        "4",
+        "--allow-overlap",
+    ]);
+    assert!(run.ok(), "{run}");
+    let manifests: Vec<String> = (0..16)
+        .map(|i| {
+            support::simple_allocation(&format!("group-{i}"), &pool, "worker", 4, &["http", "rpc"])
+        })
+        .collect();
+    let outcomes = race(&ns, &manifests);
+    let conflicts: u32 = outcomes.iter().map(conflicts_of).sum();
+    eprintln!("concurrency with reuse 4: 16 processes x 8 ports, {conflicts} conflicts");
+    for outcome in &outcomes {
+        assert_eq!(outcome.code, 0, "{}", outcome.stderr);
+    }
+    let holdings = assert_consistent(&client, &pool).await;
+    assert_eq!(holdings.len(), 16);
+    let record = crate::support::invariants::pool_record(&client, &pool).await;
+    let held: Vec<u32> = record.copies.values().map(|copy| copy.held()).collect();
+    assert_eq!(held, vec![40, 40, 40, 8], "copies fill in order");
+}

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use kube::api::Api;
 use portalloc::api::PortAllocation;
-use portalloc::ledger::{Anomaly, WindowRecord, recorded_holdings};
+use portalloc::ledger::{Anomaly, PoolRecord, recorded_holdings};
 use rand::Rng;
 
 use crate::support::cli::BIN;
 use crate::support::invariants::assert_consistent;
 use crate::support::private_cluster::PrivateCluster;
 
-/// 100 per pool: two pools within one shard and two across a window edge.
+/// 80 per pool: two pools within one shard, two across a window edge, one with node reuse.
 const TRIALS: usize = 400;
 const PROCESSES_PER_TRIAL: usize = 4;
 /// Trials run this many at a time.
@@ -36,14 +36,17 @@ struct PoolUnderTest {
     namespace: &'static str,
     /// Ports requested by fixed-port roles, chosen to collide.
     fixed: [u16; 2],
+    /// `--node-reuse`: each port held by up to this many PortAllocations, one per copy.
+    reuse: u16,
 }
 
-const POOLS: [PoolUnderTest; 4] = [
+const POOLS: [PoolUnderTest; 5] = [
     PoolUnderTest {
         name: "roomy",
         range: "21000-21199",
         namespace: "crash-roomy",
         fixed: [21005, 21006],
+        reuse: 1,
     },
     // Small enough to fill up: refusals while others crash.
     PoolUnderTest {
@@ -51,6 +54,7 @@ const POOLS: [PoolUnderTest; 4] = [
         range: "21200-21229",
         namespace: "crash-tight",
         fixed: [21201, 21202],
+        reuse: 1,
     },
     // The same two, each across a window edge (21504, 21760): owners fill a shard, move to
     // the next, and span both when neither has room alone.
@@ -59,12 +63,23 @@ const POOLS: [PoolUnderTest; 4] = [
         range: "21400-21599",
         namespace: "crash-split-roomy",
         fixed: [21405, 21406],
+        reuse: 1,
     },
     PoolUnderTest {
         name: "split-tight",
         range: "21745-21774",
         namespace: "crash-split-tight",
         fixed: [21758, 21761],
+        reuse: 1,
+    },
+    // Tight, with three copies: owners fill copy 0, then 1, then 2; a fixed port is held
+    // once per copy.
+    PoolUnderTest {
+        name: "reused",
+        range: "21800-21819",
+        namespace: "crash-reused",
+        fixed: [21805, 21806],
+        reuse: 3,
     },
 ];
 
@@ -145,23 +160,25 @@ fn run_and_kill(kubeconfig: &std::path::Path, args: Vec<String>, delay: Duration
     }
 }
 
-/// Ports held twice in a pool's record (the authoritative one).
-fn pool_duplicates(record: &WindowRecord) -> Vec<&Anomaly> {
+/// Ports held twice in one copy of a pool's record (the authoritative one).
+fn pool_duplicates(record: &PoolRecord) -> Vec<Anomaly> {
     record
-        .anomalies
-        .iter()
+        .copies
+        .values()
+        .flat_map(|copy| copy.union_record().anomalies)
         .filter(|a| !matches!(a, Anomaly::Undecodable { .. }))
         .collect()
 }
 
-/// Every port recorded by two live PortAllocations' statuses, per pool.
+/// Every port recorded by two live PortAllocations' statuses, per pool and copy (a pool with
+/// reuse holds a port once in each copy).
 async fn status_duplicates(client: &Client) -> Vec<String> {
     let all: Vec<PortAllocation> = Api::<PortAllocation>::all(client.clone())
         .list(&Default::default())
         .await
         .unwrap()
         .items;
-    let mut seen: BTreeMap<(String, u16), String> = BTreeMap::new();
+    let mut seen: BTreeMap<(String, u16, u16), String> = BTreeMap::new();
     let mut duplicates = Vec::new();
     for pa in &all {
         let owner = format!(
@@ -175,7 +192,8 @@ async fn status_duplicates(client: &Client) -> Vec<String> {
             .map(recorded_holdings)
             .unwrap_or_default();
         for port in held.ports() {
-            if let Some(other) = seen.insert((pa.spec.pool.clone(), port), owner.clone()) {
+            let key = (pa.spec.pool.clone(), pa.pool_copy(), port);
+            if let Some(other) = seen.insert(key, owner.clone()) {
                 duplicates.push(format!("{}:{port} {other} and {owner}", pa.spec.pool));
             }
         }
@@ -191,7 +209,16 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     let started = Instant::now();
     let client = cluster.client().await;
     for pool in &POOLS {
-        let run = cluster.run(&["pool", "create", pool.name, "--range", pool.range]);
+        let reuse = pool.reuse.to_string();
+        let run = cluster.run(&[
+            "pool",
+            "create",
+            pool.name,
+            "--range",
+            pool.range,
+            "--node-reuse",
+            &reuse,
+        ]);
         assert!(run.ok(), "{run}");
         let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": pool.namespace}});
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
@@ -239,13 +266,13 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     // Straight after the crashes: the pools' records hold no port twice.
     let mut stale_before = 0;
     for pool in &POOLS {
-        // The pool's shards joined (and checked for ports in two shards).
-        let record = crate::support::invariants::window_record(&client, pool.name).await;
+        // The pool's shards joined per copy (and checked for ports in two shards).
+        let record = crate::support::invariants::pool_record(&client, pool.name).await;
+        let duplicates = pool_duplicates(&record);
         assert!(
-            pool_duplicates(&record).is_empty(),
-            "pool {} after the kills: {:?}",
+            duplicates.is_empty(),
+            "pool {} after the kills: {duplicates:?}",
             pool.name,
-            record.anomalies
         );
         let live: BTreeMap<String, PortAllocation> =
             crate::support::invariants::allocations_of(&client, pool.name).await;

@@ -8,35 +8,42 @@ use portalloc::api::{Phase, PoolHolder, PortAllocation, PortPool, PortPoolShard}
 use portalloc::core::{Holdings, SlotKey};
 use portalloc::k8s::ShardStore;
 use portalloc::ledger::{
-    CopyRecord, PoolSnapshot, ShardAnomaly, WindowRecord, load_shard, recorded_holdings, window_of,
+    CopyRecord, PoolRecord, PoolSnapshot, ShardAnomaly, WindowRecord, load_shard,
+    recorded_holdings, window_of,
 };
 
-/// The pool as the allocator sees it: its shards joined into one record, after checking that
-/// no shard has a cross-shard anomaly and every shard's counts are current.
+/// Copy 0 of the pool as the allocator sees it: its shards joined into one record, after
+/// checking that no shard has a cross-shard anomaly and every shard's counts are current. The
+/// whole pool, for a pool without reuse.
 pub async fn window_record(client: &Client, pool: &str) -> WindowRecord {
-    copy_record(client, pool).await.union_record()
+    pool_record(client, pool).await.first().union_record()
 }
 
-/// The pool and its shards as read, checked as [`window_record`] says.
+/// Copy 0 of the pool and its shards as read, checked as [`window_record`] says.
 pub async fn copy_record(client: &Client, pool: &str) -> CopyRecord {
+    pool_record(client, pool).await.first().clone()
+}
+
+/// The pool and its shards in every copy as read: no shard has a cross-shard anomaly, no shard
+/// is left out of the record, and every shard's counts are current.
+pub async fn pool_record(client: &Client, pool: &str) -> PoolRecord {
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.expect("pool exists");
     let shards = ShardStore::new(client.clone())
         .list(pool)
         .await
         .expect("list the pool's shards");
-    let sharded =
-        CopyRecord::load(PoolSnapshot::of_pool(&object), shards).expect("pool spec is valid");
-    let cross: Vec<_> = sharded
-        .anomalies
-        .iter()
-        .filter(|a| !matches!(a, ShardAnomaly::InShard { .. }))
+    let record =
+        PoolRecord::load(PoolSnapshot::of_pool(&object), shards).expect("pool spec is valid");
+    let cross: Vec<_> = record
+        .all_anomalies()
+        .filter(|(_, a)| !matches!(a, ShardAnomaly::InShard { .. }))
         .collect();
     assert!(
         cross.is_empty(),
         "pool {pool}: cross-shard anomalies {cross:?}"
     );
-    for shard in sharded.shards.values() {
+    for shard in record.copies.values().flat_map(|copy| copy.shards.values()) {
         // A shard created but not yet written (a kill between the two requests) holds nothing
         // and claims nothing: there is no count to be stale.
         let Some(stored) = shard.record.shard.status.clone() else {
@@ -50,7 +57,7 @@ pub async fn copy_record(client: &Client, pool: &str) -> CopyRecord {
             shard.record.name()
         );
     }
-    sharded
+    record
 }
 
 /// Every PortAllocation (all namespaces) that names `pool`, by UID.
@@ -66,23 +73,44 @@ pub async fn allocations_of(client: &Client, pool: &str) -> BTreeMap<String, Por
         .collect()
 }
 
-/// No port held twice, nothing outside the pool, and every live PortAllocation's status records
-/// exactly what the pool holds for it (but for ports a refused spec dropped: see
-/// `undesired_after_refusal`). Returns the holdings by UID, less those ports.
+/// No port held twice in one copy of the pool, nor by more holders than its `nodeReuse`,
+/// nothing outside the pool, every holder in one copy, and every live PortAllocation's status
+/// records exactly what the pool holds for it and names the copy it is in (but for ports a
+/// refused spec dropped: see `undesired_after_refusal`). Returns the holdings by UID, less
+/// those ports.
 pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, Holdings> {
-    let record = window_record(client, pool).await;
-    assert!(
-        record.anomalies.is_empty(),
-        "pool {pool} has anomalies: {:?}",
-        record.anomalies
-    );
-    let mut seen = BTreeMap::new();
-    for (uid, holder) in &record.holders {
-        for port in holder.holdings.ports() {
-            if let Some(other) = seen.insert(port, uid.clone()) {
-                panic!("port {port} of pool {pool} is held by both {other} and {uid}");
+    let record = pool_record(client, pool).await;
+    let reuse = usize::from(record.reuse());
+    let mut holders_of_port: BTreeMap<u16, Vec<(u16, String)>> = BTreeMap::new();
+    let mut copy_of: BTreeMap<String, u16> = BTreeMap::new();
+    for (&copy, shards) in &record.copies {
+        let union = shards.union_record();
+        assert!(
+            union.anomalies.is_empty(),
+            "pool {pool}, copy {copy} has anomalies: {:?}",
+            union.anomalies
+        );
+        for (uid, holder) in &union.holders {
+            if let Some(other) = copy_of.insert(uid.clone(), copy) {
+                panic!("{uid} holds ports in copies {other} and {copy} of pool {pool}");
+            }
+            for port in holder.holdings.ports() {
+                let holders = holders_of_port.entry(port).or_default();
+                if let Some((_, other)) = holders.iter().find(|(c, _)| *c == copy) {
+                    panic!(
+                        "port {port} of pool {pool} is held by both {other} and {uid} in copy {copy}"
+                    );
+                }
+                holders.push((copy, uid.clone()));
             }
         }
+    }
+    for (port, holders) in &holders_of_port {
+        assert!(
+            holders.len() <= reuse,
+            "port {port} of pool {pool} has {} holders, nodeReuse {reuse}: {holders:?}",
+            holders.len()
+        );
     }
     let live = allocations_of(client, pool).await;
     let mut awaiting_release = BTreeMap::new();
@@ -105,15 +133,27 @@ pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, 
             pa.namespace().unwrap(),
             pa.name_any()
         );
+        if let Some(&copy) = copy_of.get(uid)
+            && !recorded.is_empty()
+        {
+            assert_eq!(
+                pa.pool_copy(),
+                copy,
+                "status of {}/{} names another copy than its entries are in",
+                pa.namespace().unwrap(),
+                pa.name_any()
+            );
+        }
         if !undesired.is_empty() {
             awaiting_release.insert(uid.clone(), expected);
         }
     }
-    record
-        .holders
-        .into_iter()
-        .map(|(uid, h)| {
-            let holdings = awaiting_release.remove(&uid).unwrap_or(h.holdings);
+    copy_of
+        .into_keys()
+        .map(|uid| {
+            let holdings = awaiting_release
+                .remove(&uid)
+                .unwrap_or_else(|| record.holdings_of(&uid));
             (uid, holdings)
         })
         .collect()
@@ -168,7 +208,7 @@ pub async fn shard_versions(client: &Client, pool: &str) -> Vec<(String, Option<
     versions
 }
 
-/// Replace the entries of `pool`'s shards with `holders`, as a buggy or killed client might
+/// Replace the entries of `pool`'s shards (of copy 0) with `holders`, as a buggy or killed client might
 /// have left them (counts recomputed, as any client's write does): each entry goes to the shard
 /// of its lowest port (an undecodable one to the pool's first shard), and every shard is
 /// written. As `client`'s user; the first refused write is returned.
@@ -194,7 +234,10 @@ pub async fn write_holders(
         by_shard.entry(index).or_default().push(holder);
     }
     let api: Api<PortPoolShard> = Api::all(client.clone());
-    for mut shard in shards.into_iter().filter(|s| s.spec.pool_uid == copy.uid) {
+    for mut shard in shards
+        .into_iter()
+        .filter(|s| s.spec.pool_uid == copy.uid && s.spec.copy == 0)
+    {
         let index = shard.spec.index as u16;
         let mut status = shard.status.clone().unwrap_or_default();
         status.holders = by_shard.remove(&index).unwrap_or_default();
