@@ -73,7 +73,7 @@ pub struct CreateArgs {
     )]
     pub static_band: StaticBandSetting,
     /// How many pods may hold one port at once, each on another node (1-256). See below.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..=256))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=256))]
     pub node_reuse: Option<i32>,
     /// Create the pool even if it overlaps another pool of the same protocol.
     #[arg(long)]

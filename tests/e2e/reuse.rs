@@ -55,7 +55,7 @@ async fn a_port_gets_a_second_holder_only_once_the_first_copy_is_full() {
         assert!(run.ok(), "{run}");
         assert!(!run.stderr.contains("warning"), "{run}");
     }
-    let resolved = cli::run(&["resolve", "a", "--index", "0", "-n", &ns]);
+    let resolved = cli::run(&["resolve", "a", "--role", "web", "--index", "0", "-n", &ns]);
     assert!(
         resolved.ok() && !resolved.stderr.contains("warning"),
         "{resolved}"
@@ -79,7 +79,9 @@ async fn a_port_gets_a_second_holder_only_once_the_first_copy_is_full() {
     let mut c_ports = Vec::new();
     for index in 0..4 {
         let index = index.to_string();
-        let resolved = cli::run(&["resolve", "c", "--index", &index, "-n", &ns]);
+        let resolved = cli::run(&[
+            "resolve", "c", "--role", "web", "--index", &index, "-n", &ns,
+        ]);
         assert!(resolved.ok(), "{resolved}");
         assert!(
             resolved
@@ -95,7 +97,7 @@ async fn a_port_gets_a_second_holder_only_once_the_first_copy_is_full() {
         for index in 0..4 {
             let index = index.to_string();
             held_by_a_and_b.extend(ports_of(&cli::run(&[
-                "resolve", name, "--index", &index, "-n", &ns,
+                "resolve", name, "--role", "web", "--index", &index, "-n", &ns,
             ])));
         }
     }

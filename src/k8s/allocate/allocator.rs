@@ -11,7 +11,7 @@ use kube::{Client, ResourceExt};
 use crate::api::{PortAllocation, PortAllocationStatus};
 use crate::core::Holdings;
 use crate::k8s::error::{KubeError, Target};
-use crate::k8s::record::{PoolCache, ShardCache};
+use crate::k8s::record::{ListingCache, PoolCache, ShardCache};
 use crate::k8s::retry::{Attempts, Exhausted, RetryPolicy, Stop};
 use crate::ledger::{Refusal, ShardKey};
 
@@ -100,6 +100,8 @@ pub struct Allocator {
     pub(super) shards: ShardCache,
     /// The newest spec of each pool seen, which homes are computed from.
     pub(super) pools: PoolCache,
+    /// A pool's shards as `create`'s check just listed them, for the allocation that follows.
+    pub(super) listings: ListingCache,
 }
 
 impl Allocator {
@@ -109,6 +111,7 @@ impl Allocator {
             policy: RetryPolicy::default(),
             shards: ShardCache::default(),
             pools: PoolCache::default(),
+            listings: ListingCache::default(),
         }
     }
 
@@ -134,6 +137,7 @@ impl Allocator {
         if !on {
             self.shards = ShardCache::disabled();
             self.pools = PoolCache::disabled();
+            self.listings = ListingCache::disabled();
         }
         self
     }

@@ -20,13 +20,13 @@ use kube::api::Api;
 use super::allocator::{AllocateError, Allocator, Committed, Failed, Where, exhausted_error};
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::k8s::error::{KubeError, Target};
-use crate::k8s::record::{ShardStore, read_pool};
+use crate::k8s::record::{Listing, ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
 use crate::k8s::retry::Attempts;
 use crate::ledger::{
     BatchItem, Decision, ItemOutcome, Operation, PoolRecord, PoolSnapshot, Refusal, ShardAnomaly,
     ShardKey, ShardRecord, ShardWrite, decide, home_shard, known_shards, load_shard, new_shard,
-    owner_of, place, shard_name, single_shard, split_by_shard,
+    place, shard_name, single_shard, split_by_shard,
 };
 
 /// One operation on one pool, as the rounds of its loop share it.
@@ -59,6 +59,16 @@ impl Allocator {
         attempts: &mut Attempts,
     ) -> Result<Committed, Failed> {
         loop {
+            // Listed a moment ago by the check before a create: decided on without a read.
+            if let Some(listing) = self.listings.take(request.pool) {
+                match self
+                    .whole_pool(request, pa.as_deref_mut(), attempts, Some(listing))
+                    .await?
+                {
+                    Step::Done(committed) => return Ok(committed),
+                    Step::Again | Step::WholePool => continue,
+                }
+            }
             let known = match pa.as_deref() {
                 Some(pa) => Where::of(pa.status.as_ref()),
                 None => request.without_object.clone(),
@@ -86,7 +96,7 @@ impl Allocator {
                 }
             }
             match self
-                .whole_pool(request, pa.as_deref_mut(), attempts)
+                .whole_pool(request, pa.as_deref_mut(), attempts, None)
                 .await?
             {
                 Step::Done(committed) => return Ok(committed),
@@ -125,102 +135,11 @@ impl Allocator {
         }
     }
 
-    /// Whether `pa` can be allocated as its spec now says, decided as its sync would decide it,
-    /// with nothing written, so a create that would be refused is never made. Against its home
-    /// shard (remembered, so the sync after the create reads nothing more); against the whole
-    /// pool when one shard cannot decide it, or with `whole` (an existing object's new spec,
-    /// whose entries may be anywhere).
-    pub(super) async fn precheck(
-        &self,
-        pa: &PortAllocation,
-        whole: bool,
-    ) -> Result<(), AllocateError> {
-        let operation = Operation::sync_of(pa)?;
-        let (uid, owner) = (pa.uid().unwrap_or_default(), owner_of(pa));
-        let request = Request {
-            pool: &pa.spec.pool,
-            uid: &uid,
-            owner: &owner,
-            operation: &operation,
-            without_object: Where::Anywhere,
-        };
-        let store = ShardStore::new(self.client.clone());
-        let mut attempts = Attempts::new(self.policy);
-        loop {
-            if !whole {
-                let Some(copy) = self
-                    .pool_snapshot(&request, &mut attempts, false)
-                    .await
-                    .map_err(|f| f.error)?
-                else {
-                    continue;
-                };
-                let layout = copy.layout().map_err(|error| pool_spec(&request, error))?;
-                let Some(home) = home_shard(&layout, &owner) else {
-                    return Err(pool_spec_empty(&request));
-                };
-                let name = shard_name(request.pool, ShardKey::first(home));
-                let Some((shard, from_memory)) =
-                    self.shard_copy(&request, &mut attempts, &name).await?
-                else {
-                    continue;
-                };
-                if let Some(shard) = shard.filter(|s| s.spec.pool_uid == copy.uid) {
-                    let copy = PoolSnapshot::of_shard(&shard)
-                        .map_or(copy.clone(), |c| c.newest(Some(copy)));
-                    let record = load_shard(&copy, &layout, home, shard.clone());
-                    match decide(&record, &uid, &owner, &operation, &mut rand::rng()) {
-                        Ok(_) => {
-                            self.shards.remember(&name, &shard);
-                            return Ok(());
-                        }
-                        // A remembered copy may be stale: refuse only on a fresh read.
-                        Err(_) if from_memory => {
-                            self.shards.forget(&name);
-                            continue;
-                        }
-                        // No room there, or a port of another window: the whole pool decides;
-                        // with reuse, a held requested port may be free in another copy.
-                        Err(Refusal::Core { .. }) => {}
-                        Err(Refusal::PortHeld { .. }) if copy.spec.reuse() > 1 => {}
-                        Err(refusal) => return Err(refusal.into()),
-                    }
-                }
-            }
-            let Some(copy) = self
-                .pool_snapshot(&request, &mut attempts, true)
-                .await
-                .map_err(|f| f.error)?
-            else {
-                continue;
-            };
-            let shards = match store.list(request.pool).await {
-                Ok(shards) => shards,
-                Err((e, target)) => {
-                    self.retry(&request, &mut attempts, e, target).await?;
-                    continue;
-                }
-            };
-            let sharded =
-                PoolRecord::load(copy, shards).map_err(|error| pool_spec(&request, error))?;
-            let item = BatchItem {
-                known: known_shards(pa.status.as_ref(), &sharded.layout, &owner),
-                uid: uid.clone(),
-                owner: owner.clone(),
-                operation: Ok(operation.clone()),
-            };
-            return match place(&sharded, &item, &mut rand::rng()).outcome {
-                ItemOutcome::Refused { refusal, .. } => Err(refusal.into()),
-                _ => Ok(()),
-            };
-        }
-    }
-
     /// Shard `name` (`None` inside: it does not exist), and whether it is a remembered copy
     /// rather than a read made now. A fresh read is the current object and is remembered, so
     /// the next decision may start from it. `None`: the read failed and was waited for; go round
     /// again.
-    async fn shard_copy(
+    pub(super) async fn shard_copy(
         &self,
         request: &Request<'_>,
         attempts: &mut Attempts,
@@ -376,16 +295,22 @@ impl Allocator {
         request: &Request<'_>,
         pa: Option<&mut PortAllocation>,
         attempts: &mut Attempts,
+        listed: Option<Listing>,
     ) -> Result<Step, Failed> {
-        let Some(copy) = self.pool_snapshot(request, attempts, true).await? else {
-            return Ok(Step::Again);
-        };
         let store = ShardStore::new(self.client.clone());
-        let shards = match store.list(request.pool).await {
-            Ok(shards) => shards,
-            Err((e, target)) => {
-                self.retry(request, attempts, e, target).await?;
-                return Ok(Step::Again);
+        let (copy, shards) = match listed {
+            Some(listing) => listing,
+            None => {
+                let Some(copy) = self.pool_snapshot(request, attempts, true).await? else {
+                    return Ok(Step::Again);
+                };
+                match store.list(request.pool).await {
+                    Ok(shards) => (copy, shards),
+                    Err((e, target)) => {
+                        self.retry(request, attempts, e, target).await?;
+                        return Ok(Step::Again);
+                    }
+                }
             }
         };
         let sharded = PoolRecord::load(copy, shards).map_err(|error| pool_spec(request, error))?;
@@ -507,7 +432,7 @@ impl Allocator {
     }
 
     /// Wait before the next round of `request`'s loop, or end it with the error to report.
-    async fn retry(
+    pub(super) async fn retry(
         &self,
         request: &Request<'_>,
         attempts: &mut Attempts,
@@ -560,7 +485,7 @@ fn committed(
     }
 }
 
-fn pool_spec(request: &Request<'_>, error: crate::api::SpecError) -> Refusal {
+pub(super) fn pool_spec(request: &Request<'_>, error: crate::api::SpecError) -> Refusal {
     Refusal::PoolSpec {
         pool: request.pool.into(),
         error,
@@ -568,7 +493,7 @@ fn pool_spec(request: &Request<'_>, error: crate::api::SpecError) -> Refusal {
 }
 
 /// A pool whose spec leaves no port at all has no shard to decide in.
-fn pool_spec_empty(request: &Request<'_>) -> AllocateError {
+pub(super) fn pool_spec_empty(request: &Request<'_>) -> AllocateError {
     Refusal::PoolSpec {
         pool: request.pool.into(),
         error: crate::api::SpecError {

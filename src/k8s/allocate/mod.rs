@@ -10,6 +10,7 @@ mod batch;
 mod combiner;
 mod commit;
 mod configmaps;
+mod precheck;
 mod preview;
 mod sync;
 

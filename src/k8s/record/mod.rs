@@ -3,11 +3,13 @@
 //! an allocation skip a read, and a pool's usage as readers see it.
 
 mod cache;
+mod listing;
 mod pool_view;
 mod pools;
 mod shards;
 
 pub use cache::{ObjectCache, PoolCache, ShardCache, cluster_cache_dir};
+pub use listing::{Listing, ListingCache};
 pub use pool_view::{PoolView, pool_view};
 pub(crate) use pools::read_pool;
 pub use pools::{

@@ -38,6 +38,27 @@ impl ShardStore {
             .map_err(|e| (e, SHARDS.all("list", None)))
     }
 
+    /// The first `limit` shards of `pool` in one LIST, and whether that is all of them: enough
+    /// to learn the pool's spec (every shard carries it), and the whole record of a pool of
+    /// few windows.
+    pub async fn list_first(
+        &self,
+        pool: &str,
+        limit: u32,
+    ) -> Result<(Vec<PortPoolShard>, bool), (kube::Error, Target)> {
+        let params = ListParams::default()
+            .fields(&format!("spec.pool={pool}"))
+            .limit(limit);
+        self.api
+            .list(&params)
+            .await
+            .map(|list| {
+                let complete = list.metadata.continue_.is_none_or(|token| token.is_empty());
+                (list.items, complete)
+            })
+            .map_err(|e| (e, SHARDS.all("list", None)))
+    }
+
     /// One shard by name; `None` when it does not exist (yet).
     pub async fn get(&self, name: &str) -> Result<Option<PortPoolShard>, (kube::Error, Target)> {
         self.api
