@@ -818,7 +818,8 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
             ..case(
                 "forbidden create",
                 // No kept copies (the earlier cases' commands left some): its first request
-                // is the read of the pool's spec, refused and named with its verb.
+                // is the LIST of the pool's shards (which carry its spec), refused and named
+                // with its verb.
                 &[
                     "create",
                     "-f",
@@ -831,7 +832,7 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
                     "",
                 ],
                 5,
-                &["forbidden: you may not get portpools.portalloc.dev"],
+                &["forbidden: you may not list portpoolshards.portalloc.dev"],
             )
         },
     ];
