@@ -54,7 +54,7 @@ for file in watcher webhook webhook-configuration monitoring; do
     echo "# edit the chart, then run the script. A test fails while the two differ."
     # Less Helm's first separator, its "# Source:" lines and the blank lines it leaves before
     # each "---" (the templates have none of their own), ending with a newline.
-    sed -e '1{/^---$/d}' -e '/^# Source: /d' -e '/^$/d' -e '$a\' "$rendered"
+    awk '(NR == 1 && $0 == "---") || /^# Source: / || $0 == "" {next} {print}' "$rendered"
   } >"$out/deploy/$file.yaml.tmp.$$"
   mv -f "$out/deploy/$file.yaml.tmp.$$" "$out/deploy/$file.yaml"
 done
