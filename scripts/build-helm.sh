@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build Helm (helm.sh/helm/v4/cmd/helm, pinned in tests/tools/helm) from the Go module proxy and
-# print the path of the binary. The chart's tests (tests/helm) and scripts/gen-deploy.sh use it:
+# print the path of the binary. The chart's tests (tests/e2e/helm) and scripts/gen-deploy.sh use it:
 #
 #   "$(scripts/build-helm.sh)" lint --strict charts/kubectl-portalloc
 #

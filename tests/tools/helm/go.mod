@@ -1,7 +1,7 @@
 // Wrapper module that builds Helm (helm.sh/helm/v4/cmd/helm), which lints, renders, installs,
 // upgrades and uninstalls charts/kubectl-portalloc in the tests (scripts/build-helm.sh,
-// tests/helm). Helm 4: the current major, and it installs with server-side apply, as the watcher
-// itself writes; the chart is apiVersion v2, so Helm 3 installs it too.
+// tests/e2e/helm). Helm 4: the current major, and it installs with server-side apply, as the watcher
+// itself writes; the chart is apiVersion v2 with no Helm 4-only feature.
 module portalloc.dev/tests/tools/helm
 
 go 1.26.0
