@@ -15,6 +15,7 @@ mod dry_run;
 mod examples;
 mod faults;
 mod health;
+mod helm;
 mod import;
 mod metrics;
 mod pods;
