@@ -3,6 +3,7 @@
 //! `promtool check metrics` (Prometheus' own linter, built pinned) finds nothing to say. The
 //! PrometheusRule of deploy/monitoring.yaml is checked and unit-tested with `promtool`.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -15,10 +16,48 @@ use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self, tools};
 use crate::watch::{WatcherProcess, service_account_kubeconfig};
 
-/// The value of the sample named exactly `series` (name and labels as printed).
+/// A series as printed: its name and its labels (in any order).
+type Series = (String, BTreeMap<String, String>);
+
+/// `name{label="value",...}`, or `name` alone, into its name and labels; the rest of the line
+/// after it.
+fn parse_series(line: &str) -> Option<(Series, &str)> {
+    let end = line.find(['{', ' ']).unwrap_or(line.len());
+    let (name, mut rest) = line.split_at(end);
+    let mut labels = BTreeMap::new();
+    if let Some(mut inner) = rest.strip_prefix('{') {
+        loop {
+            if let Some(after) = inner.strip_prefix('}') {
+                rest = after;
+                break;
+            }
+            let (label, after) = inner.split_once("=\"")?;
+            let mut value = String::new();
+            let mut chars = after.char_indices();
+            let close = loop {
+                match chars.next()? {
+                    (i, '"') => break i,
+                    (_, '\\') => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        c => value.push(c),
+                    },
+                    (_, c) => value.push(c),
+                }
+            };
+            labels.insert(label.to_string(), value);
+            inner = after[close + 1..].trim_start_matches(',');
+        }
+    }
+    Some(((name.to_string(), labels), rest))
+}
+
+/// The value of the sample of `series` (a name and labels as printed, in any label order).
 fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    let (wanted, _) = parse_series(series)?;
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (found, rest) = parse_series(l)?;
+        (found == wanted).then(|| rest.trim().parse().ok())?
+    })
 }
 
 /// `promtool ARGS` with `input` on stdin: (exit code, stdout + stderr).
