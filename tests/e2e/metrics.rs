@@ -4,6 +4,7 @@
 //! PrometheusRule of deploy/monitoring.yaml is checked and unit-tested with `promtool`.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,33 @@ fn sample(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// How many samples of the family `name` the scrape has.
+fn samples_of(text: &str, name: &str) -> usize {
+    text.lines()
+        .filter_map(|l| parse_series(l).filter(|_| !l.starts_with('#')))
+        .filter(|((found, _), _)| found == name)
+        .count()
+}
+
+/// Scrape `/metrics` every half second until `done` holds for the body (60 s at most), checking
+/// the content type; the body.
+async fn scrape_until(watcher: &WatcherProcess, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let started = Instant::now();
+    loop {
+        let answer = watcher.get("/metrics").unwrap_or_default();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_default();
+        if done(body) {
+            assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+            return body.to_string();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "metrics never showed {what}:\n{answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// `promtool ARGS` with `input` on stdin: (exit code, stdout + stderr).
 fn promtool(args: &[&str], input: &str) -> (Option<i32>, String) {
     let mut command = Command::new(tools::test_tool("promtool"));
@@ -102,10 +130,7 @@ async fn the_watcher_exports_pool_and_sync_metrics_promtool_accepts() {
         api.create(&PostParams::default(), &pa).await.unwrap();
     }
     let watcher = WatcherProcess::start(&kubeconfig);
-    let started = Instant::now();
-    let text = loop {
-        let answer = watcher.get("/metrics").unwrap_or_default();
-        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_default();
+    let text = scrape_until(&watcher, "2 ports held and 1 stalled object", |body| {
         let allocated = ["static", "dynamic"]
             .iter()
             .filter_map(|band| {
@@ -119,16 +144,9 @@ async fn the_watcher_exports_pool_and_sync_metrics_promtool_accepts() {
             body,
             "portalloc_allocations{phase=\"Failed\",reason=\"PoolFull\"}",
         );
-        if allocated == 2.0 && stalled == Some(1.0) {
-            assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-            break body.to_string();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "metrics never showed 2 ports held and 1 stalled object:\n{answer}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+        allocated == 2.0 && stalled == Some(1.0)
+    })
+    .await;
     eprintln!("--- /metrics\n{text}");
 
     let band = |name: &str| -> f64 {
@@ -171,31 +189,104 @@ async fn the_watcher_exports_pool_and_sync_metrics_promtool_accepts() {
     let (code, lint) = promtool(&["check", "metrics"], &text);
     assert_eq!(code, Some(0), "promtool check metrics:\n{lint}");
     assert!(lint.trim().is_empty(), "{lint}");
+
+    // The stalled object by name, and only it.
+    let stalled =
+        r#"portalloc_allocation_stalled{namespace="apps",name="too-big",reason="PoolFull"}"#;
+    assert_eq!(sample(&text, stalled), Some(1.0), "{text}");
+    assert_eq!(
+        samples_of(&text, "portalloc_allocation_stalled"),
+        1,
+        "{text}"
+    );
+    // Fixed as GitOps would fix it, through the API: its spec now asks for what fits. Its
+    // series goes with the Stalled condition.
+    let mut fixed = api.get("too-big").await.unwrap();
+    fixed.spec.roles[0].replicas = 2;
+    api.replace("too-big", &PostParams::default(), &fixed)
+        .await
+        .unwrap();
+    let text = scrape_until(&watcher, "both objects allocated", |body| {
+        sample(
+            body,
+            r#"portalloc_allocations{phase="Allocated",reason=""}"#,
+        ) == Some(2.0)
+    })
+    .await;
+    assert_eq!(
+        samples_of(&text, "portalloc_allocation_stalled"),
+        0,
+        "{text}"
+    );
+    assert_eq!(sample(&text, stalled), None, "{text}");
+    let (code, lint) = promtool(&["check", "metrics"], &text);
+    assert_eq!(code, Some(0), "promtool check metrics:\n{lint}");
+
     let (code, _) = watcher.terminate();
     assert_eq!(code, Some(0));
 }
 
-#[test]
-fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
-    let dir = tempfile::tempdir().unwrap();
+/// deploy/monitoring.yaml's PrometheusRule as `rules.yaml` and the fixture's unit tests as
+/// `rules-test.yaml` in `dir`, the fixture passed through `edit` first.
+fn rule_files(dir: &Path, edit: impl FnOnce(&mut serde_yaml::Value)) -> (PathBuf, PathBuf) {
     let manifests =
         std::fs::read_to_string(support::repo_root().join("deploy/monitoring.yaml")).unwrap();
     let rule = serde_yaml::Deserializer::from_str(&manifests)
         .map(|doc| serde_yaml::Value::deserialize(doc).unwrap())
         .find(|doc| doc["kind"] == "PrometheusRule")
         .expect("a PrometheusRule in deploy/monitoring.yaml");
-    let rules = dir.path().join("rules.yaml");
+    let rules = dir.join("rules.yaml");
     std::fs::write(&rules, serde_yaml::to_string(&rule["spec"]).unwrap()).unwrap();
-    let test = dir.path().join("rules-test.yaml");
-    std::fs::copy(
-        support::repo_root().join("tests/fixtures/prometheus/rules-test.yaml"),
-        &test,
-    )
-    .unwrap();
+    let fixture = support::repo_root().join("tests/fixtures/prometheus/rules-test.yaml");
+    let mut tests: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    edit(&mut tests);
+    let test = dir.join("rules-test.yaml");
+    std::fs::write(&test, serde_yaml::to_string(&tests).unwrap()).unwrap();
+    (rules, test)
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, test) = rule_files(dir.path(), |_| {});
     let (code, out) = promtool(&["check", "rules", rules.to_str().unwrap()], "");
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("SUCCESS: 2 rules found"), "{out}");
     let (code, out) = promtool(&["test", "rules", test.to_str().unwrap()], "");
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// The stalled-object alert as Prometheus renders it: the fixture expecting no alert at minute
+/// 12, promtool fails and prints the alert it got, labels and annotations filled in.
+#[test]
+fn the_stalled_alert_names_the_object_and_its_reason_as_promtool_renders_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, test) = rule_files(dir.path(), |tests| {
+        let cases = tests["tests"][0]["alert_rule_test"]
+            .as_sequence_mut()
+            .unwrap();
+        let case = cases
+            .iter_mut()
+            .find(|c| c["alertname"] == "PortAllocationStalled" && c["eval_time"] == "12m")
+            .expect("the fixture checks PortAllocationStalled at 12m");
+        case["exp_alerts"] = serde_yaml::Value::Sequence(vec![]);
+    });
+    let (code, out) = promtool(&["test", "rules", test.to_str().unwrap()], "");
+    eprintln!("--- promtool test rules, expecting no alert at 12m\n{out}");
+    assert_eq!(code, Some(1), "{out}");
+    let got = out
+        .split_once("got:[")
+        .expect("promtool shows the alerts it got")
+        .1;
+    for rendered in [
+        r#"Labels:{alertname="PortAllocationStalled", name="sglang-pd", namespace="llm", reason="PoolFull", severity="warning"}"#,
+        r#"summary="PortAllocation llm/sglang-pd stalled for 10 minutes: PoolFull""#,
+        r#"description="Its ports cannot be allocated as its spec asks (PoolFull). `kubectl portalloc describe sglang-pd -n llm` says why and what to change.""#,
+    ] {
+        assert!(got.contains(rendered), "missing {rendered} in\n{out}");
+    }
+    // One alert for the object, though both watcher replicas export its series.
+    assert_eq!(got.matches("Labels:{").count(), 1, "{out}");
 }

@@ -108,6 +108,7 @@ struct Families {
     pool_free: Replaced,
     pool_largest_free_run: Replaced,
     allocations: Replaced,
+    stalled: Replaced,
     syncs: IntCounterVec,
     sync_seconds: Histogram,
     admissions: IntCounterVec,
@@ -170,6 +171,13 @@ impl Families {
                 "portalloc_allocations",
                 "PortAllocations in view, by phase and by the reason of a Stalled condition (empty when not stalled).",
                 &["phase", "reason"],
+            ),
+            // The cardinality is that of the problems: a series only while an object is stalled.
+            stalled: Replaced::new(
+                &registry,
+                "portalloc_allocation_stalled",
+                "1 for each PortAllocation whose Stalled condition is True, by its namespace, name and the condition's reason; no series for one that is not stalled.",
+                &["namespace", "name", "reason"],
             ),
             syncs: counters(
                 "portalloc_syncs_total",
@@ -246,9 +254,11 @@ impl Metrics {
         self.0.watch_restarts.with_label_values(&[watch]).inc();
     }
 
-    /// Count PortAllocations by phase and, for a stalled one, the reason it is stalled.
+    /// Count PortAllocations by phase and, for a stalled one, the reason it is stalled; and name
+    /// each stalled one.
     pub fn set_allocations<'a>(&self, allocations: impl IntoIterator<Item = &'a PortAllocation>) {
         let mut counts: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+        let mut stalled = BTreeMap::new();
         for pa in allocations {
             let status = pa.status.as_ref();
             let phase = status
@@ -260,10 +270,17 @@ impl Metrics {
                         .iter()
                         .find(|c| c.type_ == CONDITION_STALLED && c.status == "True")
                 })
-                .map_or(String::new(), |c| c.reason.clone());
-            *counts.entry(vec![phase, reason]).or_default() += 1;
+                .map(|c| c.reason.clone());
+            if let Some(reason) = &reason {
+                let object = vec![pa.namespace().unwrap_or_default(), pa.name_any()];
+                stalled.insert([object, vec![reason.clone()]].concat(), 1);
+            }
+            *counts
+                .entry(vec![phase, reason.unwrap_or_default()])
+                .or_default() += 1;
         }
         self.0.allocations.replace(counts);
+        self.0.stalled.replace(stalled);
     }
 
     /// Read every pool's shards and set its band gauges; pools gone since are dropped.
@@ -348,5 +365,66 @@ mod tests {
                 "missing {line:?} in\n{text}"
             );
         }
+    }
+
+    fn allocation(namespace: &str, name: &str, stalled: Option<&str>) -> PortAllocation {
+        let conditions: Vec<_> = stalled
+            .map(|reason| {
+                serde_json::json!({"type": CONDITION_STALLED, "status": "True", "reason": reason,
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})
+            })
+            .into_iter()
+            .collect();
+        let phase = if stalled.is_some() {
+            "Failed"
+        } else {
+            "Allocated"
+        };
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "portalloc.dev/v1alpha1", "kind": "PortAllocation",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"pool": "gpu", "roles": []},
+            "status": {"phase": phase, "conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_stalled_object_has_a_series_only_while_it_is_stalled() {
+        let metrics = Metrics::default();
+        let series =
+            r#"portalloc_allocation_stalled{name="big",namespace="llm",reason="PoolFull"} 1"#;
+        let big = allocation("llm", "big", Some("PoolFull"));
+        let ok = allocation("llm", "ok", None);
+        metrics.set_allocations([&big, &ok]);
+        let text = metrics.render();
+        assert!(text.lines().any(|l| l == series), "{text}");
+        assert!(!text.contains(r#"name="ok""#), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l == r#"portalloc_allocations{phase="Failed",reason="PoolFull"} 1"#),
+            "{text}"
+        );
+
+        // Now held under another reason: the old series goes, the new one comes.
+        let held = allocation("llm", "big", Some("PortHeld"));
+        metrics.set_allocations([&held, &ok]);
+        let text = metrics.render();
+        assert!(!text.contains("PoolFull"), "{text}");
+        assert!(
+            text.contains(r#"name="big",namespace="llm",reason="PortHeld"} 1"#),
+            "{text}"
+        );
+
+        // Fixed: no series at all, and no sample of the family.
+        let fixed = allocation("llm", "big", None);
+        metrics.set_allocations([&fixed, &ok]);
+        let text = metrics.render();
+        assert!(!text.contains("portalloc_allocation_stalled{"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l == r#"portalloc_allocations{phase="Allocated",reason=""} 2"#),
+            "{text}"
+        );
     }
 }
