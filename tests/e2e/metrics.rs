@@ -1,15 +1,18 @@
 //! The watcher's `/metrics`, scraped from the process running as the shipped ServiceAccount
-//! against a control plane of its own: the figures match the pool and the objects, and
-//! `promtool check metrics` (Prometheus' own linter, built pinned) finds nothing to say. The
-//! PrometheusRule of deploy/monitoring.yaml is checked and unit-tested with `promtool`.
+//! against a control plane of its own: the figures match the pool and the objects, a stalled
+//! object is named while it is stalled, and `promtool check metrics` (Prometheus' own linter,
+//! built pinned) finds nothing to say; the same watcher keeps the pool's usage on its status, as
+//! `kubectl get portpools` shows it. The PrometheusRule of deploy/monitoring.yaml is checked and
+//! unit-tested with `promtool`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use portalloc::api::PortAllocation;
+use portalloc::api::{PortAllocation, PortPool, PortPoolUsage};
 use serde::Deserialize;
 
 use crate::support::apply::apply_yaml;
@@ -88,6 +91,37 @@ async fn scrape_until(watcher: &WatcherProcess, what: &str, done: impl Fn(&str) 
     }
 }
 
+/// The pool `gpu`'s largest free run in either band, by the scrape.
+fn band_run(text: &str) -> i32 {
+    ["static", "dynamic"]
+        .iter()
+        .map(|b| {
+            let series =
+                format!("portalloc_pool_largest_free_run_ports{{pool=\"gpu\",band=\"{b}\"}}");
+            sample(text, &series).unwrap() as i32
+        })
+        .max()
+        .unwrap()
+}
+
+/// The pool `gpu`'s usage once the watcher has counted `allocated` ports (60 s at most).
+async fn usage_until(pools: &Api<PortPool>, allocated: i32) -> PortPoolUsage {
+    let started = Instant::now();
+    loop {
+        let pool = pools.get("gpu").await.unwrap();
+        let usage = pool.status.as_ref().and_then(|s| s.usage.clone());
+        if let Some(usage) = usage.filter(|u| u.allocated == allocated) {
+            return usage;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the pool's status never counted {allocated} ports: {:?}",
+            pool.status
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// `promtool ARGS` with `input` on stdin: (exit code, stdout + stderr).
 fn promtool(args: &[&str], input: &str) -> (Option<i32>, String) {
     let mut command = Command::new(tools::test_tool("promtool"));
@@ -97,7 +131,7 @@ fn promtool(args: &[&str], input: &str) -> (Option<i32>, String) {
 }
 
 #[tokio::test]
-async fn the_watcher_exports_pool_and_sync_metrics_promtool_accepts() {
+async fn the_watcher_exports_metrics_promtool_accepts_and_keeps_the_pools_usage() {
     let Some(cluster) = PrivateCluster::start("metrics", true) else {
         return;
     };
@@ -190,6 +224,11 @@ async fn the_watcher_exports_pool_and_sync_metrics_promtool_accepts() {
     assert_eq!(code, Some(0), "promtool check metrics:\n{lint}");
     assert!(lint.trim().is_empty(), "{lint}");
 
+    // The pool's status has the same count, by the shipped role.
+    let pools: Api<PortPool> = Api::all(client.clone());
+    let usage = usage_until(&pools, 2).await;
+    assert_eq!((usage.free, usage.largest_free_run), (98, band_run(&text)));
+
     // The stalled object by name, and only it.
     let stalled =
         r#"portalloc_allocation_stalled{namespace="apps",name="too-big",reason="PoolFull"}"#;
@@ -221,6 +260,39 @@ async fn the_watcher_exports_pool_and_sync_metrics_promtool_accepts() {
     assert_eq!(sample(&text, stalled), None, "{text}");
     let (code, lint) = promtool(&["check", "metrics"], &text);
     assert_eq!(code, Some(0), "promtool check metrics:\n{lint}");
+
+    // The pool's status counts the same, counted again after the fix; kubectl shows it.
+    let usage = usage_until(&pools, 4).await;
+    assert_eq!(usage.free, 96);
+    assert!((1..=96).contains(&usage.largest_free_run), "{usage:?}");
+    let table = Command::new(tools::kubectl())
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
+        .args(["get", "portpools", "gpu"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    eprintln!("--- kubectl get portpools gpu\n{table}");
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let header = lines[0].join(" ");
+    assert!(
+        header.contains("SIZE ALLOCATED FREE LARGEST FREE RUN COUNTED"),
+        "{table}"
+    );
+    assert_eq!(
+        lines[1][..6],
+        ["gpu", "TCP", "[\"30100-30199\"]", "100", "4", "96"],
+        "{table}"
+    );
+
+    // Nothing changes: nothing is written, though the watcher counts every 10 s.
+    let version = pools.get("gpu").await.unwrap().resource_version();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let after = pools.get("gpu").await.unwrap();
+    assert_eq!(after.resource_version(), version, "{:?}", after.status);
 
     let (code, _) = watcher.terminate();
     assert_eq!(code, Some(0));

@@ -4,21 +4,22 @@
 //! counters), checked by `promtool check metrics` in the tests.
 //!
 //! Counters and the histograms are bumped as syncs and admissions happen; the pool gauges and the
-//! count of PortAllocations by phase are refreshed every [`REFRESH`] from the pools' shards (one
-//! LIST per pool) and the watcher's own cache of PortAllocations (no request).
+//! PortAllocations by phase (and each stalled one by name) are refreshed every [`REFRESH`] from
+//! the pools' shards ([`super::pool_usage`], one LIST per pool) and the watcher's own cache of
+//! PortAllocations (no request).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::api::{PortAllocation, PortPool};
+use super::pool_usage::{Count, CountedPool};
+use crate::api::PortAllocation;
 use crate::core::Band;
-use crate::k8s::record::pool_view;
 use crate::ledger::CONDITION_STALLED;
 
 /// How often the pool and PortAllocation gauges are read again.
@@ -283,32 +284,16 @@ impl Metrics {
         self.0.stalled.replace(stalled);
     }
 
-    /// Read every pool's shards and set its band gauges; pools gone since are dropped.
-    pub async fn refresh_pools(&self, client: &Client) {
-        let pools = match Api::<PortPool>::all(client.clone())
-            .list(&Default::default())
-            .await
-        {
-            Ok(pools) => pools.items,
-            Err(e) => {
-                tracing::debug!("metrics: listing pools: {e}");
-                self.0.pool_refresh_errors.inc();
-                return;
-            }
-        };
+    /// Set the band gauges of every pool counted (pools gone since are dropped), and count
+    /// those that could not be read.
+    pub fn set_pools(&self, count: &Count) {
         let m = &self.0;
         let (mut size, mut allocated, mut free, mut run) = Default::default();
-        let mut errors = 0;
-        for pool in pools {
-            let name = pool.name_any();
-            let Ok(Ok(view)) = pool_view(client, pool).await else {
-                errors += 1;
-                continue;
-            };
+        for CountedPool { pool, view } in &count.pools {
             let state = &view.record.state;
             for (band, label) in [(Band::Static, "static"), (Band::Dynamic, "dynamic")] {
                 let usage = state.usage(band);
-                let key = vec![name.clone(), label.to_string()];
+                let key = vec![pool.name_any(), label.to_string()];
                 let set = |map: &mut BTreeMap<_, _>, value: u32| {
                     map.insert(key.clone(), i64::from(value));
                 };
@@ -322,7 +307,12 @@ impl Metrics {
         m.pool_allocated.replace(allocated);
         m.pool_free.replace(free);
         m.pool_largest_free_run.replace(run);
-        m.pool_refresh_errors.inc_by(errors);
+        m.pool_refresh_errors.inc_by(count.unreadable);
+    }
+
+    /// The pools could not be listed: the gauges keep their last values.
+    pub fn record_pool_list_error(&self) {
+        self.0.pool_refresh_errors.inc();
     }
 
     /// The text exposition format, version 0.0.4.
