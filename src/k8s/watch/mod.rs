@@ -11,8 +11,9 @@
 //!   and every `resync`: it frees entries whose owner UID no longer exists (deletions missed
 //!   while no watcher ran), by the same one-pass argument as `kubectl portalloc repair`.
 //!
-//! Beside them, every [`metrics::REFRESH`]: the gauges of `/metrics` and, where this identity may
-//! write pools' status, each PortPool's usage summary ([`pool_usage`]).
+//! Beside them, every [`metrics::REFRESH`]: the gauges of `/metrics` and, with every namespace
+//! in view and where this identity may write pools' status, each PortPool's usage summary
+//! ([`pool_usage`]).
 //!
 //! No leader election is needed for safety: every write is a compare-and-swap on the pool's
 //! resourceVersion, so two watchers (or a watcher and any number of CLI clients) at once never
@@ -56,8 +57,8 @@ pub struct WatchOptions {
     /// How many PortAllocations are synced at once.
     pub concurrency: u16,
     /// Whether to read every pool's shards each [`metrics::REFRESH`] for the pool gauges
-    /// (when `/metrics` is served). They are read anyway where this identity may keep the
-    /// pools' usage summary ([`pool_usage`]).
+    /// (when `/metrics` is served). A watcher of every namespace reads them anyway where its
+    /// identity may keep the pools' usage summary ([`pool_usage`]).
     pub pool_metrics: bool,
 }
 
@@ -228,11 +229,14 @@ pub async fn watch(
     let controller = Controller::for_stream(objects, reader)
         .with_config(ControllerConfig::default().concurrency(options.concurrency));
     let store = controller.store();
+    // Pools are cluster-wide: their usage is kept by the watcher of every namespace, as the
+    // repair pass is, not by one confined to a namespace (a tenant's, or a webhook's).
+    let cluster_wide = options.namespace.is_none();
     tokio::spawn(refresh_gauges(
         client.clone(),
         store.clone(),
         metrics.clone(),
-        options.pool_metrics,
+        (options.pool_metrics, cluster_wide),
         stop_rx,
     ));
     tokio::spawn(async move {
@@ -396,16 +400,16 @@ async fn free_deleted(
 }
 
 /// Keep the gauges current: PortAllocations by phase from the controller's cache and, with
-/// `pool_metrics` or where this identity may write pools' status, every pool counted from its
-/// shards, for its gauges and its status' usage summary.
+/// `pool_metrics` or for a `cluster_wide` watcher that may write pools' status, every pool
+/// counted from its shards, for its gauges and its status' usage summary.
 async fn refresh_gauges(
     client: Client,
     store: Store<PortAllocation>,
     metrics: Metrics,
-    pool_metrics: bool,
+    (pool_metrics, cluster_wide): (bool, bool),
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let keep_usage = may_keep_usage(&client).await;
+    let keep_usage = cluster_wide && may_keep_usage(&client).await;
     let mut ticker = tokio::time::interval(metrics::REFRESH);
     loop {
         tokio::select! {
