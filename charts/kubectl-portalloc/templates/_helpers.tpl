@@ -41,12 +41,14 @@ app.kubernetes.io/component: watcher
 - apiGroups: [portalloc.dev]
   resources: [portpools]
   verbs: [get, list, watch]
+{{- if not .Values.watchNamespace }}
 # The usage summary on each pool's status (kubectl get portpools: Allocated, Free, Largest Free
-# Run, Counted), written when it changes; never a pool's spec. Without it the watcher allocates
-# all the same and says at start that it keeps no summary.
+# Run, Counted), written when it changes; never a pool's spec. Only a watcher of every namespace
+# keeps it; without the right it allocates all the same and says at start that it keeps none.
 - apiGroups: [portalloc.dev]
   resources: [portpools/status]
   verbs: [update]
+{{- end }}
 # update and delete: beyond a user's rights. Update on a shard makes the watcher a pool
 # administrator to the tenancy policy, so its batches and repair pass may carry a pool's new spec
 # to its shards and free any tenant's leaked entries; delete, for the repair pass, which removes

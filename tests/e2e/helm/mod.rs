@@ -274,7 +274,8 @@ fn values_reach_the_watcher_container_and_its_rights() {
     let binding = get(&objects, "RoleBinding", "portalloc-watcher");
     assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
 
-    // Every namespace (the default): one ClusterRole with all of it, as deploy/ has.
+    // Every namespace (the default): one ClusterRole with all of it, as deploy/ has, and the
+    // pools' status, whose usage summary only a watcher of every namespace keeps.
     let all = template(&[]);
     assert_eq!(
         resources(get(&all, "ClusterRole", "portalloc-watcher")),
@@ -282,6 +283,7 @@ fn values_reach_the_watcher_container_and_its_rights() {
             "portallocations",
             "portallocations/status",
             "portpools",
+            "portpools/status",
             "portpoolshards",
             "portpoolshards/status",
             "configmaps"
