@@ -1,0 +1,659 @@
+//! Two webhook replicas behind a Service, called by the real kube-apiserver, through rolling
+//! restarts and a kill -9, on a control plane of its own.
+//!
+//! kube-apiserver calls a webhook Service through its endpoints with
+//! `--enable-aggregator-routing`: it picks a ready endpoint of the Service's EndpointSlices
+//! each time it dials. EndpointSlices refuse loopback addresses, so the replicas listen on a
+//! non-loopback address of this machine. With no kubelet and no EndpointSlice controller here,
+//! [`Endpoints`] plays both: it probes each replica's `/readyz` every [`PROBE_PERIOD`] (a
+//! readiness probe, failureThreshold 1) and writes one EndpointSlice per replica with its
+//! readiness, as the controller would; a replica "deleted" from the Deployment leaves the
+//! slices. A draining replica is dropped through the slow path: its failed probe, not its
+//! pod's deletion.
+//!
+//! Scenario A: a rolling restart of both replicas (SIGTERM one, start its replacement, wait
+//! until it is in the endpoints, then the other) during a burst of 100 labelled pod creations:
+//! none refused, each pod with its own ports, the CA Secret and the configuration never
+//! rewritten (the replicas do not fight over them). Scenario B: a replica killed -9 during a
+//! second burst: the creations it refused succeed when retried as a workload controller
+//! retries them ([`create_like_a_controller`]; no kube-controller-manager runs here), and no
+//! pod is admitted without its ports. Then the configuration deleted and the CA Secret
+//! replaced: the replicas put both right, and agree.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use portalloc::api::PortAllocation;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::cli::BIN;
+use crate::support::private_cluster::PrivateCluster;
+use crate::support::{self, apply::apply_yaml};
+use crate::watch::service_account_kubeconfig;
+
+const SYSTEM: &str = "portalloc-system";
+const SERVICE: &str = "portalloc-webhook";
+/// How often the stand-in kubelet probes `/readyz` (deploy/ sets periodSeconds 2).
+const PROBE_PERIOD: Duration = Duration::from_millis(1000);
+/// Pods per burst, as the issue asks.
+const BURST: usize = 100;
+/// A burst comes in waves, as a ReplicaSet creates pods in parallel batches: [`WAVE`] creations
+/// at once every [`WAVE_EVERY`], 5 pods a second, so a burst lasts about as long as a rolling
+/// restart of two replicas. Creations at once make the API server open several connections,
+/// spread over the replicas it finds ready.
+const WAVE: usize = 5;
+const WAVE_EVERY: Duration = Duration::from_millis(1000);
+
+/// An IPv4 address of this machine that EndpointSlices accept (not loopback, not
+/// link-local).
+fn routable_address() -> Option<Ipv4Addr> {
+    let mut found = None;
+    // SAFETY: getifaddrs fills a list we only read, then free with freeifaddrs.
+    unsafe {
+        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut list) != 0 {
+            return None;
+        }
+        let mut entry = list;
+        while !entry.is_null() {
+            let addr = (*entry).ifa_addr;
+            if !addr.is_null() && i32::from((*addr).sa_family) == libc::AF_INET {
+                let v4 = &*(addr as *const libc::sockaddr_in);
+                let ip = Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+                if !ip.is_loopback() && !ip.is_link_local() && !ip.is_unspecified() {
+                    found.get_or_insert(ip);
+                }
+            }
+            entry = (*entry).ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    found
+}
+
+fn free_port(ip: Ipv4Addr) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One webhook replica as the Deployment runs it: behind the Service, with the default
+/// shutdown delay; its probes on loopback (only the stand-in kubelet reads them).
+struct Replica {
+    name: String,
+    child: Child,
+    port: u16,
+    probes: u16,
+}
+
+impl Replica {
+    fn start(name: &str, ip: Ipv4Addr, kubeconfig: &Path) -> Replica {
+        let (port, probes) = (free_port(ip), free_port(Ipv4Addr::LOCALHOST));
+        let child = Command::new(BIN)
+            .args(["sync", "--watch", "-n", "quiet", "-v", "1"])
+            .args(["--probe-address", &format!("127.0.0.1:{probes}")])
+            .args(["--webhook-address", &format!("{ip}:{port}")])
+            .args(["--webhook-namespace", SYSTEM, "--webhook-service", SERVICE])
+            .env("KUBECONFIG", kubeconfig)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn a webhook replica");
+        Replica {
+            name: name.to_string(),
+            child,
+            port,
+            probes,
+        }
+    }
+
+    /// SIGTERM, as kubelet stops a pod; returns at once (the replica drains on its own).
+    fn terminate(&self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    /// Until it exits: its exit code, how long that took, and its log.
+    fn wait(mut self, since: Instant) -> (Option<i32>, Duration, String) {
+        use std::io::Read;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "{} still running 30 s after SIGTERM (terminationGracePeriodSeconds)",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let took = since.elapsed();
+        let mut log = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut log)
+            .unwrap();
+        (status.code(), took, log)
+    }
+
+    fn kill_9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The answer's status code to `GET path` on loopback `port`, if any.
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(1), stream.read_to_string(&mut answer))
+        .await
+        .ok()?
+        .ok()?;
+    answer.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The stand-in kubelet and EndpointSlice controller (see the module's comment).
+#[derive(Clone)]
+struct Endpoints {
+    client: Client,
+    ip: Ipv4Addr,
+    members: Arc<Mutex<BTreeMap<String, Member>>>,
+}
+
+/// A replica in the endpoints: (webhook port, probe port, ready as last written).
+type Member = (u16, u16, Option<bool>);
+
+impl Endpoints {
+    fn new(client: Client, ip: Ipv4Addr) -> Endpoints {
+        let endpoints = Endpoints {
+            client,
+            ip,
+            members: Arc::default(),
+        };
+        let runner = endpoints.clone();
+        tokio::spawn(async move {
+            loop {
+                runner.sync().await;
+                tokio::time::sleep(PROBE_PERIOD).await;
+            }
+        });
+        endpoints
+    }
+
+    /// A pod of the Deployment: its slice appears, not ready until its probe passes.
+    fn add(&self, replica: &Replica) {
+        self.members
+            .lock()
+            .unwrap()
+            .insert(replica.name.clone(), (replica.port, replica.probes, None));
+    }
+
+    /// Its pod is gone: its slice goes.
+    async fn remove(&self, name: &str) {
+        self.members.lock().unwrap().remove(name);
+        let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), SYSTEM);
+        let _ = slices
+            .delete(&slice_name(name), &DeleteParams::default())
+            .await;
+    }
+
+    /// Until `name` is ready in its slice.
+    async fn wait_ready(&self, name: &str) {
+        let started = Instant::now();
+        while self.members.lock().unwrap().get(name).map(|m| m.2) != Some(Some(true)) {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{name} never became ready in the endpoints"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn sync(&self) {
+        let members: Vec<_> = self
+            .members
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(name, m)| (name.clone(), *m))
+            .collect();
+        for (name, (port, probes, written)) in members {
+            let ready = http_status(probes, "/readyz").await == Some(200);
+            if written == Some(ready) {
+                continue;
+            }
+            let slice = serde_json::json!({
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": slice_name(&name),
+                    "namespace": SYSTEM,
+                    "labels": {
+                        "kubernetes.io/service-name": SERVICE,
+                        "endpointslice.kubernetes.io/managed-by": "portalloc-e2e",
+                    },
+                },
+                "addressType": "IPv4",
+                "ports": [{"name": "webhook", "port": port, "protocol": "TCP"}],
+                "endpoints": [{"addresses": [self.ip.to_string()], "conditions": {"ready": ready}}],
+            });
+            let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), SYSTEM);
+            let applied = slices
+                .patch(
+                    &slice_name(&name),
+                    &PatchParams::apply("portalloc-e2e").force(),
+                    &Patch::Apply(&slice),
+                )
+                .await;
+            let mut members = self.members.lock().unwrap();
+            // Removed while we probed: leave it gone.
+            if let (Ok(_), Some(member)) = (applied, members.get_mut(&name)) {
+                member.2 = Some(ready);
+            }
+        }
+    }
+}
+
+fn slice_name(replica: &str) -> String {
+    format!("{SERVICE}-{replica}")
+}
+
+/// A labelled pod `worker-<index>` of PortAllocation `w`.
+fn worker(index: usize) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": format!("worker-{index}"),
+            "namespace": "apps",
+            "labels": {"portalloc.dev/allocation": "w"},
+        },
+        "spec": {"containers": [{"name": "engine", "image": "busybox"}]},
+    }))
+    .unwrap()
+}
+
+/// What one creation came to.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Refusals before it was created (each one retried).
+    refusals: Vec<String>,
+    /// The latency of the create that succeeded.
+    took: Duration,
+}
+
+/// Create `pod` as a workload controller does (the ReplicaSet and StatefulSet controllers
+/// requeue a failed create with exponential backoff): retry a refusal after 100 ms, doubling
+/// up to 5 s. With a kube-controller-manager in the test control plane, a ReplicaSet would
+/// make these calls instead; the checks after it would stay as they are.
+async fn create_like_a_controller(pods: &Api<Pod>, pod: &Pod) -> Outcome {
+    let mut outcome = Outcome::default();
+    let mut backoff = Duration::from_millis(100);
+    let started = Instant::now();
+    loop {
+        let attempt = Instant::now();
+        match pods.create(&PostParams::default(), pod).await {
+            Ok(_) => {
+                outcome.took = attempt.elapsed();
+                return outcome;
+            }
+            // Created by an attempt whose answer was lost: done.
+            Err(kube::Error::Api(status)) if status.is_already_exists() => return outcome,
+            Err(kube::Error::Api(status)) => outcome.refusals.push(status.message),
+            Err(e) => outcome.refusals.push(e.to_string()),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{:?} still refused after 2 minutes of retries: {:?}",
+            pod.metadata.name,
+            outcome.refusals
+        );
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Create workers `range` in waves of [`WAVE`] every [`WAVE_EVERY`] (or when the previous wave
+/// is done, if later).
+async fn burst(pods: &Api<Pod>, range: std::ops::Range<usize>) -> Vec<(usize, Outcome)> {
+    let indexes: Vec<usize> = range.collect();
+    let mut outcomes = Vec::new();
+    for wave in indexes.chunks(WAVE) {
+        let started = Instant::now();
+        let creations = wave.iter().map(|&index| {
+            let pods = pods.clone();
+            tokio::spawn(
+                async move { (index, create_like_a_controller(&pods, &worker(index)).await) },
+            )
+        });
+        for creation in creations.collect::<Vec<_>>() {
+            outcomes.push(creation.await.unwrap());
+        }
+        tokio::time::sleep(WAVE_EVERY.saturating_sub(started.elapsed())).await;
+    }
+    outcomes
+}
+
+/// Print the burst's figures: admissions, refused, retried, latency p50/p99.
+fn report(what: &str, outcomes: &[(usize, Outcome)]) -> usize {
+    let refused: usize = outcomes.iter().map(|(_, o)| o.refusals.len()).sum();
+    let retried = outcomes
+        .iter()
+        .filter(|(_, o)| !o.refusals.is_empty())
+        .count();
+    let mut times: Vec<Duration> = outcomes.iter().map(|(_, o)| o.took).collect();
+    times.sort();
+    let q = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)];
+    eprintln!(
+        "webhook HA, {what}: {} pods, {} admitted, {refused} refused, {retried} created on a retry; \
+         create latency p50 {:?}, p99 {:?}",
+        outcomes.len(),
+        outcomes.len(),
+        q(0.5),
+        q(0.99)
+    );
+    refused
+}
+
+/// Every pod in `apps` carries exactly its own port (the record's value for its index), and
+/// no two carry the same one.
+async fn assert_every_pod_has_its_ports(client: &Client, expected: usize) {
+    let allocation = Api::<PortAllocation>::namespaced(client.clone(), "apps")
+        .get("w")
+        .await
+        .unwrap();
+    let values = allocation
+        .status
+        .unwrap()
+        .assignments
+        .into_iter()
+        .find(|a| a.role == "worker" && a.port == "rpc")
+        .unwrap()
+        .values;
+    let pods = Api::<Pod>::namespaced(client.clone(), "apps")
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(pods.items.len(), expected);
+    let mut seen = std::collections::BTreeSet::new();
+    for pod in pods.items {
+        let name = pod.metadata.name.clone().unwrap();
+        let index: usize = name.trim_start_matches("worker-").parse().unwrap();
+        let env: BTreeMap<String, String> = pod.spec.unwrap().containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect();
+        let port = env.get("RPC_PORT").cloned();
+        assert_eq!(
+            port,
+            Some(values[index].to_string()),
+            "{name} admitted without its port"
+        );
+        assert!(seen.insert(values[index]), "{name}: a port given twice");
+    }
+}
+
+/// The resourceVersions of the CA Secret and of the configuration.
+async fn versions(client: &Client) -> (Option<String>, Option<String>) {
+    let secret = Api::<Secret>::namespaced(client.clone(), SYSTEM)
+        .get("portalloc-webhook-ca")
+        .await
+        .unwrap();
+    let configuration = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get("portalloc")
+        .await
+        .unwrap();
+    (
+        secret.metadata.resource_version,
+        configuration.metadata.resource_version,
+    )
+}
+
+/// The CA the configuration trusts, and the CA in the Secret.
+async fn cas(client: &Client) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    let configuration = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get_opt("portalloc")
+        .await
+        .unwrap();
+    let trusted = configuration
+        .and_then(|c| c.webhooks?.into_iter().next()?.client_config.ca_bundle)
+        .map(|b| b.0);
+    let secret = Api::<Secret>::namespaced(client.clone(), SYSTEM)
+        .get_opt("portalloc-webhook-ca")
+        .await
+        .unwrap();
+    let ca = secret
+        .and_then(|s| s.data?.get("ca.crt").cloned())
+        .map(|b| b.0);
+    (trusted, ca)
+}
+
+#[tokio::test]
+async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_skipping_a_pod() {
+    let Some(ip) = routable_address() else {
+        eprintln!(
+            "webhook HA: skipped, this machine has no IPv4 address but loopback (EndpointSlices \
+             refuse loopback addresses)"
+        );
+        return;
+    };
+    let Some(cluster) =
+        PrivateCluster::start_with("webhook-ha", true, &["--enable-aggregator-routing"])
+    else {
+        return;
+    };
+    let client = cluster.client().await;
+    assert!(
+        cluster
+            .run(&["pool", "create", "gpu", "--range", "40000-40999"])
+            .ok()
+    );
+    for ns in ["apps", "quiet", SYSTEM] {
+        support::create_namespace(&client, ns).await;
+    }
+    // The replicas run as the ServiceAccount deploy/ ships, behind its Service.
+    for file in ["deploy/watcher.yaml", "deploy/webhook.yaml"] {
+        let yaml = std::fs::read_to_string(support::repo_root().join(file)).unwrap();
+        apply_yaml(&client, &yaml, None).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let account = dir.path().join("watcher");
+    service_account_kubeconfig(
+        &client,
+        &cluster.kubeconfig,
+        SYSTEM,
+        "portalloc-watcher",
+        &account,
+    )
+    .await;
+    let allocation: PortAllocation = serde_yaml::from_str(
+        "apiVersion: portalloc.dev/v1alpha1\nkind: PortAllocation\nmetadata: {name: w, namespace: apps}\n\
+         spec:\n  pool: gpu\n  roles:\n  - name: worker\n    replicas: 220\n    ports: [{name: rpc, env: RPC_PORT}]\n",
+    )
+    .unwrap();
+    Api::<PortAllocation>::namespaced(client.clone(), "apps")
+        .create(&PostParams::default(), &allocation)
+        .await
+        .unwrap();
+    assert!(cluster.run(&["sync", "w", "-n", "apps"]).ok());
+
+    let endpoints = Endpoints::new(client.clone(), ip);
+    let mut replicas = Vec::new();
+    for name in ["a", "b"] {
+        let replica = Replica::start(name, ip, &account);
+        endpoints.add(&replica);
+        replicas.push(replica);
+    }
+    for name in ["a", "b"] {
+        endpoints.wait_ready(name).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "apps");
+    // One pod first: the configuration and the route work at all.
+    let first = create_like_a_controller(&pods, &worker(0)).await;
+    assert!(first.refusals.is_empty(), "{:?}", first.refusals);
+    let before = versions(&client).await;
+
+    // Scenario A: a rolling restart of both during a burst of 100.
+    let creations = tokio::spawn({
+        let pods = pods.clone();
+        async move { burst(&pods, 1..BURST + 1).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut stopped = Vec::new();
+    for (old, new) in [("a", "a2"), ("b", "b2")] {
+        let position = replicas.iter().position(|r| r.name == old).unwrap();
+        let replica = replicas.remove(position);
+        let since = Instant::now();
+        replica.terminate();
+        // The old pod drains on its own while its replacement starts.
+        let draining = std::thread::spawn(move || replica.wait(since));
+        let replacement = Replica::start(new, ip, &account);
+        endpoints.add(&replacement);
+        replicas.push(replacement);
+        endpoints.wait_ready(new).await;
+        let (code, took, log) = tokio::task::spawn_blocking(move || draining.join().unwrap())
+            .await
+            .unwrap();
+        endpoints.remove(old).await;
+        assert_eq!(code, Some(0), "replica {old} after SIGTERM:\n{log}");
+        assert!(
+            log.contains("webhook: answering for 5s more") && log.contains("webhook stopped ("),
+            "replica {old} did not drain:\n{log}"
+        );
+        // The restart is worth something only if the replica had traffic; how much came
+        // after SIGTERM (while the endpoints caught up) is a figure, not a promise.
+        let (life, drain) = log.split_once("shutting down").unwrap_or((&log, ""));
+        let (before, after) = (
+            life.matches("admission pod=").count(),
+            drain.matches("admission pod=").count(),
+        );
+        assert!(before + after > 0, "replica {old} was never called:\n{log}");
+        stopped.push(format!(
+            "{old} exited {took:.1?} after SIGTERM, having answered {before} admissions before \
+             it and {after} after"
+        ));
+    }
+    let outcomes = creations.await.unwrap();
+    let refused = report("rolling restart of 2 replicas", &outcomes);
+    eprintln!("webhook HA: {}", stopped.join("; "));
+    assert_eq!(
+        refused,
+        0,
+        "refused during the rolling restart: {:?}",
+        outcomes
+            .iter()
+            .flat_map(|(_, o)| o.refusals.iter())
+            .collect::<Vec<_>>()
+    );
+    assert_every_pod_has_its_ports(&client, BURST + 1).await;
+    // Four replicas started in all, none rewrote the CA Secret or the configuration.
+    assert_eq!(versions(&client).await, before, "the replicas rewrote them");
+
+    // Scenario B: one replica killed -9 in a second burst.
+    let creations = tokio::spawn({
+        let pods = pods.clone();
+        async move { burst(&pods, BURST + 1..2 * BURST + 1).await }
+    });
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let victim = replicas.remove(0);
+    let victim_name = victim.name.clone();
+    victim.kill_9();
+    // Its pod restarts as kubelet would restart the container, once the burst has seen it gone.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    endpoints.remove(&victim_name).await;
+    let restarted = Replica::start("a3", ip, &account);
+    endpoints.add(&restarted);
+    replicas.push(restarted);
+    let outcomes = creations.await.unwrap();
+    report("one of 2 replicas killed -9", &outcomes);
+    for (index, outcome) in &outcomes {
+        for refusal in &outcome.refusals {
+            assert!(
+                refusal.contains("failed calling webhook"),
+                "worker-{index} refused for another reason than the killed replica: {refusal}"
+            );
+        }
+    }
+    assert_every_pod_has_its_ports(&client, 2 * BURST + 1).await;
+
+    // The configuration deleted: a replica applies it again within its check period.
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    configurations
+        .delete("portalloc", &DeleteParams::default())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    while configurations.get_opt("portalloc").await.unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the deleted configuration was not applied again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "webhook HA: the deleted configuration was back after {:.1?}",
+        started.elapsed()
+    );
+
+    // The CA Secret replaced (a rotation): both replicas serve certificates of the new CA and
+    // the configuration trusts it; they agree, so nothing flaps back.
+    let (_, old_ca) = cas(&client).await;
+    Api::<Secret>::namespaced(client.clone(), SYSTEM)
+        .delete("portalloc-webhook-ca", &DeleteParams::default())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let (trusted, ca) = cas(&client).await;
+        if ca.is_some() && ca != old_ca && trusted == ca {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no new CA trusted after the Secret was deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "webhook HA: a new CA in the Secret and in the caBundle {:.1?} after the Secret's deletion",
+        started.elapsed()
+    );
+    // Both replicas have swapped by their next check; then every pod is admitted, whichever
+    // replica the API server picks.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let (trusted, _) = cas(&client).await;
+    let mut rotated = Vec::new();
+    for index in 2 * BURST + 1..2 * BURST + 11 {
+        rotated.push(create_like_a_controller(&pods, &worker(index)).await);
+    }
+    let refusals: Vec<_> = rotated.iter().flat_map(|o| o.refusals.iter()).collect();
+    assert!(refusals.is_empty(), "after the CA rotation: {refusals:?}");
+    assert_eq!(cas(&client).await.0, trusted, "the caBundle flapped");
+    assert_every_pod_has_its_ports(&client, 2 * BURST + 11).await;
+}
