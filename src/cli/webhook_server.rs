@@ -36,7 +36,7 @@ use super::{CliError, Exit};
 /// before it stops listening: kubelet marks a deleted pod's endpoint not ready at once, and the
 /// EndpointSlice controller and the API server's informer pass that on in about a second on a
 /// healthy cluster, a few on a loaded one; a failed readiness probe (SIGTERM without a pod
-/// deletion) takes the probe's period (2 s in deploy/). 5 s covers both with room, and with
+/// deletion) takes the probe's period (2 s, as docs/webhook.md asks). 5 s covers both, and with
 /// the wait for answers in flight ([`WEBHOOK_TIMEOUT`]) stays well inside the default
 /// terminationGracePeriodSeconds of 30.
 const SHUTDOWN_DELAY: &str = "5s";
