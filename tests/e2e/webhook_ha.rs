@@ -338,11 +338,15 @@ async fn create_like_a_controller(pods: &Api<Pod>, pod: &Pod) -> Outcome {
 }
 
 /// Create workers `range` in waves of [`WAVE`] every [`WAVE_EVERY`] (or when the previous wave
-/// is done, if later).
-async fn burst(pods: &Api<Pod>, range: std::ops::Range<usize>) -> Vec<(usize, Outcome)> {
+/// is done, if later); `signal` says when wave `n` has been sent.
+async fn burst(
+    pods: &Api<Pod>,
+    range: std::ops::Range<usize>,
+    mut signal: Option<(usize, tokio::sync::oneshot::Sender<()>)>,
+) -> Vec<(usize, Outcome)> {
     let indexes: Vec<usize> = range.collect();
     let mut outcomes = Vec::new();
-    for wave in indexes.chunks(WAVE) {
+    for (n, wave) in indexes.chunks(WAVE).enumerate() {
         let started = Instant::now();
         let creations = wave.iter().map(|&index| {
             let pods = pods.clone();
@@ -350,7 +354,11 @@ async fn burst(pods: &Api<Pod>, range: std::ops::Range<usize>) -> Vec<(usize, Ou
                 async move { (index, create_like_a_controller(&pods, &worker(index)).await) },
             )
         });
-        for creation in creations.collect::<Vec<_>>() {
+        let creations: Vec<_> = creations.collect();
+        if signal.as_ref().is_some_and(|(at, _)| *at == n) {
+            let _ = signal.take().unwrap().1.send(());
+        }
+        for creation in creations {
             outcomes.push(creation.await.unwrap());
         }
         tokio::time::sleep(WAVE_EVERY.saturating_sub(started.elapsed())).await;
@@ -522,7 +530,7 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
     // Scenario A: a rolling restart of both during a burst of 100.
     let creations = tokio::spawn({
         let pods = pods.clone();
-        async move { burst(&pods, 1..BURST + 1).await }
+        async move { burst(&pods, 1..BURST + 1, None).await }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut stopped = Vec::new();
@@ -576,11 +584,14 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
     assert_eq!(versions(&client).await, before, "the replicas rewrote them");
 
     // Scenario B: one replica killed -9 in a second burst.
+    let (sent, wave_sent) = tokio::sync::oneshot::channel();
     let creations = tokio::spawn({
         let pods = pods.clone();
-        async move { burst(&pods, BURST + 1..2 * BURST + 1).await }
+        async move { burst(&pods, BURST + 1..2 * BURST + 1, Some((6, sent))).await }
     });
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Killed while the seventh wave's reviews are in flight.
+    wave_sent.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(15)).await;
     let victim = replicas.remove(0);
     let victim_name = victim.name.clone();
     victim.kill_9();
