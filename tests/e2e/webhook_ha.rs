@@ -1,15 +1,11 @@
 //! Two webhook replicas behind a Service, called by the real kube-apiserver, through rolling
 //! restarts and a kill -9, on a control plane of its own.
 //!
-//! kube-apiserver calls a webhook Service through its endpoints with
-//! `--enable-aggregator-routing`: it picks a ready endpoint of the Service's EndpointSlices
-//! each time it dials. EndpointSlices refuse loopback addresses, so the replicas listen on a
-//! non-loopback address of this machine. With no kubelet and no EndpointSlice controller here,
-//! [`Endpoints`] plays both: it probes each replica's `/readyz` every [`PROBE_PERIOD`] (a
-//! readiness probe, failureThreshold 1) and writes one EndpointSlice per replica with its
-//! readiness, as the controller would; a replica "deleted" from the Deployment leaves the
-//! slices. A draining replica is dropped through the slow path: its failed probe, not its
-//! pod's deletion.
+//! kube-apiserver calls the webhook Service through its EndpointSlices
+//! (`--enable-aggregator-routing`), which [`Endpoints`] keeps as kubelet's readiness probe and
+//! the EndpointSlice controller would; a replica "deleted" from the Deployment leaves them. A
+//! draining replica is dropped through the slow path: its failed probe, not its pod's
+//! deletion.
 //!
 //! Scenario A: a rolling restart of both replicas (SIGTERM one, start its replacement, wait
 //! until it is in the endpoints, then the other) during a burst of 100 labelled pod creations:
@@ -24,26 +20,22 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use portalloc::api::PortAllocation;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::cli::BIN;
+use crate::support::endpoints::{Endpoints, free_port, routable_address};
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self, apply::apply_yaml};
 use crate::watch::service_account_kubeconfig;
 
 const SYSTEM: &str = "portalloc-system";
 const SERVICE: &str = "portalloc-webhook";
-/// How often the stand-in kubelet probes `/readyz` (deploy/ sets periodSeconds 2).
-const PROBE_PERIOD: Duration = Duration::from_millis(1000);
 /// Pods per burst, as the issue asks.
 const BURST: usize = 100;
 /// A burst comes in waves, as a ReplicaSet creates pods in parallel batches: [`WAVE`] creations
@@ -52,41 +44,6 @@ const BURST: usize = 100;
 /// spread over the replicas it finds ready.
 const WAVE: usize = 5;
 const WAVE_EVERY: Duration = Duration::from_millis(1000);
-
-/// An IPv4 address of this machine that EndpointSlices accept (not loopback, not
-/// link-local).
-fn routable_address() -> Option<Ipv4Addr> {
-    let mut found = None;
-    // SAFETY: getifaddrs fills a list we only read, then free with freeifaddrs.
-    unsafe {
-        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-        if libc::getifaddrs(&mut list) != 0 {
-            return None;
-        }
-        let mut entry = list;
-        while !entry.is_null() {
-            let addr = (*entry).ifa_addr;
-            if !addr.is_null() && i32::from((*addr).sa_family) == libc::AF_INET {
-                let v4 = &*(addr as *const libc::sockaddr_in);
-                let ip = Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
-                if !ip.is_loopback() && !ip.is_link_local() && !ip.is_unspecified() {
-                    found.get_or_insert(ip);
-                }
-            }
-            entry = (*entry).ifa_next;
-        }
-        libc::freeifaddrs(list);
-    }
-    found
-}
-
-fn free_port(ip: Ipv4Addr) -> u16 {
-    std::net::TcpListener::bind((ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// One webhook replica as the Deployment runs it: behind the Service, with the default
 /// shutdown delay; its probes on loopback (only the stand-in kubelet reads them).
@@ -150,6 +107,21 @@ impl Replica {
         (status.code(), took, log)
     }
 
+    /// The admissions it has answered (`portalloc_admissions_total`, all results).
+    fn admissions(&self) -> u64 {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.probes)) else {
+            return 0;
+        };
+        let _ = stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut text = String::new();
+        let _ = stream.read_to_string(&mut text);
+        text.lines()
+            .filter(|l| l.starts_with("portalloc_admissions_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     fn kill_9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -161,127 +133,6 @@ impl Drop for Replica {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The answer's status code to `GET path` on loopback `port`, if any.
-async fn http_status(port: u16, path: &str) -> Option<u16> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(1), stream.read_to_string(&mut answer))
-        .await
-        .ok()?
-        .ok()?;
-    answer.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// The stand-in kubelet and EndpointSlice controller (see the module's comment).
-#[derive(Clone)]
-struct Endpoints {
-    client: Client,
-    ip: Ipv4Addr,
-    members: Arc<Mutex<BTreeMap<String, Member>>>,
-}
-
-/// A replica in the endpoints: (webhook port, probe port, ready as last written).
-type Member = (u16, u16, Option<bool>);
-
-impl Endpoints {
-    fn new(client: Client, ip: Ipv4Addr) -> Endpoints {
-        let endpoints = Endpoints {
-            client,
-            ip,
-            members: Arc::default(),
-        };
-        let runner = endpoints.clone();
-        tokio::spawn(async move {
-            loop {
-                runner.sync().await;
-                tokio::time::sleep(PROBE_PERIOD).await;
-            }
-        });
-        endpoints
-    }
-
-    /// A pod of the Deployment: its slice appears, not ready until its probe passes.
-    fn add(&self, replica: &Replica) {
-        self.members
-            .lock()
-            .unwrap()
-            .insert(replica.name.clone(), (replica.port, replica.probes, None));
-    }
-
-    /// Its pod is gone: its slice goes.
-    async fn remove(&self, name: &str) {
-        self.members.lock().unwrap().remove(name);
-        let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), SYSTEM);
-        let _ = slices
-            .delete(&slice_name(name), &DeleteParams::default())
-            .await;
-    }
-
-    /// Until `name` is ready in its slice.
-    async fn wait_ready(&self, name: &str) {
-        let started = Instant::now();
-        while self.members.lock().unwrap().get(name).map(|m| m.2) != Some(Some(true)) {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "{name} never became ready in the endpoints"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn sync(&self) {
-        let members: Vec<_> = self
-            .members
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(name, m)| (name.clone(), *m))
-            .collect();
-        for (name, (port, probes, written)) in members {
-            let ready = http_status(probes, "/readyz").await == Some(200);
-            if written == Some(ready) {
-                continue;
-            }
-            let slice = serde_json::json!({
-                "apiVersion": "discovery.k8s.io/v1",
-                "kind": "EndpointSlice",
-                "metadata": {
-                    "name": slice_name(&name),
-                    "namespace": SYSTEM,
-                    "labels": {
-                        "kubernetes.io/service-name": SERVICE,
-                        "endpointslice.kubernetes.io/managed-by": "portalloc-e2e",
-                    },
-                },
-                "addressType": "IPv4",
-                "ports": [{"name": "webhook", "port": port, "protocol": "TCP"}],
-                "endpoints": [{"addresses": [self.ip.to_string()], "conditions": {"ready": ready}}],
-            });
-            let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), SYSTEM);
-            let applied = slices
-                .patch(
-                    &slice_name(&name),
-                    &PatchParams::apply("portalloc-e2e").force(),
-                    &Patch::Apply(&slice),
-                )
-                .await;
-            let mut members = self.members.lock().unwrap();
-            // Removed while we probed: leave it gone.
-            if let (Ok(_), Some(member)) = (applied, members.get_mut(&name)) {
-                member.2 = Some(ready);
-            }
-        }
-    }
-}
-
-fn slice_name(replica: &str) -> String {
-    format!("{SERVICE}-{replica}")
 }
 
 /// A labelled pod `worker-<index>` of PortAllocation `w`.
@@ -511,11 +362,11 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
         .unwrap();
     assert!(cluster.run(&["sync", "w", "-n", "apps"]).ok());
 
-    let endpoints = Endpoints::new(client.clone(), ip);
+    let endpoints = Endpoints::new(client.clone(), ip, SYSTEM, SERVICE, "webhook");
     let mut replicas = Vec::new();
     for name in ["a", "b"] {
         let replica = Replica::start(name, ip, &account);
-        endpoints.add(&replica);
+        endpoints.add(&replica.name, replica.port, replica.probes);
         replicas.push(replica);
     }
     for name in ["a", "b"] {
@@ -542,7 +393,7 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
         // The old pod drains on its own while its replacement starts.
         let draining = std::thread::spawn(move || replica.wait(since));
         let replacement = Replica::start(new, ip, &account);
-        endpoints.add(&replacement);
+        endpoints.add(&replacement.name, replacement.port, replacement.probes);
         replicas.push(replacement);
         endpoints.wait_ready(new).await;
         let (code, took, log) = tokio::task::spawn_blocking(move || draining.join().unwrap())
@@ -589,17 +440,21 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
         let pods = pods.clone();
         async move { burst(&pods, BURST + 1..2 * BURST + 1, Some((6, sent))).await }
     });
-    // Killed while the seventh wave's reviews are in flight.
+    // The busier replica (the API server reuses some connections more than others) is killed
+    // while the seventh wave's reviews are in flight.
     wave_sent.await.unwrap();
     tokio::time::sleep(Duration::from_millis(15)).await;
-    let victim = replicas.remove(0);
+    let busier = (0..replicas.len())
+        .max_by_key(|&i| replicas[i].admissions())
+        .unwrap();
+    let victim = replicas.remove(busier);
     let victim_name = victim.name.clone();
     victim.kill_9();
     // Its pod restarts as kubelet would restart the container, once the burst has seen it gone.
     tokio::time::sleep(Duration::from_secs(4)).await;
     endpoints.remove(&victim_name).await;
     let restarted = Replica::start("a3", ip, &account);
-    endpoints.add(&restarted);
+    endpoints.add(&restarted.name, restarted.port, restarted.probes);
     replicas.push(restarted);
     let outcomes = creations.await.unwrap();
     report("one of 2 replicas killed -9", &outcomes);
