@@ -1,8 +1,9 @@
 //! The webhook's serving certificate, kept current while it runs: the TLS server asks
 //! [`CertSlot`] at each handshake, and [`keep_current`] swaps a new certificate in when its
 //! source changes (the CA Secret's CA, or cert-manager's files under `--webhook-cert-dir`),
-//! then has the MutatingWebhookConfiguration repaired if it no longer reaches this Service with
-//! that CA. Every replica converges on the same Secret, so none undoes another's work.
+//! then has the MutatingWebhookConfiguration's `clientConfig` repaired if it no longer reaches
+//! this Service with that CA (a deleted configuration is left deleted: that is an uninstall).
+//! Every replica converges on the same Secret, so none undoes another's work.
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -16,9 +17,10 @@ use tokio_rustls::rustls::sign::CertifiedKey;
 
 use crate::k8s::{self, ClientConfig};
 
-/// How often a replica checks its certificate's source and the configuration. A deleted
-/// configuration lets labelled pods through with no ports, so it should be back within
-/// seconds; two GETs per replica every 10 s cost the API server nothing.
+/// How often a replica checks its certificate's source and the configuration. After a CA
+/// change, a replica still serving the old CA's certificate is refused by the API server until
+/// its check, so the window should be seconds; two GETs per replica every 10 s cost the API
+/// server nothing.
 pub const CHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// Where the serving certificate comes from.
@@ -139,7 +141,7 @@ fn certified_key(provider: &CryptoProvider, pems: &Pems) -> anyhow::Result<Arc<C
 
 /// Every [`CHECK_EVERY`]: swap in a new certificate if its source changed, then repair the
 /// configuration if it no longer reaches `config` with this certificate's CA. Runs until
-/// aborted (a draining replica stops it: it must not register itself again).
+/// aborted (a draining replica stops it: it must not point the configuration at itself).
 pub async fn keep_current(
     client: kube::Client,
     source: CertSource,
@@ -193,7 +195,7 @@ async fn check(
     };
     if k8s::repair_registration(client, ca.as_deref(), config).await? {
         tracing::info!(
-            "MutatingWebhookConfiguration {} did not reach this webhook: applied it again",
+            "MutatingWebhookConfiguration {} did not reach this webhook with the CA: patched its clientConfig",
             k8s::webhook::WEBHOOK_CONFIGURATION
         );
     }

@@ -13,8 +13,9 @@
 //! rewritten (the replicas do not fight over them). Scenario B: a replica killed -9 during a
 //! second burst: the creations it refused succeed when retried as a workload controller
 //! retries them ([`create_like_a_controller`]; no kube-controller-manager runs here), and no
-//! pod is admitted without its ports. Then the configuration deleted and the CA Secret
-//! replaced: the replicas put both right, and agree.
+//! pod is admitted without its ports. Then a stale caBundle and a replaced CA Secret: the
+//! replicas put both right, and agree; and a deleted configuration (an uninstall) stays
+//! deleted.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use portalloc::api::PortAllocation;
 
 use crate::support::cli::BIN;
@@ -36,6 +37,8 @@ use crate::watch::service_account_kubeconfig;
 
 const SYSTEM: &str = "portalloc-system";
 const SERVICE: &str = "portalloc-webhook";
+/// How often a replica checks its certificate and the configuration (src/cli/webhook_cert.rs).
+const CHECK_EVERY: Duration = Duration::from_secs(10);
 /// Pods per burst, as the issue asks.
 const BURST: usize = 100;
 /// A burst comes in waves, as a ReplicaSet creates pods in parallel batches: [`WAVE`] creations
@@ -468,22 +471,35 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
     }
     assert_every_pod_has_its_ports(&client, 2 * BURST + 1).await;
 
-    // The configuration deleted: a replica applies it again within its check period.
+    // A caBundle gone stale (an apply tool that wrote one, a hand edit): a replica puts the
+    // Secret's CA back within its check period.
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let stale = serde_json::json!({"webhooks": [{
+        "name": "pods.portalloc.dev",
+        "clientConfig": {"caBundle": "bm90IGEgQ0E="},
+    }]});
     configurations
-        .delete("portalloc", &DeleteParams::default())
+        .patch(
+            "portalloc",
+            &PatchParams::default(),
+            &Patch::Strategic(stale),
+        )
         .await
         .unwrap();
     let started = Instant::now();
-    while configurations.get_opt("portalloc").await.unwrap().is_none() {
+    loop {
+        let (trusted, ca) = cas(&client).await;
+        if trusted.is_some() && trusted == ca {
+            break;
+        }
         assert!(
             started.elapsed() < Duration::from_secs(30),
-            "the deleted configuration was not applied again"
+            "the stale caBundle was not repaired"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!(
-        "webhook HA: the deleted configuration was back after {:.1?}",
+        "webhook HA: a stale caBundle was repaired after {:.1?}",
         started.elapsed()
     );
 
@@ -522,4 +538,16 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
     assert!(refusals.is_empty(), "after the CA rotation: {refusals:?}");
     assert_eq!(cas(&client).await.0, trusted, "the caBundle flapped");
     assert_every_pod_has_its_ports(&client, 2 * BURST + 11).await;
+
+    // The configuration deleted (an uninstall deletes it first): replicas still running leave it
+    // deleted through their next check, so no labelled pod is refused for want of a webhook.
+    configurations
+        .delete("portalloc", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(CHECK_EVERY + Duration::from_secs(1)).await;
+    assert!(
+        configurations.get_opt("portalloc").await.unwrap().is_none(),
+        "a running replica created the deleted configuration again"
+    );
 }

@@ -3,11 +3,14 @@
 //! Several replicas keep one configuration without fighting over it: every replica of a version
 //! derives the same object from the same inputs (its flags and the CA Secret every replica
 //! reads), and writes it by server-side apply under one field manager, so a second write of the
-//! same object changes nothing. At start a replica applies the whole configuration; afterwards
-//! [`repair_registration`] only puts back what breaks admission (a configuration deleted, or a
-//! `clientConfig` that no longer reaches the Service with the Secret's CA). It leaves the other
+//! same object changes nothing. At start a replica applies the whole configuration (creating it
+//! if need be); afterwards [`repair_registration`] only puts back what breaks admission, a
+//! `clientConfig` that no longer reaches the Service with the Secret's CA, and leaves the other
 //! fields alone, so during a rolling update an old and a new replica whose configurations
-//! differ in, say, a timeout do not rewrite each other every check.
+//! differ in, say, a timeout do not rewrite each other every check. It never creates the
+//! configuration: a deleted one is an uninstall (`helm uninstall` and `kubectl delete -k deploy`
+//! delete it first), and a replica still running must not bring it back to refuse every
+//! labelled pod with no webhook left.
 
 use std::collections::BTreeMap;
 
@@ -107,26 +110,57 @@ pub async fn register_webhook(
     })
 }
 
-/// Apply the configuration again if it is gone or its `clientConfig` differs from what
-/// `ca_pem` and `config` give (with `ca_pem` `None`, the caBundle is cert-manager's and not
-/// compared). Whether it wrote.
+/// Patch the configuration's `clientConfig` if it differs from what `ca_pem` and `config` give
+/// (with `ca_pem` `None`, the caBundle is cert-manager's and not compared). A configuration
+/// that is gone stays gone: the patch is a strategic merge, which never creates (server-side
+/// apply would), so even a deletion between the read and the write is not undone. Whether it
+/// wrote.
 pub async fn repair_registration(
     client: &Client,
     ca_pem: Option<&str>,
     config: &ClientConfig,
 ) -> Result<bool, KubeError> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let current = api.get_opt(WEBHOOK_CONFIGURATION).await.map_err(|e| {
-        KubeError::from_kube(
-            e,
-            WEBHOOK_CONFIGURATIONS.on("get", WEBHOOK_CONFIGURATION, None),
-        )
-    })?;
-    if current.is_some_and(|c| reaches(&c, ca_pem, config)) {
+    let at = |verb| WEBHOOK_CONFIGURATIONS.on(verb, WEBHOOK_CONFIGURATION, None);
+    let current = api
+        .get_opt(WEBHOOK_CONFIGURATION)
+        .await
+        .map_err(|e| KubeError::from_kube(e, at("get")))?;
+    let Some(current) = current else {
+        return Ok(false);
+    };
+    if reaches(&current, ca_pem, config) {
         return Ok(false);
     }
-    register_webhook(client, ca_pem, config).await?;
-    Ok(true)
+    let patch = client_config_patch(ca_pem, config);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api
+        .patch(WEBHOOK_CONFIGURATION, &params, &Patch::Strategic(patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(KubeError::from_kube(e, at("patch"))),
+    }
+}
+
+/// A strategic merge patch that sets our webhook's `clientConfig` (by its name, the list's merge
+/// key): the Service or the URL, the other one removed, and the caBundle when we have one.
+fn client_config_patch(ca_pem: Option<&str>, config: &ClientConfig) -> serde_json::Value {
+    let wanted = client_config(ca_pem, config);
+    let mut client_config = serde_json::json!({
+        "service": wanted.service,
+        "url": wanted.url,
+    });
+    if let Some(bundle) = wanted.ca_bundle {
+        client_config["caBundle"] = serde_json::to_value(bundle).unwrap_or_default();
+    }
+    serde_json::json!({
+        "webhooks": [{"name": WEBHOOK_NAME, "clientConfig": client_config}],
+    })
 }
 
 /// Whether `configuration`'s webhook calls `config` trusting `ca_pem`.
@@ -218,6 +252,24 @@ mod tests {
             Some("CA-1"),
             &service()
         ));
+    }
+
+    #[test]
+    fn the_repair_patch_sets_one_way_to_call_and_leaves_a_foreign_ca_bundle_alone() {
+        let patch = client_config_patch(Some("CA-1"), &service());
+        let config = &patch["webhooks"][0]["clientConfig"];
+        assert_eq!(patch["webhooks"][0]["name"], WEBHOOK_NAME);
+        assert_eq!(config["service"]["name"], "portalloc-webhook");
+        // A URL registered earlier is removed (a webhook has exactly one of the two).
+        assert!(config["url"].is_null() && config.get("url").is_some());
+        // PEM bytes, base64 as the API carries them.
+        assert_eq!(config["caBundle"], "Q0EtMQ==");
+        let patch = client_config_patch(None, &service());
+        assert!(
+            patch["webhooks"][0]["clientConfig"]
+                .get("caBundle")
+                .is_none()
+        );
     }
 
     #[test]
