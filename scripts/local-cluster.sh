@@ -17,6 +17,8 @@
 #   PORTALLOC_CACHE_DIR     built binaries, keyed by the pinned versions; default ~/.cache/kubectl-portalloc
 #   PORTALLOC_CLUSTER_OWNER_PID  if set, the cluster stops itself when that process exits (tests use
 #                           this so a killed test run never leaves servers behind)
+#   PORTALLOC_APISERVER_FLAGS  extra kube-apiserver flags for `up` (kept for `start`), e.g.
+#                           --enable-aggregator-routing for the webhook's Service test
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -189,7 +191,8 @@ start_servers() {
   echo $! >"$cluster_dir/etcd.pid"
   wait_for etcd 30 "$cluster_dir/etcd.pid" "$cluster_dir/etcd.log" etcd_healthy
 
-  local pki=$cluster_dir/pki
+  local pki=$cluster_dir/pki extra=()
+  [[ -f $cluster_dir/apiserver.flags ]] && { read -ra extra <"$cluster_dir/apiserver.flags" || true; }
   setsid "$bins/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$port" \
@@ -202,6 +205,7 @@ start_servers() {
     --disable-admission-plugins ServiceAccount \
     --allow-privileged=true \
     --cert-dir "$cluster_dir/apiserver-certs" \
+    "${extra[@]}" \
     </dev/null >>"$cluster_dir/apiserver.log" 2>&1 &
   echo $! >"$cluster_dir/apiserver.pid"
   wait_for kube-apiserver 90 "$cluster_dir/apiserver.pid" "$cluster_dir/apiserver.log" ready
@@ -233,6 +237,7 @@ up() {
   free_port >"$cluster_dir/etcd.port"
   free_port >"$cluster_dir/etcd-peer.port"
   free_port >"$cluster_dir/apiserver.port"
+  echo "${PORTALLOC_APISERVER_FLAGS:-}" >"$cluster_dir/apiserver.flags"
   write_kubeconfig "$(cat "$cluster_dir/apiserver.port")"
   start_servers "$bins"
 

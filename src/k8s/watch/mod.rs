@@ -62,17 +62,34 @@ pub struct WatchOptions {
     pub pool_metrics: bool,
 }
 
-/// Whether the watcher has read every PortAllocation once (and, cluster-wide, repaired).
+/// Whether the watcher has read every PortAllocation once, and is not shutting down: a
+/// replica that got SIGTERM reports not ready at once, so the Service in front of its webhook
+/// drops it while it still answers.
 #[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness(Arc<ReadinessState>);
+
+#[derive(Debug, Default)]
+struct ReadinessState {
+    listed: AtomicBool,
+    stopping: AtomicBool,
+}
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.listed.load(Ordering::Relaxed) && !self.is_stopping()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.0.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Not ready from now on (shutting down).
+    pub fn stop(&self) {
+        self.0.stopping.store(true, Ordering::Relaxed);
     }
 
     fn set(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.listed.store(true, Ordering::Relaxed);
     }
 }
 

@@ -5,10 +5,14 @@
 //! controller retries. The HTTPS server around it is the CLI's (`sync --watch
 //! --webhook-address`).
 
+mod registration;
 mod tls;
 
+pub use registration::{
+    ClientConfig, WEBHOOK_CONFIGURATION, register_webhook, repair_registration,
+};
 use std::time::{Duration, Instant};
-pub use tls::{ClientConfig, ServingCert, WebhookTlsError, register_webhook, serving_cert};
+pub use tls::{CA_SECRET, ServingCert, WebhookCa, WebhookTlsError, serving_cert, webhook_ca};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;

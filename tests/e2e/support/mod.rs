@@ -10,6 +10,7 @@ pub mod apply;
 pub mod cli;
 #[path = "../../common/control_plane.rs"]
 pub mod control_plane;
+pub mod endpoints;
 pub mod fault_proxy;
 pub mod invariants;
 pub mod private_cluster;
