@@ -6,8 +6,9 @@
 //! `kubectl apply` and `kubectl portalloc sync`, and everything runs again.
 
 mod expand;
-mod pods;
-mod run;
+pub mod netns;
+pub mod pods;
+pub mod run;
 mod scenarios;
 mod selftest;
 
@@ -49,9 +50,15 @@ fn lws_crd() -> std::path::PathBuf {
 
 /// `kubectl` against the test cluster.
 fn kubectl(args: &[&str], input: Option<&str>) -> cli::Run {
-    let mut child = Command::new("kubectl")
+    kubectl_on(&support::cluster().kubeconfig, args, input)
+}
+
+/// `kubectl` (built from the pinned Kubernetes module, `support::tools`) against the cluster
+/// of `kubeconfig`.
+pub fn kubectl_on(kubeconfig: &std::path::Path, args: &[&str], input: Option<&str>) -> cli::Run {
+    let mut child = Command::new(support::tools::kubectl())
         .args(args)
-        .env("KUBECONFIG", &support::cluster().kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .stdin(if input.is_some() {
             Stdio::piped()
         } else {
@@ -80,10 +87,21 @@ fn kubectl(args: &[&str], input: Option<&str>) -> cli::Run {
 
 /// The pod webhook as a process (`sync --watch` of an empty namespace, so only admission
 /// syncs), registered by URL; returned once the API server's configuration points at it.
-// The child is returned to the Scenario, whose Drop kills and waits for it; a failed read of
+async fn start_webhook(client: &Client, ns: &str) -> std::process::Child {
+    start_webhook_on(&support::cluster().kubeconfig, client, ns).await
+}
+
+/// The same on the cluster of `kubeconfig` (`client` is a client of it). The caller kills and
+/// waits for the child; the configuration it registered (`portalloc`) is the cluster's only
+/// one, so one webhook runs per cluster at a time.
+// The child is returned to the caller, whose Drop kills and waits for it; a failed read of
 // the configuration panics the test, which ends the process and its children anyway.
 #[allow(clippy::zombie_processes)]
-async fn start_webhook(client: &Client, ns: &str) -> std::process::Child {
+pub async fn start_webhook_on(
+    kubeconfig: &std::path::Path,
+    client: &Client,
+    ns: &str,
+) -> std::process::Child {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -97,7 +115,7 @@ async fn start_webhook(client: &Client, ns: &str) -> std::process::Child {
         .args(["--webhook-address", &format!("127.0.0.1:{port}")])
         .args(["--webhook-url", &format!("https://127.0.0.1:{port}")])
         .args(["--webhook-namespace", ns])
-        .env("KUBECONFIG", &support::cluster().kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

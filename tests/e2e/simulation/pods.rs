@@ -73,6 +73,10 @@ pub struct Pod {
     pub containers: Vec<Container>,
     /// The pod spec it was made from (its template's, or the admitted pod's).
     pub spec: Value,
+    /// The node it runs on and that node's address (every pod's node and address on one
+    /// node, [`NODE`] and 127.0.0.1).
+    pub node: String,
+    pub host_ip: String,
 }
 
 const LWS: &str = "leaderworkerset.sigs.k8s.io";
@@ -121,6 +125,7 @@ pub fn pods_admitted(
                 extra,
                 service.clone(),
                 Vec::new(),
+                None,
             ));
         }
     }
@@ -172,6 +177,7 @@ pub fn pods_admitted(
                     extra,
                     Some(subdomain.clone()),
                     injected,
+                    None,
                 ));
             }
         }
@@ -197,6 +203,7 @@ pub fn pods_admitted(
                 extra,
                 subdomain,
                 Vec::new(),
+                None,
             ));
         }
     }
@@ -213,10 +220,14 @@ fn pod(
     extra_labels: BTreeMap<String, String>,
     subdomain: Option<String>,
     injected: Vec<(String, String)>,
+    node: Option<(String, String)>,
 ) -> Pod {
     let mut labels: BTreeMap<String, String> =
         serde_json::from_value(template["metadata"]["labels"].clone()).unwrap_or_default();
     labels.extend(extra_labels);
+    let annotations: BTreeMap<String, String> =
+        serde_json::from_value(template["metadata"]["annotations"].clone()).unwrap_or_default();
+    let (node, host_ip) = node.unwrap_or_else(|| (NODE.to_string(), "127.0.0.1".to_string()));
     let spec = &template["spec"];
     let host_network = spec["hostNetwork"].as_bool().unwrap_or(false);
     let dns_policy = spec["dnsPolicy"].as_str().unwrap_or("ClusterFirst");
@@ -229,7 +240,9 @@ fn pod(
         ns,
         name,
         labels: &labels,
-        annotations: &BTreeMap::new(),
+        annotations: &annotations,
+        node: &node,
+        host_ip: &host_ip,
     };
     let containers = spec["containers"]
         .as_array()
@@ -246,6 +259,8 @@ fn pod(
         containers,
         labels,
         spec: spec.clone(),
+        node,
+        host_ip,
     }
 }
 
@@ -254,6 +269,8 @@ struct PodMeta<'a> {
     name: &'a str,
     labels: &'a BTreeMap<String, String>,
     annotations: &'a BTreeMap<String, String>,
+    node: &'a str,
+    host_ip: &'a str,
 }
 
 /// The downward API's fieldRef paths the simulation can answer.
@@ -266,8 +283,9 @@ fn field_ref(path: &str, meta: &PodMeta) -> String {
     match path {
         "metadata.name" => meta.name.to_string(),
         "metadata.namespace" => meta.ns.to_string(),
-        "spec.nodeName" => NODE.to_string(),
-        "status.podIP" | "status.hostIP" => "127.0.0.1".to_string(),
+        "spec.nodeName" => meta.node.to_string(),
+        // hostNetwork: the pod's address is its node's.
+        "status.podIP" | "status.hostIP" => meta.host_ip.to_string(),
         _ => keyed("metadata.labels['", meta.labels)
             .or_else(|| keyed("metadata.annotations['", meta.annotations))
             .unwrap_or_else(|| panic!("fieldRef {path} is not simulated")),
