@@ -210,6 +210,72 @@ pub fn pods_admitted(
     pods
 }
 
+/// The pods as the cluster has them: made by the workload controllers, admitted (the pod
+/// webhook's env and declared ports in their spec), each bound to a node (`nodes`: each node's
+/// address). Every pod must be bound.
+pub fn from_cluster(
+    live: &[k8s_openapi::api::core::v1::Pod],
+    ns: &str,
+    nodes: &BTreeMap<String, std::net::Ipv4Addr>,
+) -> Vec<Pod> {
+    live.iter()
+        .map(|p| {
+            let name = p.metadata.name.clone().expect("a pod has a name");
+            let spec = p.spec.as_ref().expect("a pod has a spec");
+            let node = spec
+                .node_name
+                .clone()
+                .unwrap_or_else(|| panic!("pod {name} is not bound to a node"));
+            let ip = nodes
+                .get(&node)
+                .unwrap_or_else(|| panic!("pod {name} is bound to {node}, no node of the test"));
+            let owner = p
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.controller == Some(true));
+            let workload = match owner {
+                // A ReplicaSet `<deployment>-<pod-template-hash>`.
+                Some(o) if o.kind == "ReplicaSet" => {
+                    let hash = p
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("pod-template-hash"))
+                        .cloned()
+                        .unwrap_or_default();
+                    let deployment = o.name.strip_suffix(&format!("-{hash}")).unwrap_or(&o.name);
+                    format!("Deployment/{deployment}")
+                }
+                Some(o) => format!("{}/{}", o.kind, o.name),
+                None => format!("Pod/{name}"),
+            };
+            let group = p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(&format!("{LWS}/group-index")))
+                .and_then(|g| g.parse().ok());
+            let template = serde_json::json!({
+                "metadata": {"labels": p.metadata.labels, "annotations": p.metadata.annotations},
+                "spec": spec,
+            });
+            pod(
+                ns,
+                &name,
+                &workload,
+                group,
+                &template,
+                BTreeMap::new(),
+                spec.subdomain.clone(),
+                Vec::new(),
+                Some((node, ip.to_string())),
+            )
+        })
+        .collect()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn pod(
     ns: &str,
