@@ -67,7 +67,7 @@ pub struct Controllers {
 /// The directory holding both binaries, built on first use (several minutes on 2 cores; the
 /// script serialises concurrent builds and caches the result by the Kubernetes pin).
 pub fn controllers_bin_dir() -> anyhow::Result<PathBuf> {
-    let script = super::control_plane::repo_root().join("scripts/local-cluster.sh");
+    let script = repo_root().join("scripts/local-cluster.sh");
     let output = Command::new(&script)
         .arg("build-controllers")
         .stdin(Stdio::null())
@@ -101,9 +101,11 @@ impl Controllers {
         options: &ControllersOptions,
     ) -> anyhow::Result<Controllers> {
         let bin = controllers_bin_dir()?;
-        let dir = super::control_plane::repo_root()
-            .join("target")
-            .join(format!("controllers-{}-{}", std::process::id(), unique()));
+        let dir = repo_root().join("target").join(format!(
+            "controllers-{}-{}",
+            std::process::id(),
+            unique()
+        ));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let mut controllers = Controllers {
@@ -272,6 +274,28 @@ impl Drop for Controllers {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The scheduler's reason for a node where another pod declares one of the pod's host ports
+/// (its NodePorts filter): `0/3 nodes are available: 3 node(s) didn't have free ports for the
+/// requested pod ports. ...`
+pub const NO_FREE_PORTS: &str = "didn't have free ports for the requested pod ports";
+
+/// The scheduler's message for a pod it could not place (its PodScheduled condition), if
+/// that is where the pod stands. A benchmark counts the pods Pending for their ports by
+/// whether this contains [`NO_FREE_PORTS`].
+pub fn unschedulable(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .and_then(|c| c.message.clone())
+}
+
+fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// A loopback port free now (the kernel's choice), for a component's --secure-port.

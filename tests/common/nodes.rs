@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
 
 /// The extended resource GPU nodes advertise (NVIDIA's device plugin).
@@ -77,7 +78,7 @@ impl Nodes {
     /// Register `count` nodes named `<prefix>-0`..: create each Node, write its status as a
     /// kubelet's first status update does, create its Lease, start the heartbeat; then wait
     /// until the node lifecycle controller has cleared their not-ready taints (it must run:
-    /// [`super::controllers::Controllers`] starts it).
+    /// `Controllers::start` in `controllers.rs` starts it).
     pub async fn register(
         client: &Client,
         kubeconfig: &Path,
@@ -252,6 +253,14 @@ fn lease_time() -> serde_json::Value {
     serde_json::to_value(MicroTime(Timestamp::now())).expect("a MicroTime serializes")
 }
 
+/// A client for the current context of `kubeconfig`.
+async fn client_from(kubeconfig: &Path) -> anyhow::Result<Client> {
+    let file = Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("cannot read kubeconfig {}", kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
 /// Renew every node's Lease each [`RENEW_EVERY`] until `stop` is dropped or sent to. The
 /// thread makes its own runtime and client (this may be called from within a runtime, which
 /// cannot block on another).
@@ -274,7 +283,7 @@ fn heartbeat(
                 return;
             }
         };
-        let client = match runtime.block_on(super::control_plane::client_from(&kubeconfig, None)) {
+        let client = match runtime.block_on(client_from(&kubeconfig)) {
             Ok(client) => client,
             Err(e) => {
                 let _ = started.send(Err(e.context("a client for the node heartbeat")));

@@ -36,6 +36,7 @@ use crate::simulation::run::{self, Outcome};
 use crate::simulation::{kubectl_on, start_webhook_on};
 use crate::support::cli::Run;
 use crate::support::controllers::Controllers;
+pub use crate::support::controllers::{NO_FREE_PORTS, unschedulable};
 use crate::support::nodes::{NodeShape, Nodes};
 use crate::support::private_cluster::PrivateCluster;
 
@@ -45,9 +46,6 @@ pub const SCHEDULE_TIMEOUT: Duration = Duration::from_secs(120);
 const SIMULATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Where the webhook keeps its CA Secret.
 const WEBHOOK_NAMESPACE: &str = "portalloc-system";
-/// The scheduler's reason for a node where another pod declares one of the pod's ports
-/// (kube-scheduler's NodePorts filter, `ErrReason`).
-pub const NO_FREE_PORTS: &str = "didn't have free ports for the requested pod ports";
 
 /// See the module's comment. Fields drop in order: the heartbeat stops, then the
 /// controllers, then the control plane.
@@ -325,17 +323,6 @@ fn resolve_name(pa: &PortAllocation, pod: &Pod) -> String {
 /// The node a pod is bound to.
 pub fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref()?.node_name.as_deref()
-}
-
-/// The scheduler's message for a pod it could not place, if that is where it stands.
-pub fn unschedulable(pod: &Pod) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        .and_then(|c| c.message.clone())
 }
 
 /// Every host port a pod declares (all containers and sidecars), with its protocol.

@@ -91,54 +91,16 @@ async fn start_webhook(client: &Client, ns: &str) -> std::process::Child {
     start_webhook_on(&support::cluster().kubeconfig, client, ns).await
 }
 
-/// The same on the cluster of `kubeconfig` (`client` is a client of it). The caller kills and
-/// waits for the child; the configuration it registered (`portalloc`) is the cluster's only
-/// one, so one webhook runs per cluster at a time.
-// The child is returned to the caller, whose Drop kills and waits for it; a failed read of
-// the configuration panics the test, which ends the process and its children anyway.
-#[allow(clippy::zombie_processes)]
+/// The same on the cluster of `kubeconfig` (`client` is a client of it); see
+/// `support::webhook`.
 pub async fn start_webhook_on(
     kubeconfig: &std::path::Path,
     client: &Client,
     ns: &str,
 ) -> std::process::Child {
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let quiet = format!("{ns}-quiet");
-    support::create_namespace(client, &quiet).await;
-    let mut child = Command::new(cli::BIN)
-        .args(["sync", "--watch", "-n", &quiet])
-        .args(["--webhook-address", &format!("127.0.0.1:{port}")])
-        .args(["--webhook-url", &format!("https://127.0.0.1:{port}")])
-        .args(["--webhook-namespace", ns])
-        .env("KUBECONFIG", kubeconfig)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the pod webhook");
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let url = format!("https://127.0.0.1:{port}/mutate");
-    let started = Instant::now();
-    loop {
-        let registered = api
-            .get_opt("portalloc")
-            .await
-            .unwrap()
-            .and_then(|c| c.webhooks?.into_iter().next()?.client_config.url);
-        if registered.as_deref() == Some(url.as_str()) {
-            return child;
-        }
-        if started.elapsed() > TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the webhook never registered");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::webhook::start_webhook(kubeconfig, client, ns)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// One example, deployed in its own namespace with its pool renamed (pools are cluster-wide).

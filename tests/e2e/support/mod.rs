@@ -18,6 +18,8 @@ pub mod invariants;
 pub mod nodes;
 pub mod private_cluster;
 pub mod tools;
+#[path = "../../common/webhook.rs"]
+pub mod webhook;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
