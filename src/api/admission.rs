@@ -210,26 +210,32 @@ pub fn pod_patch(pod: &Pod, injection: &PodInjection, protocol: Option<Protocol>
 /// NodePorts filter reads (it keeps a pod off a node where another pod declares one of its
 /// ports): `hostPort` = `containerPort` (the API server requires it on hostNetwork) = each port
 /// of each block, in the pool's `protocol`. None for a port the pod already declares itself
-/// (same number and protocol, in any container: a second entry would be a duplicate the API
-/// server refuses). Each is named after its role's port (`http`, a block's `nixl-0`...) when
-/// that name is a valid port name (15 characters at most) no container of the pod uses yet;
-/// otherwise it has no name, which is allowed.
+/// (same number and protocol, in a container or a sidecar, which the scheduler reads too: a
+/// second entry there would be a duplicate the API server refuses; a one-shot init container's
+/// ports count for neither). Each is named after its role's port (`http`, a block's
+/// `nixl-0`...) when that name is a valid port name (15 characters at most) no container of
+/// the pod uses yet; otherwise it has no name, which is allowed.
 pub fn declared_ports(pod: &Pod, injection: &PodInjection, protocol: Protocol) -> Vec<Value> {
     let Some(spec) = &pod.spec else {
         return Vec::new();
     };
-    let all = || {
-        spec.containers
-            .iter()
-            .chain(spec.init_containers.iter().flatten())
-            .flat_map(|c| c.ports.iter().flatten())
-    };
+    let init = || spec.init_containers.iter().flatten();
     let protocol = protocol.to_string();
-    let declared: BTreeSet<i32> = all()
+    let declared: BTreeSet<i32> = spec
+        .containers
+        .iter()
+        .chain(init().filter(|c| c.restart_policy.as_deref() == Some("Always")))
+        .flat_map(|c| c.ports.iter().flatten())
         .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == protocol)
         .flat_map(|p| [p.container_port, p.host_port.unwrap_or(0)])
         .collect();
-    let mut names: BTreeSet<String> = all().filter_map(|p| p.name.clone()).collect();
+    let mut names: BTreeSet<String> = spec
+        .containers
+        .iter()
+        .chain(init())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| p.name.clone())
+        .collect();
     let mut out = Vec::new();
     for port in &injection.ports {
         for i in 0..port.count {

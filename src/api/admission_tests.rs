@@ -313,6 +313,42 @@ fn the_same_number_in_another_protocol_is_another_port() {
 }
 
 #[test]
+fn a_sidecars_port_counts_as_declared_a_one_shot_init_containers_does_not() {
+    let pa = sglang_pd();
+    let mut decode = host_network(pod("decode-0", "", &[], &[]));
+    let init = &mut decode
+        .spec
+        .as_mut()
+        .unwrap()
+        .init_containers
+        .as_mut()
+        .unwrap()[0];
+    // Runs before the engine and exits: the scheduler does not count its ports, and the API
+    // server checks them on their own.
+    init.ports = Some(vec![container_port(
+        Some("http"),
+        30005,
+        Some(30005),
+        "TCP",
+    )]);
+    let injection = pa.pod_injection(&decode).unwrap();
+    assert_eq!(
+        declared_ports(&decode, &injection, Protocol::Tcp),
+        vec![json!({"containerPort": 30005, "hostPort": 30005, "protocol": "TCP"})],
+        "declared (without the name the init container uses)"
+    );
+    let init = &mut decode
+        .spec
+        .as_mut()
+        .unwrap()
+        .init_containers
+        .as_mut()
+        .unwrap()[0];
+    init.restart_policy = Some("Always".into());
+    assert!(declared_ports(&decode, &injection, Protocol::Tcp).is_empty());
+}
+
+#[test]
 fn the_default_container_annotation_chooses_where_ports_go() {
     let pa = sglang_pd();
     let mut decode = host_network(pod("decode-0", "", &[], &[]));
