@@ -24,6 +24,7 @@ mod rbac;
 mod reference_validation;
 mod repair;
 mod restart;
+mod scheduling;
 mod shard_rbac;
 mod shard_repair;
 mod sharded;
