@@ -5,10 +5,12 @@
 set -euo pipefail
 
 # tool -> the Debian/Ubuntu package that has it. umoci and skopeo build and inspect the OCI image
-# (scripts/build-image.sh), shellcheck lets actionlint lint the workflows' run: scripts.
+# (scripts/build-image.sh), shellcheck lets actionlint lint the workflows' run: scripts. unshare,
+# nsenter and ip give the node simulation its namespaces (one network namespace per node).
 declare -A package_of=(
   [curl]=curl [openssl]=openssl [base64]=coreutils [sha256sum]=coreutils [setsid]=util-linux
   [file]=file [umoci]=umoci [skopeo]=skopeo [shellcheck]=shellcheck
+  [unshare]=util-linux [nsenter]=util-linux [ip]=iproute2
 )
 missing=() packages=()
 for tool in "${!package_of[@]}"; do

@@ -7,6 +7,9 @@
 #   scripts/local-cluster.sh down    stop exactly what `up` started and delete its state
 #   scripts/local-cluster.sh status  say whether it runs, and where
 #   scripts/local-cluster.sh build   only build (or find in the cache) the two binaries
+#   scripts/local-cluster.sh build-controllers  build (or find) kube-scheduler and
+#                                    kube-controller-manager from the same pinned Kubernetes module;
+#                                    prints their directory (the scheduling tests start them)
 #   scripts/local-cluster.sh stop [--kill]  stop kube-apiserver and etcd but keep their data, certs
 #                                    and ports (--kill: SIGKILL, as a crash; default SIGTERM)
 #   scripts/local-cluster.sh start   start them again from what `stop` kept, on the same ports
@@ -17,6 +20,8 @@
 #   PORTALLOC_CACHE_DIR     built binaries, keyed by the pinned versions; default ~/.cache/kubectl-portalloc
 #   PORTALLOC_CLUSTER_OWNER_PID  if set, the cluster stops itself when that process exits (tests use
 #                           this so a killed test run never leaves servers behind)
+#   PORTALLOC_APISERVER_FLAGS  extra kube-apiserver flags for `up` (kept for `start`), e.g.
+#                           --enable-aggregator-routing for the webhook's Service test
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -70,6 +75,49 @@ build() {
   rm -rf "$dir" && mv "$dir.tmp" "$dir"
   # Closed before `up` starts the servers, which would otherwise inherit the lock.
   exec 9>&-
+  echo "$dir"
+}
+
+# kube-scheduler and kube-controller-manager, in one `go build` (the two share most of their
+# packages, compiled once), keyed by the Kubernetes pin and the wrapper module's go.mod and go.sum
+# (etcd plays no part). Not part of `build`: only the scheduling tests need them.
+controllers_dir() {
+  local sum
+  sum=$(cat "$kas_module/go.mod" "$kas_module/go.sum" | sha256sum | cut -c1-12)
+  echo "$cache_dir/controllers/k8s-$(k8s_version)-$sum"
+}
+
+controllers_built() { [[ -x $1/kube-scheduler && -x $1/kube-controller-manager ]]; }
+
+build_controllers() {
+  local dir k8s minor tmp
+  dir=$(controllers_dir)
+  if controllers_built "$dir"; then
+    echo "$dir"
+    return
+  fi
+  command -v go >/dev/null || die "Go is needed to build kube-scheduler and kube-controller-manager (https://go.dev/doc/install)"
+  mkdir -p "$cache_dir/controllers"
+  exec 8>"$cache_dir/controllers/.build.lock"
+  flock 8
+  if ! controllers_built "$dir"; then
+    k8s=$(k8s_version)
+    [[ -n $k8s ]] || die "no k8s.io/kubernetes version in $kas_module/go.mod"
+    minor=$(echo "$k8s" | cut -d. -f2)
+    log "building kube-scheduler and kube-controller-manager $k8s from the pinned Kubernetes module (once; cached in $dir)"
+    local v=k8s.io/component-base/version started=$SECONDS
+    # A fresh directory moved into place whole: a killed build leaves no half-filled entry.
+    tmp=$(mktemp -d "$dir.tmp.XXXXXX")
+    if ! (cd "$kas_module" && go build -trimpath \
+      -ldflags "-s -w -X $v.gitVersion=$k8s -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean" \
+      -o "$tmp/" k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager) >&2; then
+      rm -rf "$tmp"
+      die "building kube-scheduler and kube-controller-manager $k8s failed (see above)"
+    fi
+    rm -rf "$dir" && mv -T "$tmp" "$dir"
+    log "built kube-scheduler and kube-controller-manager in $((SECONDS - started))s"
+  fi
+  exec 8>&-
   echo "$dir"
 }
 
@@ -189,7 +237,8 @@ start_servers() {
   echo $! >"$cluster_dir/etcd.pid"
   wait_for etcd 30 "$cluster_dir/etcd.pid" "$cluster_dir/etcd.log" etcd_healthy
 
-  local pki=$cluster_dir/pki
+  local pki=$cluster_dir/pki extra=()
+  [[ -f $cluster_dir/apiserver.flags ]] && { read -ra extra <"$cluster_dir/apiserver.flags" || true; }
   setsid "$bins/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$port" \
@@ -202,6 +251,7 @@ start_servers() {
     --disable-admission-plugins ServiceAccount \
     --allow-privileged=true \
     --cert-dir "$cluster_dir/apiserver-certs" \
+    "${extra[@]}" \
     </dev/null >>"$cluster_dir/apiserver.log" 2>&1 &
   echo $! >"$cluster_dir/apiserver.pid"
   wait_for kube-apiserver 90 "$cluster_dir/apiserver.pid" "$cluster_dir/apiserver.log" ready
@@ -233,6 +283,7 @@ up() {
   free_port >"$cluster_dir/etcd.port"
   free_port >"$cluster_dir/etcd-peer.port"
   free_port >"$cluster_dir/apiserver.port"
+  echo "${PORTALLOC_APISERVER_FLAGS:-}" >"$cluster_dir/apiserver.flags"
   write_kubeconfig "$(cat "$cluster_dir/apiserver.port")"
   start_servers "$bins"
 
@@ -326,8 +377,9 @@ case ${1:-} in
   down) down ;;
   status) status ;;
   build) build ;;
+  build-controllers) build_controllers ;;
   stop) stop "${2:-}" ;;
   start) start ;;
   restart) stop "${2:-}" && start ;;
-  *) echo "usage: $0 up|down|status|build|stop [--kill]|start|restart [--kill]" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|build|build-controllers|stop [--kill]|start|restart [--kill]" >&2; exit 2 ;;
 esac

@@ -7,7 +7,8 @@
 # replace line for every staging module that version's own go.mod maps to ./staging/src/...
 # (a dependency's replace lines are ignored, so ours must map each to its published v0.X.Y).
 # Pins etcd in tests/controlplane/etcd/go.mod to the version that release's
-# build/dependencies.yaml names. The `tool` lines (kube-apiserver, kubectl) are kept.
+# build/dependencies.yaml names. The `tool` lines (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl) are kept.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -31,6 +32,10 @@ kas=tests/controlplane/kube-apiserver/go.mod
   awk '$1 == "godebug" {print; print ""}' "$dir/go.mod"
   echo "tool ("
   echo "	k8s.io/kubernetes/cmd/kube-apiserver"
+  echo "	// kube-scheduler and kube-controller-manager for the scheduling tests (scripts/local-cluster.sh"
+  echo "	// build-controllers): pods made by real controllers, placed by the real scheduler."
+  echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+  echo "	k8s.io/kubernetes/cmd/kube-scheduler"
   echo "	// kubectl for the krew install test (scripts/build-krew.sh), so it needs no kubectl on PATH."
   echo "	k8s.io/kubernetes/cmd/kubectl"
   echo ")"

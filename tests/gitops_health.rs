@@ -132,6 +132,18 @@ fn states() -> Vec<State> {
             ("Healthy", Is("PortPool of 2768 ports")),
             ("Current", Is("Resource is current")),
         ),
+        // The usage the watcher counted, and when.
+        state(
+            PP,
+            "counted",
+            (
+                "Healthy",
+                Is(
+                    "PortPool of 2768 ports: 120 allocated, 2648 free (largest free run 2510), counted at 2026-11-22T15:04:10Z",
+                ),
+            ),
+            ("Current", Is("Resource is current")),
+        ),
     ]
 }
 

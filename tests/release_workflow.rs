@@ -2,7 +2,8 @@
 //! `scripts/build-actionlint.sh`, with Debian's shellcheck linting every `run:` script) accepts
 //! them, and the release workflow builds, collects and publishes what a release needs: every
 //! krew platform's archive on a runner of that platform, the krew manifest from exactly those
-//! archives, and the image from the same linux binary.
+//! archives, the image from the same linux binary, and the Helm chart packaged with the plugin's
+//! version (`scripts/package-chart.sh`, run here with Helm built from its Go module).
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -199,15 +200,97 @@ fn release_job_publishes_the_manifest_of_exactly_the_built_archives_and_the_imag
     assert!(at("scripts/krew-manifest.sh") < at("validate-krew-manifest"));
     assert!(at("validate-krew-manifest") < at("gh release create"));
     assert!(at("scripts/build-image.sh --binary") < at("gh release create"));
+    assert!(at("scripts/package-chart.sh --out dist") < at("gh release create"));
     let create = &steps[at("gh release create")..];
     for asset in [
         "*.tar.gz",
         "*.tar.gz.sha256",
         "*_image_*.tar",
+        "kubectl-portalloc-*.tgz",
+        "kubectl-portalloc-*.tgz.sha256",
         "krew/portalloc.yaml",
     ] {
         assert!(create.contains(asset), "{asset} is not uploaded: {create}");
     }
+    let sums = &steps[at("SHA256SUMS")..];
+    assert!(sums.contains("./kubectl-portalloc-*.tgz"), "{sums}");
+    // Helm is built from its Go module by the script: the job sets up Go and caches its modules.
+    let go = job["steps"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|s| {
+            s["uses"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("actions/setup-go@"))
+        })
+        .expect("setup-go in the release job");
+    let cached = go["with"]["cache-dependency-path"].as_str().unwrap();
+    assert!(cached.contains("tests/tools/helm/go.sum"), "{cached}");
+}
+
+fn cargo_version() -> String {
+    let cargo = fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .expect("a version in Cargo.toml")
+        .to_string()
+}
+
+/// What the release job uploads: the chart at Cargo.toml's version, with the CRDs, the schema
+/// and the templates, and a checksum that matches it.
+#[test]
+fn package_chart_packages_the_chart_at_the_plugins_version() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(repo().join("scripts/package-chart.sh"))
+        .args(["--out", out.path().to_str().unwrap()])
+        .output()
+        .expect("run scripts/package-chart.sh");
+    assert!(output.status.success(), "{}", show(&output));
+    let version = cargo_version();
+    let name = format!("kubectl-portalloc-{version}.tgz");
+    let package = out.path().join(&name);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).lines().last(),
+        Some(package.to_str().unwrap())
+    );
+    let listing = Command::new("tar")
+        .arg("-tzf")
+        .arg(&package)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+    for file in [
+        "kubectl-portalloc/Chart.yaml",
+        "kubectl-portalloc/values.yaml",
+        "kubectl-portalloc/values.schema.json",
+        "kubectl-portalloc/crds/portalloc-crds.yaml",
+        "kubectl-portalloc/templates/watcher.yaml",
+        "kubectl-portalloc/templates/webhook-configuration.yaml",
+        "kubectl-portalloc/files/argocd/PortAllocation.lua",
+    ] {
+        assert!(
+            listing.lines().any(|l| l == file),
+            "{file} not in {name}: {listing}"
+        );
+    }
+    let chart = Command::new("tar")
+        .arg("-xzOf")
+        .arg(&package)
+        .arg("kubectl-portalloc/Chart.yaml")
+        .output()
+        .unwrap();
+    let chart: Value = serde_yaml::from_slice(&chart.stdout).unwrap();
+    assert_eq!(chart["version"].as_str(), Some(version.as_str()));
+    assert_eq!(chart["appVersion"].as_str(), Some(version.as_str()));
+    let check = Command::new("sha256sum")
+        .args(["-c", &format!("{name}.sha256")])
+        .current_dir(out.path())
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", show(&check));
 }
 
 /// Every action is pinned by a full commit SHA, with the version in a comment.

@@ -22,7 +22,8 @@ mod validate;
 mod workload;
 
 pub use admission::{
-    POD_ALLOCATION_LABEL, POD_ROLE_LABEL, PORTS_ANNOTATION, PodInjection, pod_patch,
+    DEFAULT_CONTAINER_ANNOTATION, POD_ALLOCATION_LABEL, POD_ROLE_LABEL, PORTS_ANNOTATION,
+    PodInjection, PodPort, declared_ports, declares_ports, pod_patch,
 };
 pub use allocation::*;
 pub use env_file::{ALLOCATION_LABEL, env_configmap, env_lines, quote_env_value};

@@ -1,5 +1,6 @@
 //! `PortPool`: a cluster-scoped set of ports that PortAllocations draw from.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,10 @@ use super::{PortRangeText, StaticBandSetting};
     printcolumn = r#"{"name":"Protocol","type":"string","jsonPath":".spec.protocol"}"#,
     printcolumn = r#"{"name":"Ranges","type":"string","jsonPath":".spec.ranges"}"#,
     printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
+    printcolumn = r#"{"name":"Allocated","type":"integer","jsonPath":".status.usage.allocated","description":"Ports held, as the watcher (sync --watch) last counted them; see Counted"}"#,
+    printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.usage.free","description":"Ports free to allocate, as last counted"}"#,
+    printcolumn = r#"{"name":"Largest Free Run","type":"integer","jsonPath":".status.usage.largestFreeRun","description":"The longest run of contiguous free ports: the largest block the pool can still give, as last counted"}"#,
+    printcolumn = r#"{"name":"Counted","type":"date","jsonPath":".status.usage.countedAt","description":"When the watcher last counted the usage (at least every 5 minutes while one runs); empty: no watcher keeps it, kubectl portalloc pool get counts on demand"}"#,
     printcolumn = r#"{"name":"Static","type":"string","priority":1,"jsonPath":".spec.staticBand"}"#,
     printcolumn = r#"{"name":"Reuse","type":"integer","priority":1,"jsonPath":".spec.nodeReuse"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -106,14 +111,38 @@ impl std::fmt::Display for Protocol {
     }
 }
 
-/// What `kubectl portalloc` last wrote about the pool as a whole. The holders are not here: they
-/// live in the pool's PortPoolShards (one per 256-port window), each its own compare-and-swap
-/// lock, so no allocation ever writes the PortPool. Usage per pool is the sum of its shards
-/// (`kubectl portalloc pool get`, or `kubectl get portpoolshards --field-selector spec.pool=NAME`).
+/// What is known of the pool as a whole. The holders are not here: they live in the pool's
+/// PortPoolShards (one per 256-port window), each its own compare-and-swap lock, so no
+/// allocation ever writes the PortPool. `kubectl portalloc` writes the size when it creates or
+/// changes the pool; the in-cluster watcher (`sync --watch`) keeps the usage, counted from the
+/// shards (`kubectl portalloc pool get` counts them on demand).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PortPoolStatus {
     /// Ports in the pool after exclusions, by its spec.
     #[serde(default)]
     pub size: i32,
+
+    /// How much of the pool is held, as the watcher last counted it; absent where no watcher
+    /// runs (or before its first count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<PortPoolUsage>,
+}
+
+/// The pool's usage over all its ports (both bands), as counted from its shards at `countedAt`.
+/// The watcher writes it when a figure changes, at most once per count (every 10 s), and
+/// again at least every 5 minutes while none does: a `countedAt` older than that means no
+/// watcher is counting.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PortPoolUsage {
+    /// Ports held by PortAllocations.
+    pub allocated: i32,
+    /// Ports free to allocate (size minus allocated).
+    pub free: i32,
+    /// The longest run of contiguous free ports inside one band: the largest block an automatic
+    /// allocation can still get.
+    pub largest_free_run: i32,
+    /// When these figures were counted.
+    pub counted_at: Time,
 }

@@ -28,6 +28,7 @@ mod resolve;
 mod session;
 mod sync;
 mod version;
+mod webhook_cert;
 mod webhook_server;
 
 use clap::{Parser, Subcommand};

@@ -1,7 +1,8 @@
 //! Liveness and readiness endpoints for `sync --watch` in a pod: `GET /healthz` answers 200
 //! while the process runs, `GET /readyz` 200 once the watcher has read every PortAllocation
-//! (503 before), and `GET /metrics` the Prometheus text format. Plain HTTP/1.1 on one port,
-//! which is all kubelet's probes and a Prometheus scrape need.
+//! (503 before, and again from SIGTERM on, so the Service in front of the webhook drops this
+//! replica), and `GET /metrics` the Prometheus text format. Plain HTTP/1.1 on one port, which
+//! is all kubelet's probes and a Prometheus scrape need.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -53,6 +54,11 @@ pub async fn serve(
                 let (status, body, content_type) = match path {
                     "/healthz" | "/livez" => ("200 OK", "ok\n".to_string(), text),
                     "/readyz" if readiness.is_ready() => ("200 OK", "ok\n".to_string(), text),
+                    "/readyz" if readiness.is_stopping() => (
+                        "503 Service Unavailable",
+                        "shutting down\n".to_string(),
+                        text,
+                    ),
                     "/readyz" => (
                         "503 Service Unavailable",
                         "initial list not complete\n".to_string(),

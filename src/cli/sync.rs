@@ -165,8 +165,11 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
     }
 }
 
-/// `sync --watch`: run the watcher until SIGTERM or Ctrl-C.
+/// `sync --watch`: run the watcher until SIGTERM or Ctrl-C. The first signal stops it
+/// gracefully (syncs in flight finish; the webhook drains); a second one stops it at once.
 async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
+    // Listening first: a SIGTERM during start-up must not kill the process half-registered.
+    let signals = listen_for_signals()?;
     let namespace = (!args.all_namespaces).then(|| session.namespace.clone());
     k8s::check_access(&session.client, namespace.as_deref()).await?;
     let readiness = Readiness::default();
@@ -183,6 +186,17 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         pool_metrics: args.probe_address.is_some(),
     };
+    // A long-lived process keeps its copies in memory; none on disk (a pod's root file system is
+    // read-only, and no later command would read them).
+    let allocator =
+        k8s::Allocator::new(session.client.clone()).with_policy(session.allocator.policy);
+    let webhook = super::webhook_server::start(
+        &session.client,
+        &args.webhook,
+        allocator.clone(),
+        metrics.clone(),
+    )
+    .await?;
     eprintln!(
         "watching PortAllocations in {} (resync every {:?}); stop with SIGTERM or Ctrl-C",
         options
@@ -193,42 +207,53 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
             )),
         options.resync
     );
-    // A long-lived process keeps its copies in memory; none on disk (a pod's root file system is
-    // read-only, and no later command would read them).
-    let allocator =
-        k8s::Allocator::new(session.client.clone()).with_policy(session.allocator.policy);
-    super::webhook_server::start(
-        &session.client,
-        &args.webhook,
-        allocator.clone(),
-        metrics.clone(),
-    )
-    .await?;
-    k8s::watch(
+    let watcher = k8s::watch(
         session.client,
         allocator,
         options,
-        readiness,
+        readiness.clone(),
         metrics,
-        shutdown_signal(),
-    )
-    .await;
-    Ok(())
-}
-
-/// SIGTERM (how kubelet stops a pod) or Ctrl-C.
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+        signalled(signals.clone(), 1),
+    );
+    let first = signalled(signals.clone(), 1);
+    let webhook = async {
+        first.await;
+        readiness.stop();
+        if let Some(webhook) = webhook {
+            webhook.drain().await;
         }
     };
     tokio::select! {
-        _ = terminate => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = async { tokio::join!(watcher, webhook) } => {}
+        _ = signalled(signals, 2) => tracing::warn!("second signal: stopping now"),
     }
-    tracing::info!("shutting down: finishing syncs in flight");
+    Ok(())
+}
+
+/// Count SIGTERM (how kubelet stops a pod) and Ctrl-C from now on.
+fn listen_for_signals() -> anyhow::Result<tokio::sync::watch::Receiver<u32>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())
+        .map_err(|e| anyhow::anyhow!("cannot listen for SIGTERM: {e}"))?;
+    let mut interrupt = signal(SignalKind::interrupt())
+        .map_err(|e| anyhow::anyhow!("cannot listen for SIGINT: {e}"))?;
+    let (count, counted) = tokio::sync::watch::channel(0u32);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            count.send_modify(|n| *n += 1);
+            if *count.borrow() == 1 {
+                tracing::info!("shutting down: finishing syncs and admissions in flight");
+            }
+        }
+    });
+    Ok(counted)
+}
+
+/// Once `n` signals have come.
+async fn signalled(mut counted: tokio::sync::watch::Receiver<u32>, n: u32) {
+    let _ = counted.wait_for(|count| *count >= n).await;
 }

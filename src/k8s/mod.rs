@@ -40,8 +40,8 @@ pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS}
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 pub use watch::{Metrics, Readiness, SyncResult, WatchOptions, check_access, watch};
 pub use webhook::{
-    ClientConfig, PodWebhook, ServingCert, WEBHOOK_TIMEOUT, WebhookTlsError, register_webhook,
-    serving_cert,
+    ClientConfig, PodWebhook, ServingCert, WEBHOOK_TIMEOUT, WebhookCa, WebhookTlsError,
+    register_webhook, repair_registration, serving_cert, webhook_ca,
 };
 
 /// The field manager name our writes are recorded under.

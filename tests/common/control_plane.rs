@@ -38,10 +38,16 @@ impl ControlPlane {
     /// `local-cluster.sh up` in `target/<name>-<pid>`, building kube-apiserver and etcd on first
     /// use (the script serialises concurrent builds). The kubeconfig is its last stdout line.
     pub fn up(name: &str) -> anyhow::Result<ControlPlane> {
+        Self::up_with(name, &[])
+    }
+
+    /// As [`up`](Self::up), with extra kube-apiserver flags (kept for `start`).
+    pub fn up_with(name: &str, apiserver_flags: &[&str]) -> anyhow::Result<ControlPlane> {
         let dir = repo_root()
             .join("target")
             .join(format!("{name}-{}", std::process::id()));
-        let stdout = script(&dir, &["up"])?;
+        let flags = apiserver_flags.join(" ");
+        let stdout = script_with(&dir, &["up"], &[("PORTALLOC_APISERVER_FLAGS", &flags)])?;
         // Owned from here on: a bad last line still stops the servers on drop.
         let mut plane = ControlPlane {
             dir,
@@ -146,6 +152,11 @@ pub fn install_crds(kubeconfig: &Path) -> anyhow::Result<()> {
 /// Its stderr (build and start-up progress) goes to ours as it comes, and its last lines are
 /// repeated in the error if the script fails.
 fn script(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    script_with(dir, args, &[])
+}
+
+/// [`script`] with more environment variables.
+fn script_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
     let path = repo_root().join("scripts/local-cluster.sh");
     let command = format!(
         "PORTALLOC_CLUSTER_DIR={} scripts/local-cluster.sh {}",
@@ -159,6 +170,7 @@ fn script(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
             "PORTALLOC_CLUSTER_OWNER_PID",
             std::process::id().to_string(),
         )
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -191,6 +191,7 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
         missing.to_str().unwrap(),
     );
 
+    let missing_ns = format!("{prefix}-nowhere");
     let cases = vec![
         // YAML and manifest shape.
         manifest(
@@ -784,6 +785,30 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
             &["sync", "-n", ns],
             2,
             &["name a PortAllocation, or pass --all"],
+        ),
+        // Out of the cluster before anything is installed in it (the README's --webhook-url
+        // run): the CA Secret's namespace is missing. It stops before registering anything.
+        case(
+            "webhook namespace missing",
+            &[
+                "sync",
+                "--watch",
+                "-n",
+                ns,
+                "--webhook-address",
+                "127.0.0.1:0",
+                "--webhook-url",
+                "https://127.0.0.1:9443",
+                "--webhook-namespace",
+                &missing_ns,
+            ],
+            3,
+            &[
+                &format!("Secret {missing_ns}/portalloc-webhook-ca"),
+                &format!("namespace \"{missing_ns}\" does not exist"),
+                &format!("kubectl create namespace {missing_ns}"),
+                "or pass --webhook-namespace NAMESPACE",
+            ],
         ),
         // Where to connect, and who may.
         case(

@@ -139,7 +139,7 @@ async fn references_to_missing_roles_and_ports_are_refused_at_apply() {
 }
 
 /// Every rule of the checked-in CRDs within the API server's static cost limits, by the API
-/// server's own estimator (the figures go in the README).
+/// server's own estimator (the figures go in docs/gitops.md).
 #[test]
 fn crd_rules_are_within_the_cost_budget() {
     let crds = support::repo_root().join("crds/portalloc-crds.yaml");

@@ -3,10 +3,11 @@
 
 Installed by the node simulation (tests/e2e/simulation) as `python3`, `ray` and `vllm` first on
 PATH. It reads each engine's own flags, binds every port they name (or the fixed default the
-real engine would bind) on 127.0.0.1, then connects to every address:port they name, resolving
-host names only through the simulation's map of pod DNS names. Every bind, connect and failure is
-one JSON line in $PORTALLOC_SIM_LOG. Once everything is bound and reached it serves (accepts and
-answers with its pod's name, so a connector can tell which pod it reached) until killed.
+real engine would bind) on 127.0.0.1 (or $PORTALLOC_SIM_BIND), then connects to every
+address:port they name, resolving host names only through the simulation's map of pod DNS names.
+Every bind, connect and failure is one JSON line in $PORTALLOC_SIM_LOG. Once everything is bound
+and reached it serves (accepts and answers with its pod's name, so a connector can tell which pod
+it reached) until killed.
 
 It fails loudly (exit 1, a "fail" line) on: a port already in use, an unknown host name, a peer
 that never answers, a connection that reaches another pod than the name says, and a flag it does
@@ -25,6 +26,9 @@ import time
 
 REAL_PYTHON = "/usr/bin/python3"
 POD = os.environ.get("PORTALLOC_SIM_POD", "?")
+# 127.0.0.1 on this machine; 0.0.0.0 in a simulated node's own network namespace, where peers
+# on other nodes connect to the node's address.
+BIND = os.environ.get("PORTALLOC_SIM_BIND", "127.0.0.1")
 TIMEOUT = float(os.environ.get("PORTALLOC_SIM_TIMEOUT", "30"))
 INVOCATION = "%s:%d" % (POD, os.getpid())
 PROG = "?"
@@ -170,11 +174,11 @@ class Node:
             # a port another socket listens on still may not (Linux).
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind((BIND, port))
             except OSError as e:
                 name = "EADDRINUSE" if e.errno == 98 else (os.strerror(e.errno) if e.errno else str(e))
                 emit("bind", port=port, why=why, ok=False, error=name)
-                raise Fail("cannot bind 127.0.0.1:%d (%s): %s" % (port, why, name))
+                raise Fail("cannot bind %s:%d (%s): %s" % (BIND, port, why, name))
             s.listen(64)
             self.listeners.append(s)
             emit("bind", port=s.getsockname()[1], requested=port, why=why, ok=True)

@@ -11,9 +11,10 @@ use kube::{Client, ResourceExt};
 use crate::api::{PortAllocation, PortAllocationStatus};
 use crate::core::Holdings;
 use crate::k8s::error::{KubeError, Target};
-use crate::k8s::record::{ListingCache, PoolCache, ShardCache};
+use crate::k8s::record::{ListingCache, PoolCache, ShardCache, read_pool};
+use crate::k8s::resources::POOLS;
 use crate::k8s::retry::{Attempts, Exhausted, RetryPolicy, Stop};
-use crate::ledger::{Refusal, ShardKey};
+use crate::ledger::{PoolSnapshot, Refusal, ShardKey};
 
 /// Why an allocation did not happen. Nothing is half-done in any of these cases: each shard
 /// write is all-or-nothing, and an owner spanning shards completes on its next sync.
@@ -140,6 +141,29 @@ impl Allocator {
             self.listings = ListingCache::disabled();
         }
         self
+    }
+
+    /// The spec of the pool `pa`'s ports were committed to: the copy this allocator keeps (from
+    /// its last read or write of the pool's record) when it is of that pool object, else read
+    /// now and kept. `None`: no such pool. The pod webhook asks this at every hostNetwork pod's
+    /// admission (the protocol its ports are declared in), so the copy saves a read per pod.
+    pub async fn pool_of(&self, pa: &PortAllocation) -> Result<Option<PoolSnapshot>, KubeError> {
+        let pool = pa.spec.pool.as_str();
+        let uid = pa.status.as_ref().and_then(|s| s.pool_uid.as_deref());
+        if let Some(copy) = self.pools.get(pool)
+            && uid.is_none_or(|uid| uid == copy.uid)
+        {
+            return Ok(Some(copy));
+        }
+        match read_pool(&self.client, pool).await {
+            Ok(Some(object)) => {
+                let copy = PoolSnapshot::of_pool(&object);
+                self.pools.remember(pool, &copy);
+                Ok(Some(copy))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(KubeError::from_kube(e, POOLS.on("get", pool, None))),
+        }
     }
 
     /// Wait before the next round, or end the loop with the error the caller reports.

@@ -13,7 +13,8 @@ use crate::ledger::{PoolRecord, PoolSnapshot, WindowRecord, record_warnings};
 pub struct PoolView {
     /// Copy 0: the whole pool without reuse.
     pub record: WindowRecord,
-    /// The other copies that have shards (`nodeReuse`), ascending.
+    /// The other copies (`nodeReuse`), ascending: every copy below the pool's `nodeReuse`
+    /// (empty when it has no shard yet), and any past it that still has shards.
     pub reused: Vec<(u16, WindowRecord)>,
     /// The pool's `nodeReuse`.
     pub reuse: u16,
@@ -33,9 +34,16 @@ impl PoolView {
         }
     }
 
-    /// Every copy that has shards, copy 0 first.
+    /// Every copy, copy 0 first.
     pub fn copies(&self) -> impl Iterator<Item = (u16, &WindowRecord)> {
         std::iter::once((0, &self.record)).chain(self.reused.iter().map(|(c, r)| (*c, r)))
+    }
+
+    /// The copies new holders may use (below `nodeReuse`): what is free is free in these.
+    pub fn usable(&self) -> impl Iterator<Item = &WindowRecord> {
+        self.copies()
+            .filter(|(copy, _)| *copy < self.reuse)
+            .map(|(_, record)| record)
     }
 
     /// Ports held in all copies together.
@@ -72,11 +80,12 @@ pub async fn pool_view(
 pub fn view_of(record: &PoolRecord) -> PoolView {
     PoolView {
         record: record.first().union_record(),
-        reused: record
-            .copies
-            .iter()
-            .filter(|(copy, _)| **copy > 0)
-            .map(|(&copy, shards)| (copy, shards.union_record()))
+        reused: (1..record.reuse())
+            .chain(record.copies.keys().copied())
+            .collect::<std::collections::BTreeSet<u16>>()
+            .into_iter()
+            .filter(|&copy| copy > 0)
+            .map(|copy| (copy, record.copy_or_empty(copy).union_record()))
             .collect(),
         reuse: record.reuse(),
         shards: record.shard_count(),

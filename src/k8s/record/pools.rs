@@ -159,15 +159,49 @@ async fn initialize_status(
     created: PortPool,
     ports: &PortSet,
 ) -> Result<PortPool, KubeError> {
-    let name = created.name_any();
-    let mut initialized = created;
-    initialized.status = Some(PortPoolStatus {
-        size: i32::try_from(ports.len()).unwrap_or(i32::MAX),
-    });
-    pools
-        .replace_status(&name, &crate::k8s::write_params(), &initialized)
-        .await
-        .map_err(|e| KubeError::from_kube(e, POOL_STATUS.on("update", &name, None)))
+    write_size(pools, created, ports.len()).await
+}
+
+/// Write the pool's size on its status (a compare-and-swap on `pool` as read), keeping the rest
+/// (the watcher's usage summary). The watcher writes the status too: after a conflict, read
+/// again and write again, the size then by the spec read, as long as that spec is unchanged.
+async fn write_size(
+    pools: &Api<PortPool>,
+    mut pool: PortPool,
+    size: u32,
+) -> Result<PortPool, KubeError> {
+    let name = pool.name_any();
+    let spec = pool.spec.clone();
+    let mut attempts = 0;
+    loop {
+        pool.status = Some(PortPoolStatus {
+            size: i32::try_from(size).unwrap_or(i32::MAX),
+            ..pool.status.take().unwrap_or_default()
+        });
+        attempts += 1;
+        match pools
+            .replace_status(&name, &crate::k8s::write_params(), &pool)
+            .await
+        {
+            Ok(written) => return Ok(written),
+            Err(kube::Error::Api(s)) if s.is_conflict() && attempts < 3 => {
+                pool = pools
+                    .get(&name)
+                    .await
+                    .map_err(|e| KubeError::from_kube(e, POOLS.on("get", &name, None)))?;
+                if pool.spec != spec {
+                    // Someone else changed the spec, and writes its size.
+                    return Ok(pool);
+                }
+            }
+            Err(e) => {
+                return Err(KubeError::from_kube(
+                    e,
+                    POOL_STATUS.on("update", &name, None),
+                ));
+            }
+        }
+    }
 }
 
 /// Every shard of a new pool's first copy, empty, with the pool's spec (the shards of further
@@ -232,16 +266,12 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
             existing.spec = pool.spec;
             // The resourceVersion just read makes this a compare-and-swap: a conflict is
             // reported (a rerun is safe) rather than overwriting someone else's change.
-            let mut updated = api
+            let updated = api
                 .replace(&name, &crate::k8s::write_params(), &existing)
                 .await
                 .map_err(|e| KubeError::from_kube(e, POOLS.on("update", &name, None)))?;
-            updated.status = Some(PortPoolStatus {
-                size: i32::try_from(ports.len()).unwrap_or(i32::MAX),
-            });
-            api.replace_status(&name, &crate::k8s::write_params(), &updated)
-                .await
-                .map_err(|e| KubeError::from_kube(e, POOL_STATUS.on("update", &name, None)))?;
+            // The usage summary stays until the watcher counts under the new spec.
+            write_size(&api, updated, ports.len()).await?;
             carry_spec(client, &name).await?;
             Ok(Applied::Configured)
         }
@@ -382,19 +412,33 @@ pub async fn delete_pool(
         });
     }
     let pools: Api<PortPool> = Api::all(client.clone());
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            resource_version: if force { None } else { pool.resource_version() },
-            uid: pool.uid(),
-        }),
-        ..Default::default()
-    };
-    match pools.delete(name, &params).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.is_conflict() => {
-            return Err(PoolError::Changed { pool: name.into() });
+    let (mut pool, mut attempts) = (pool, 0);
+    loop {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: if force { None } else { pool.resource_version() },
+                uid: pool.uid(),
+            }),
+            ..Default::default()
+        };
+        attempts += 1;
+        match pools.delete(name, &params).await {
+            Ok(_) => break,
+            // The watcher's usage count changes the version, not the spec (its generation).
+            Err(kube::Error::Api(s)) if s.is_conflict() && attempts < 3 => {
+                let current = get_pool(client, name).await?;
+                if current.uid() != pool.uid()
+                    || current.metadata.generation != pool.metadata.generation
+                {
+                    return Err(PoolError::Changed { pool: name.into() });
+                }
+                pool = current;
+            }
+            Err(kube::Error::Api(s)) if s.is_conflict() => {
+                return Err(PoolError::Changed { pool: name.into() });
+            }
+            Err(e) => return Err(KubeError::from_kube(e, POOLS.on("delete", name, None)).into()),
         }
-        Err(e) => return Err(KubeError::from_kube(e, POOLS.on("delete", name, None)).into()),
     }
     let shards: Vec<PortPoolShard> = store
         .list(name)

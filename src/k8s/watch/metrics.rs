@@ -1,21 +1,25 @@
-//! What the in-cluster watcher tells Prometheus (`GET /metrics` on its probe address), in the
-//! Prometheus text format, names and units by Prometheus' conventions (base units, `_total`
-//! on counters), checked by `promtool check metrics` in the tests.
+//! What the in-cluster watcher tells Prometheus (`GET /metrics` on its probe address): metric
+//! families of the `prometheus` crate in a registry of their own, written by its TextEncoder
+//! (the text format 0.0.4), names and units by Prometheus' conventions (base units, `_total` on
+//! counters), checked by `promtool check metrics` in the tests.
 //!
-//! Counters and the sync histogram are bumped as syncs happen; the pool gauges and the count
-//! of PortAllocations by phase are refreshed every [`REFRESH`] from the pools' shards (one
-//! LIST per pool) and the watcher's own cache of PortAllocations (no request).
+//! Counters and the histograms are bumped as syncs and admissions happen; the pool gauges and the
+//! PortAllocations by phase (and each stalled one by name) are refreshed every [`REFRESH`] from
+//! the pools' shards ([`super::pool_usage`], one LIST per pool) and the watcher's own cache of
+//! PortAllocations (no request).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
-use crate::api::{PortAllocation, PortPool};
+use super::pool_usage::{Count, CountedPool};
+use crate::api::PortAllocation;
 use crate::core::Band;
-use crate::k8s::record::pool_view;
 use crate::ledger::CONDITION_STALLED;
 
 /// How often the pool and PortAllocation gauges are read again.
@@ -41,6 +45,13 @@ pub enum SyncResult {
 }
 
 impl SyncResult {
+    const ALL: [SyncResult; 4] = [
+        SyncResult::Changed,
+        SyncResult::Unchanged,
+        SyncResult::Refused,
+        SyncResult::Error,
+    ];
+
     fn label(self) -> &'static str {
         match self {
             SyncResult::Changed => "changed",
@@ -51,102 +62,204 @@ impl SyncResult {
     }
 }
 
-/// A band gauge's name, help, and how to read it.
-type BandFamily = (&'static str, &'static str, fn(&BandGauges) -> u32);
-
-/// One band of one pool, as last read.
-#[derive(Clone, Debug, PartialEq)]
-struct BandGauges {
-    size: u32,
-    allocated: u32,
-    largest_free_run: u32,
+/// A gauge family whose series are all replaced at each refresh: a series not set again is
+/// removed, so it is present exactly while what it counts exists.
+struct Replaced {
+    family: IntGaugeVec,
+    shown: Mutex<BTreeSet<Vec<String>>>,
 }
 
-/// A latency histogram over [`SYNC_BUCKETS`].
-#[derive(Default)]
-struct Histogram {
-    buckets: [u64; SYNC_BUCKETS.len()],
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    fn observe(&mut self, took: Duration) {
-        let seconds = took.as_secs_f64();
-        for (count, bound) in self.buckets.iter_mut().zip(SYNC_BUCKETS) {
-            if seconds <= bound {
-                *count += 1;
-            }
+impl Replaced {
+    fn new(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Replaced {
+        let family = IntGaugeVec::new(Opts::new(name, help), labels).expect(WELL_FORMED);
+        registry
+            .register(Box::new(family.clone()))
+            .expect(WELL_FORMED);
+        Replaced {
+            family,
+            shown: Mutex::default(),
         }
-        self.sum += seconds;
-        self.count += 1;
     }
 
-    fn render(&self, out: &mut String, name: &str) {
-        for (count, bound) in self.buckets.iter().zip(SYNC_BUCKETS) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
+    /// Set every series of `values` (label values in the family's label order), remove the rest.
+    fn replace(&self, values: BTreeMap<Vec<String>, i64>) {
+        let mut shown = self.shown.lock().unwrap_or_else(|p| p.into_inner());
+        for (labels, value) in &values {
+            self.family.with_label_values(&strs(labels)).set(*value);
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum {}", self.sum);
-        let _ = writeln!(out, "{name}_count {}", self.count);
+        for gone in shown.iter().filter(|labels| !values.contains_key(*labels)) {
+            // Already absent is fine: nothing else removes series of this family.
+            let _ = self.family.remove_label_values(&strs(gone));
+        }
+        *shown = values.into_keys().collect();
     }
 }
 
-#[derive(Default)]
-struct Values {
-    syncs: BTreeMap<SyncResult, u64>,
+fn strs(labels: &[String]) -> Vec<&str> {
+    labels.iter().map(String::as_str).collect()
+}
+
+/// Registering fixed, distinct, well-formed families cannot fail (the unit tests register them).
+const WELL_FORMED: &str = "metric families are distinct and well formed";
+
+struct Families {
+    registry: Registry,
+    pool_ports: Replaced,
+    pool_allocated: Replaced,
+    pool_free: Replaced,
+    pool_largest_free_run: Replaced,
+    allocations: Replaced,
+    stalled: Replaced,
+    syncs: IntCounterVec,
     sync_seconds: Histogram,
-    admissions: BTreeMap<&'static str, u64>,
+    admissions: IntCounterVec,
     admission_seconds: Histogram,
-    conflicts: u64,
-    retries: u64,
-    watch_restarts: BTreeMap<&'static str, u64>,
-    pool_refresh_errors: u64,
-    /// (pool, band) -> gauges.
-    bands: BTreeMap<(String, &'static str), BandGauges>,
-    /// (phase, reason) -> PortAllocations.
-    allocations: BTreeMap<(String, String), u64>,
+    conflicts: IntCounter,
+    retries: IntCounter,
+    watch_restarts: IntCounterVec,
+    pool_refresh_errors: IntCounter,
+}
+
+impl Families {
+    fn new() -> Families {
+        let registry = Registry::new();
+        let band = |name, help| Replaced::new(&registry, name, help, &["pool", "band"]);
+        let counter = |name, help| {
+            let counter = IntCounter::new(name, help).expect(WELL_FORMED);
+            registry
+                .register(Box::new(counter.clone()))
+                .expect(WELL_FORMED);
+            counter
+        };
+        // Counters by label start at 0 for every value, so a rate() sees the first increment.
+        let counters = |name, help, label, values: &[&str]| {
+            let family = IntCounterVec::new(Opts::new(name, help), &[label]).expect(WELL_FORMED);
+            registry
+                .register(Box::new(family.clone()))
+                .expect(WELL_FORMED);
+            for value in values {
+                family.with_label_values(&[*value]);
+            }
+            family
+        };
+        let histogram = |name, help| {
+            let opts = HistogramOpts::new(name, help).buckets(SYNC_BUCKETS.to_vec());
+            let histogram = Histogram::with_opts(opts).expect(WELL_FORMED);
+            registry
+                .register(Box::new(histogram.clone()))
+                .expect(WELL_FORMED);
+            histogram
+        };
+        Families {
+            pool_ports: band(
+                "portalloc_pool_ports",
+                "Ports in the pool's band, after exclusions.",
+            ),
+            pool_allocated: band(
+                "portalloc_pool_allocated_ports",
+                "Ports of the band held by PortAllocations.",
+            ),
+            pool_free: band(
+                "portalloc_pool_free_ports",
+                "Ports of the band free to allocate.",
+            ),
+            pool_largest_free_run: band(
+                "portalloc_pool_largest_free_run_ports",
+                "The longest run of contiguous free ports in the band: the largest block it can still give.",
+            ),
+            allocations: Replaced::new(
+                &registry,
+                "portalloc_allocations",
+                "PortAllocations in view, by phase and by the reason of a Stalled condition (empty when not stalled).",
+                &["phase", "reason"],
+            ),
+            // The cardinality is that of the problems: a series only while an object is stalled.
+            stalled: Replaced::new(
+                &registry,
+                "portalloc_allocation_stalled",
+                "1 for each PortAllocation whose Stalled condition is True, by its namespace, name and the condition's reason; no series for one that is not stalled.",
+                &["namespace", "name", "reason"],
+            ),
+            syncs: counters(
+                "portalloc_syncs_total",
+                "Syncs of PortAllocations by the watcher, by result.",
+                "result",
+                &SyncResult::ALL.map(SyncResult::label),
+            ),
+            sync_seconds: histogram(
+                "portalloc_sync_duration_seconds",
+                "How long one sync took, from its first read to its last write.",
+            ),
+            admissions: counters(
+                "portalloc_admissions_total",
+                "Answers of the pod webhook, by result (allowed, denied, invalid, error).",
+                "result",
+                &["allowed", "denied", "invalid", "error"],
+            ),
+            admission_seconds: histogram(
+                "portalloc_admission_duration_seconds",
+                "How long the pod webhook took to answer, a sync of a new PortAllocation included.",
+            ),
+            conflicts: counter(
+                "portalloc_cas_conflicts_total",
+                "Writes refused with 409 Conflict (someone wrote the shard or object first), each followed by a new read.",
+            ),
+            retries: counter(
+                "portalloc_sync_retries_total",
+                "Attempts beyond the first, over all syncs.",
+            ),
+            watch_restarts: counters(
+                "portalloc_watch_restarts_total",
+                "Watch streams that failed and started over, by watch.",
+                "watch",
+                &["allocations", "deletions"],
+            ),
+            pool_refresh_errors: counter(
+                "portalloc_pool_refresh_errors_total",
+                "Pools whose shards could not be read for these metrics.",
+            ),
+            registry,
+        }
+    }
 }
 
 /// The watcher's metrics; clones share them.
-#[derive(Clone, Default)]
-pub struct Metrics(Arc<Mutex<Values>>);
+#[derive(Clone)]
+pub struct Metrics(Arc<Families>);
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics(Arc::new(Families::new()))
+    }
+}
 
 impl Metrics {
-    fn with<T>(&self, f: impl FnOnce(&mut Values) -> T) -> T {
-        f(&mut self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()))
-    }
-
     /// One sync: how it ended, how long it took, and its conflicts and attempts.
     pub fn record_sync(&self, result: SyncResult, took: Duration, conflicts: u32, attempts: u32) {
-        self.with(|v| {
-            *v.syncs.entry(result).or_default() += 1;
-            v.sync_seconds.observe(took);
-            v.conflicts += u64::from(conflicts);
-            v.retries += u64::from(attempts.saturating_sub(1));
-        });
+        let m = &self.0;
+        m.syncs.with_label_values(&[result.label()]).inc();
+        m.sync_seconds.observe(took.as_secs_f64());
+        m.conflicts.inc_by(u64::from(conflicts));
+        m.retries.inc_by(u64::from(attempts.saturating_sub(1)));
     }
 
     /// One answer of the pod webhook: `allowed`, `denied`, `invalid` (not a pod review) or
     /// `error`.
     pub fn record_admission(&self, result: &'static str, took: Duration) {
-        self.with(|v| {
-            *v.admissions.entry(result).or_default() += 1;
-            v.admission_seconds.observe(took);
-        });
+        self.0.admissions.with_label_values(&[result]).inc();
+        self.0.admission_seconds.observe(took.as_secs_f64());
     }
 
     /// A watch stream that failed and starts over (`watch` names which).
     pub fn record_watch_restart(&self, watch: &'static str) {
-        self.with(|v| *v.watch_restarts.entry(watch).or_default() += 1);
+        self.0.watch_restarts.with_label_values(&[watch]).inc();
     }
 
-    /// Count PortAllocations by phase and, for a stalled one, the reason it is stalled.
+    /// Count PortAllocations by phase and, for a stalled one, the reason it is stalled; and name
+    /// each stalled one.
     pub fn set_allocations<'a>(&self, allocations: impl IntoIterator<Item = &'a PortAllocation>) {
-        let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut counts: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+        let mut stalled = BTreeMap::new();
         for pa in allocations {
             let status = pa.status.as_ref();
             let phase = status
@@ -158,139 +271,61 @@ impl Metrics {
                         .iter()
                         .find(|c| c.type_ == CONDITION_STALLED && c.status == "True")
                 })
-                .map_or(String::new(), |c| c.reason.clone());
-            *counts.entry((phase, reason)).or_default() += 1;
+                .map(|c| c.reason.clone());
+            if let Some(reason) = &reason {
+                let object = vec![pa.namespace().unwrap_or_default(), pa.name_any()];
+                stalled.insert([object, vec![reason.clone()]].concat(), 1);
+            }
+            *counts
+                .entry(vec![phase, reason.unwrap_or_default()])
+                .or_default() += 1;
         }
-        self.with(|v| v.allocations = counts);
+        self.0.allocations.replace(counts);
+        self.0.stalled.replace(stalled);
     }
 
-    /// Read every pool's shards and set its band gauges; pools gone since are dropped.
-    pub async fn refresh_pools(&self, client: &Client) {
-        let pools = match Api::<PortPool>::all(client.clone())
-            .list(&Default::default())
-            .await
-        {
-            Ok(pools) => pools.items,
-            Err(e) => {
-                tracing::debug!("metrics: listing pools: {e}");
-                self.with(|v| v.pool_refresh_errors += 1);
-                return;
-            }
-        };
-        let mut bands = BTreeMap::new();
-        let mut errors = 0;
-        for pool in pools {
-            let name = pool.name_any();
-            let Ok(Ok(view)) = pool_view(client, pool).await else {
-                errors += 1;
-                continue;
-            };
-            let state = &view.record.state;
+    /// Set the band gauges of every pool counted (pools gone since are dropped), and count
+    /// those that could not be read.
+    pub fn set_pools(&self, count: &Count) {
+        let m = &self.0;
+        let (mut size, mut allocated, mut free, mut run) = Default::default();
+        for CountedPool { pool, view } in &count.pools {
+            // With nodeReuse every usable copy counts: the pool holds its size once per copy.
             for (band, label) in [(Band::Static, "static"), (Band::Dynamic, "dynamic")] {
-                let usage = state.usage(band);
-                let gauges = BandGauges {
-                    size: usage.size,
-                    allocated: usage.used,
-                    largest_free_run: state.largest_free_run(band),
+                let key = vec![pool.name_any(), label.to_string()];
+                let set = |map: &mut BTreeMap<_, _>, value: u32| {
+                    map.insert(key.clone(), i64::from(value));
                 };
-                bands.insert((name.clone(), label), gauges);
+                let usable = || view.usable().map(|r| &r.state);
+                set(&mut size, usable().map(|s| s.usage(band).size).sum());
+                let used = view.copies().map(|(_, r)| r.state.usage(band).used);
+                set(&mut allocated, used.sum());
+                set(&mut free, usable().map(|s| s.usage(band).free()).sum());
+                let longest = usable().map(|s| s.largest_free_run(band)).max();
+                set(&mut run, longest.unwrap_or(0));
             }
         }
-        self.with(|v| {
-            v.bands = bands;
-            v.pool_refresh_errors += errors;
-        });
+        m.pool_ports.replace(size);
+        m.pool_allocated.replace(allocated);
+        m.pool_free.replace(free);
+        m.pool_largest_free_run.replace(run);
+        m.pool_refresh_errors.inc_by(count.unreadable);
+    }
+
+    /// The pools could not be listed: the gauges keep their last values.
+    pub fn record_pool_list_error(&self) {
+        self.0.pool_refresh_errors.inc();
     }
 
     /// The text exposition format, version 0.0.4.
     pub fn render(&self) -> String {
-        self.with(|v| {
-            let mut out = String::new();
-            let band_gauges: [BandFamily; 4] = [
-                ("portalloc_pool_ports", "Ports in the pool's band, after exclusions.", |g| g.size),
-                ("portalloc_pool_allocated_ports", "Ports of the band held by PortAllocations.", |g| g.allocated),
-                ("portalloc_pool_free_ports", "Ports of the band free to allocate.", |g| g.size - g.allocated),
-                (
-                    "portalloc_pool_largest_free_run_ports",
-                    "The longest run of contiguous free ports in the band: the largest block it can still give.",
-                    |g| g.largest_free_run,
-                ),
-            ];
-            for (name, help, value) in band_gauges {
-                family(&mut out, name, "gauge", help);
-                for ((pool, band), gauges) in &v.bands {
-                    let (pool, value) = (escape(pool), value(gauges));
-                    let _ = writeln!(out, "{name}{{pool=\"{pool}\",band=\"{band}\"}} {value}");
-                }
-            }
-            let name = family(&mut out, "portalloc_allocations",
-                "gauge",
-                "PortAllocations in view, by phase and by the reason of a Stalled condition (empty when not stalled).",
-            );
-            for ((phase, reason), count) in &v.allocations {
-                let _ = writeln!(out, "{name}{{phase=\"{phase}\",reason=\"{}\"}} {count}", escape(reason));
-            }
-            let name = family(&mut out, "portalloc_syncs_total", "counter", "Syncs of PortAllocations by the watcher, by result.");
-            for result in [SyncResult::Changed, SyncResult::Unchanged, SyncResult::Refused, SyncResult::Error] {
-                let count = v.syncs.get(&result).copied().unwrap_or(0);
-                let _ = writeln!(out, "{name}{{result=\"{}\"}} {count}", result.label());
-            }
-            let name = family(&mut out, "portalloc_sync_duration_seconds",
-                "histogram",
-                "How long one sync took, from its first read to its last write.",
-            );
-            v.sync_seconds.render(&mut out, name);
-            let name = family(
-                &mut out,
-                "portalloc_admissions_total",
-                "counter",
-                "Answers of the pod webhook, by result (allowed, denied, invalid, error).",
-            );
-            for result in ["allowed", "denied", "invalid", "error"] {
-                let count = v.admissions.get(result).copied().unwrap_or(0);
-                let _ = writeln!(out, "{name}{{result=\"{result}\"}} {count}");
-            }
-            let name = family(
-                &mut out,
-                "portalloc_admission_duration_seconds",
-                "histogram",
-                "How long the pod webhook took to answer, a sync of a new PortAllocation included.",
-            );
-            v.admission_seconds.render(&mut out, name);
-            let name = family(&mut out, "portalloc_cas_conflicts_total",
-                "counter",
-                "Writes refused with 409 Conflict (someone wrote the shard or object first), each followed by a new read.",
-            );
-            let _ = writeln!(out, "{name} {}", v.conflicts);
-            let name = family(&mut out, "portalloc_sync_retries_total", "counter", "Attempts beyond the first, over all syncs.");
-            let _ = writeln!(out, "{name} {}", v.retries);
-            let name = family(&mut out, "portalloc_watch_restarts_total", "counter", "Watch streams that failed and started over, by watch.");
-            for watch in ["allocations", "deletions"] {
-                let count = v.watch_restarts.get(watch).copied().unwrap_or(0);
-                let _ = writeln!(out, "{name}{{watch=\"{watch}\"}} {count}");
-            }
-            let name = family(&mut out, "portalloc_pool_refresh_errors_total",
-                "counter",
-                "Pools whose shards could not be read for these metrics.",
-            );
-            let _ = writeln!(out, "{name} {}", v.pool_refresh_errors);
-            out
-        })
+        let families = self.0.registry.gather();
+        // Only fails on a family the registry would not have gathered (a histogram without
+        // buckets, an empty name): none of ours.
+        TextEncoder::new()
+            .encode_to_string(&families)
+            .unwrap_or_else(|e| format!("# encoding the metrics failed: {e}\n"))
     }
-}
-
-/// The `# HELP` and `# TYPE` lines of a metric family; returns its name for the samples.
-fn family<'a>(out: &mut String, name: &'a str, kind: &str, help: &str) -> &'a str {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    name
-}
-
-/// A label value as the text format wants it.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -324,8 +359,64 @@ mod tests {
         }
     }
 
+    fn allocation(namespace: &str, name: &str, stalled: Option<&str>) -> PortAllocation {
+        let conditions: Vec<_> = stalled
+            .map(|reason| {
+                serde_json::json!({"type": CONDITION_STALLED, "status": "True", "reason": reason,
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})
+            })
+            .into_iter()
+            .collect();
+        let phase = if stalled.is_some() {
+            "Failed"
+        } else {
+            "Allocated"
+        };
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "portalloc.dev/v1alpha1", "kind": "PortAllocation",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"pool": "gpu", "roles": []},
+            "status": {"phase": phase, "conditions": conditions},
+        }))
+        .unwrap()
+    }
+
     #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    fn a_stalled_object_has_a_series_only_while_it_is_stalled() {
+        let metrics = Metrics::default();
+        let series =
+            r#"portalloc_allocation_stalled{name="big",namespace="llm",reason="PoolFull"} 1"#;
+        let big = allocation("llm", "big", Some("PoolFull"));
+        let ok = allocation("llm", "ok", None);
+        metrics.set_allocations([&big, &ok]);
+        let text = metrics.render();
+        assert!(text.lines().any(|l| l == series), "{text}");
+        assert!(!text.contains(r#"name="ok""#), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l == r#"portalloc_allocations{phase="Failed",reason="PoolFull"} 1"#),
+            "{text}"
+        );
+
+        // Now held under another reason: the old series goes, the new one comes.
+        let held = allocation("llm", "big", Some("PortHeld"));
+        metrics.set_allocations([&held, &ok]);
+        let text = metrics.render();
+        assert!(!text.contains("PoolFull"), "{text}");
+        assert!(
+            text.contains(r#"name="big",namespace="llm",reason="PortHeld"} 1"#),
+            "{text}"
+        );
+
+        // Fixed: no series at all, and no sample of the family.
+        let fixed = allocation("llm", "big", None);
+        metrics.set_allocations([&fixed, &ok]);
+        let text = metrics.render();
+        assert!(!text.contains("portalloc_allocation_stalled{"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l == r#"portalloc_allocations{phase="Allocated",reason=""} 2"#),
+            "{text}"
+        );
     }
 }

@@ -11,11 +11,16 @@
 //!   and every `resync`: it frees entries whose owner UID no longer exists (deletions missed
 //!   while no watcher ran), by the same one-pass argument as `kubectl portalloc repair`.
 //!
+//! Beside them, every [`metrics::REFRESH`]: the gauges of `/metrics` and, with every namespace
+//! in view and where this identity may write pools' status, each PortPool's usage summary
+//! ([`pool_usage`]).
+//!
 //! No leader election is needed for safety: every write is a compare-and-swap on the pool's
 //! resourceVersion, so two watchers (or a watcher and any number of CLI clients) at once never
 //! hand out a port twice. They only cost each other conflicts.
 
 pub mod metrics;
+pub mod pool_usage;
 
 pub use metrics::{Metrics, SyncResult};
 use std::sync::Arc;
@@ -52,21 +57,39 @@ pub struct WatchOptions {
     /// How many PortAllocations are synced at once.
     pub concurrency: u16,
     /// Whether to read every pool's shards each [`metrics::REFRESH`] for the pool gauges
-    /// (when `/metrics` is served).
+    /// (when `/metrics` is served). A watcher of every namespace reads them anyway where its
+    /// identity may keep the pools' usage summary ([`pool_usage`]).
     pub pool_metrics: bool,
 }
 
-/// Whether the watcher has read every PortAllocation once (and, cluster-wide, repaired).
+/// Whether the watcher has read every PortAllocation once, and is not shutting down: a
+/// replica that got SIGTERM reports not ready at once, so the Service in front of its webhook
+/// drops it while it still answers.
 #[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness(Arc<ReadinessState>);
+
+#[derive(Debug, Default)]
+struct ReadinessState {
+    listed: AtomicBool,
+    stopping: AtomicBool,
+}
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.listed.load(Ordering::Relaxed) && !self.is_stopping()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.0.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Not ready from now on (shutting down).
+    pub fn stop(&self) {
+        self.0.stopping.store(true, Ordering::Relaxed);
     }
 
     fn set(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.listed.store(true, Ordering::Relaxed);
     }
 }
 
@@ -117,32 +140,8 @@ const NEEDED: [(&str, &str, &str, &str); 14] = [
 /// Ask the API server (SelfSubjectAccessReview) whether this identity may do everything the
 /// watcher does, so a missing binding is one clear error at start, not retries forever.
 pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), KubeError> {
-    let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     for (verb, group, resource, subresource) in NEEDED {
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(ResourceAttributes {
-                    group: Some(group.to_string()),
-                    resource: Some(resource.to_string()),
-                    subresource: (!subresource.is_empty()).then(|| subresource.to_string()),
-                    verb: Some(verb.to_string()),
-                    namespace: namespace.map(str::to_string),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let target = crate::k8s::resources::Resource {
-            plural: "selfsubjectaccessreviews.authorization.k8s.io",
-            kind: "SelfSubjectAccessReview",
-        }
-        .all("create", None);
-        let answer = reviews
-            .create(&crate::k8s::write_params(), &review)
-            .await
-            .map_err(|e| KubeError::from_kube(e, target))?;
-        if !answer.status.is_some_and(|s| s.allowed) {
+        if !allowed(client, verb, group, resource, subresource, namespace).await? {
             let qualified = match group {
                 "" => resource.to_string(),
                 group => format!("{resource}.{group}"),
@@ -170,6 +169,42 @@ pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<()
         }
     }
     Ok(())
+}
+
+/// Whether this identity may do `verb` on `resource/subresource` (in `namespace`, or everywhere),
+/// by the API server's answer to a SelfSubjectAccessReview.
+async fn allowed(
+    client: &Client,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    subresource: &str,
+    namespace: Option<&str>,
+) -> Result<bool, KubeError> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group.to_string()),
+                resource: Some(resource.to_string()),
+                subresource: (!subresource.is_empty()).then(|| subresource.to_string()),
+                verb: Some(verb.to_string()),
+                namespace: namespace.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let target = crate::k8s::resources::Resource {
+        plural: "selfsubjectaccessreviews.authorization.k8s.io",
+        kind: "SelfSubjectAccessReview",
+    }
+    .all("create", None);
+    let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&crate::k8s::write_params(), &review)
+        .await
+        .map_err(|e| KubeError::from_kube(e, target))?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 /// Run until `shutdown` completes; in-flight syncs finish first.
@@ -211,11 +246,14 @@ pub async fn watch(
     let controller = Controller::for_stream(objects, reader)
         .with_config(ControllerConfig::default().concurrency(options.concurrency));
     let store = controller.store();
+    // Pools are cluster-wide: their usage is kept by the watcher of every namespace, as the
+    // repair pass is, not by one confined to a namespace (a tenant's, or a webhook's).
+    let cluster_wide = options.namespace.is_none();
     tokio::spawn(refresh_gauges(
         client.clone(),
         store.clone(),
         metrics.clone(),
-        options.pool_metrics,
+        (options.pool_metrics, cluster_wide),
         stop_rx,
     ));
     tokio::spawn(async move {
@@ -378,25 +416,59 @@ async fn free_deleted(
     }
 }
 
-/// Keep the gauges current: PortAllocations by phase from the controller's cache, and (with
-/// `pools`) every pool's bands from its shards.
+/// Keep the gauges current: PortAllocations by phase from the controller's cache and, with
+/// `pool_metrics` or for a `cluster_wide` watcher that may write pools' status, every pool
+/// counted from its shards, for its gauges and its status' usage summary.
 async fn refresh_gauges(
     client: Client,
     store: Store<PortAllocation>,
     metrics: Metrics,
-    pools: bool,
+    (pool_metrics, cluster_wide): (bool, bool),
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let keep_usage = cluster_wide && may_keep_usage(&client).await;
     let mut ticker = tokio::time::interval(metrics::REFRESH);
     loop {
         tokio::select! {
             _ = stop.changed() => return,
             _ = ticker.tick() => {
                 metrics.set_allocations(store.state().iter().map(|pa| pa.as_ref()));
-                if pools {
-                    metrics.refresh_pools(&client).await;
+                if !pool_metrics && !keep_usage {
+                    continue;
+                }
+                match pool_usage::count_pools(&client).await {
+                    Ok(count) => {
+                        metrics.set_pools(&count);
+                        if keep_usage {
+                            pool_usage::keep_usage(&client, &count).await;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!("counting pools: listing them: {e}");
+                        metrics.record_pool_list_error();
+                    }
                 }
             }
+        }
+    }
+}
+
+/// Whether this identity may write pools' status, for their usage summary. Not required (the
+/// watcher allocates without it, as an allocating user may run it): said once when missing.
+async fn may_keep_usage(client: &Client) -> bool {
+    let (verb, resource, subresource) = ("update", "portpools", "status");
+    match allowed(client, verb, PORTALLOC, resource, subresource, None).await {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::info!(
+                "not keeping the PortPools' usage summary (status.usage): this identity may not \
+                 update portpools/status (deploy/watcher.yaml's ClusterRole may)"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!("not keeping the PortPools' usage summary: {e}");
+            false
         }
     }
 }

@@ -1,14 +1,19 @@
 //! The pod webhook's decisions: for a pod labelled `portalloc.dev/allocation: NAME`, read that
 //! PortAllocation, sync it first if it has not been (applied by GitOps, never synced), and
-//! answer with the patch that gives the pod exactly what `resolve --pod` prints for it; deny
-//! with one line when it cannot (no slot for the pod, a lasting refusal), so the workload
+//! answer with the patch that gives the pod exactly what `resolve --pod` prints for it (and, on
+//! hostNetwork, declares those ports in its spec, in the pool's protocol, for kube-scheduler);
+//! deny with one line when it cannot (no slot for the pod, a lasting refusal), so the workload
 //! controller retries. The HTTPS server around it is the CLI's (`sync --watch
 //! --webhook-address`).
 
+mod registration;
 mod tls;
 
+pub use registration::{
+    ClientConfig, WEBHOOK_CONFIGURATION, register_webhook, repair_registration,
+};
 use std::time::{Duration, Instant};
-pub use tls::{ClientConfig, ServingCert, WebhookTlsError, register_webhook, serving_cert};
+pub use tls::{CA_SECRET, ServingCert, WebhookCa, WebhookTlsError, serving_cert, webhook_ca};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -16,7 +21,7 @@ use kube::api::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 
-use crate::api::{POD_ALLOCATION_LABEL, PortAllocation, pod_patch};
+use crate::api::{POD_ALLOCATION_LABEL, PortAllocation, declares_ports, pod_patch};
 use crate::k8s::allocate::{AllocateError, Allocator};
 use crate::k8s::error::KubeError;
 use crate::k8s::resources::ALLOCATIONS;
@@ -124,10 +129,33 @@ impl PodWebhook {
             }
         };
         let injection = pa.pod_injection(pod)?;
-        let patch = pod_patch(pod, &injection);
+        let protocol = if declares_ports(pod) {
+            Some(self.protocol(&pa).await?)
+        } else {
+            None
+        };
+        let patch = pod_patch(pod, &injection, protocol);
         serde_json::from_value(serde_json::Value::Array(patch))
             .map(Some)
             .map_err(|e| format!("building the patch: {e}"))
+    }
+}
+
+impl PodWebhook {
+    /// The protocol of `pa`'s pool, which its pods' declared ports are in.
+    async fn protocol(&self, pa: &PortAllocation) -> Result<crate::api::Protocol, String> {
+        match self.allocator.pool_of(pa).await {
+            Ok(Some(pool)) => Ok(pool.spec.protocol),
+            Ok(None) => Err(format!(
+                "PortPool {:?} of PortAllocation {} does not exist, so the pod's ports cannot be \
+                 declared in its protocol: create the pool again and run kubectl portalloc repair \
+                 --pool {} --apply",
+                pa.spec.pool,
+                owner_of(pa),
+                pa.spec.pool
+            )),
+            Err(e) => Err(format!("{e} (the workload controller retries the pod)")),
+        }
     }
 }
 

@@ -6,8 +6,9 @@
 //! `kubectl apply` and `kubectl portalloc sync`, and everything runs again.
 
 mod expand;
-mod pods;
-mod run;
+pub mod netns;
+pub mod pods;
+pub mod run;
 mod scenarios;
 mod selftest;
 
@@ -49,9 +50,15 @@ fn lws_crd() -> std::path::PathBuf {
 
 /// `kubectl` against the test cluster.
 fn kubectl(args: &[&str], input: Option<&str>) -> cli::Run {
-    let mut child = Command::new("kubectl")
+    kubectl_on(&support::cluster().kubeconfig, args, input)
+}
+
+/// `kubectl` (built from the pinned Kubernetes module, `support::tools`) against the cluster
+/// of `kubeconfig`.
+pub fn kubectl_on(kubeconfig: &std::path::Path, args: &[&str], input: Option<&str>) -> cli::Run {
+    let mut child = Command::new(support::tools::kubectl())
         .args(args)
-        .env("KUBECONFIG", &support::cluster().kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .stdin(if input.is_some() {
             Stdio::piped()
         } else {
@@ -80,47 +87,20 @@ fn kubectl(args: &[&str], input: Option<&str>) -> cli::Run {
 
 /// The pod webhook as a process (`sync --watch` of an empty namespace, so only admission
 /// syncs), registered by URL; returned once the API server's configuration points at it.
-// The child is returned to the Scenario, whose Drop kills and waits for it; a failed read of
-// the configuration panics the test, which ends the process and its children anyway.
-#[allow(clippy::zombie_processes)]
 async fn start_webhook(client: &Client, ns: &str) -> std::process::Child {
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let quiet = format!("{ns}-quiet");
-    support::create_namespace(client, &quiet).await;
-    let mut child = Command::new(cli::BIN)
-        .args(["sync", "--watch", "-n", &quiet])
-        .args(["--webhook-address", &format!("127.0.0.1:{port}")])
-        .args(["--webhook-url", &format!("https://127.0.0.1:{port}")])
-        .args(["--webhook-namespace", ns])
-        .env("KUBECONFIG", &support::cluster().kubeconfig)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the pod webhook");
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let url = format!("https://127.0.0.1:{port}/mutate");
-    let started = Instant::now();
-    loop {
-        let registered = api
-            .get_opt("portalloc")
-            .await
-            .unwrap()
-            .and_then(|c| c.webhooks?.into_iter().next()?.client_config.url);
-        if registered.as_deref() == Some(url.as_str()) {
-            return child;
-        }
-        if started.elapsed() > TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the webhook never registered");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    start_webhook_on(&support::cluster().kubeconfig, client, ns).await
+}
+
+/// The same on the cluster of `kubeconfig` (`client` is a client of it); see
+/// `support::webhook`.
+pub async fn start_webhook_on(
+    kubeconfig: &std::path::Path,
+    client: &Client,
+    ns: &str,
+) -> std::process::Child {
+    support::webhook::start_webhook(kubeconfig, client, ns)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// One example, deployed in its own namespace with its pool renamed (pools are cluster-wide).

@@ -73,6 +73,10 @@ pub struct Pod {
     pub containers: Vec<Container>,
     /// The pod spec it was made from (its template's, or the admitted pod's).
     pub spec: Value,
+    /// The node it runs on and that node's address (every pod's node and address on one
+    /// node, [`NODE`] and 127.0.0.1).
+    pub node: String,
+    pub host_ip: String,
 }
 
 const LWS: &str = "leaderworkerset.sigs.k8s.io";
@@ -121,6 +125,7 @@ pub fn pods_admitted(
                 extra,
                 service.clone(),
                 Vec::new(),
+                None,
             ));
         }
     }
@@ -172,6 +177,7 @@ pub fn pods_admitted(
                     extra,
                     Some(subdomain.clone()),
                     injected,
+                    None,
                 ));
             }
         }
@@ -197,10 +203,77 @@ pub fn pods_admitted(
                 extra,
                 subdomain,
                 Vec::new(),
+                None,
             ));
         }
     }
     pods
+}
+
+/// The pods as the cluster has them: made by the workload controllers, admitted (the pod
+/// webhook's env and declared ports in their spec), each bound to a node (`nodes`: each node's
+/// address). Every pod must be bound.
+pub fn from_cluster(
+    live: &[k8s_openapi::api::core::v1::Pod],
+    ns: &str,
+    nodes: &BTreeMap<String, std::net::Ipv4Addr>,
+) -> Vec<Pod> {
+    live.iter()
+        .map(|p| {
+            let name = p.metadata.name.clone().expect("a pod has a name");
+            let spec = p.spec.as_ref().expect("a pod has a spec");
+            let node = spec
+                .node_name
+                .clone()
+                .unwrap_or_else(|| panic!("pod {name} is not bound to a node"));
+            let ip = nodes
+                .get(&node)
+                .unwrap_or_else(|| panic!("pod {name} is bound to {node}, no node of the test"));
+            let owner = p
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.controller == Some(true));
+            let workload = match owner {
+                // A ReplicaSet `<deployment>-<pod-template-hash>`.
+                Some(o) if o.kind == "ReplicaSet" => {
+                    let hash = p
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("pod-template-hash"))
+                        .cloned()
+                        .unwrap_or_default();
+                    let deployment = o.name.strip_suffix(&format!("-{hash}")).unwrap_or(&o.name);
+                    format!("Deployment/{deployment}")
+                }
+                Some(o) => format!("{}/{}", o.kind, o.name),
+                None => format!("Pod/{name}"),
+            };
+            let group = p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(&format!("{LWS}/group-index")))
+                .and_then(|g| g.parse().ok());
+            let template = serde_json::json!({
+                "metadata": {"labels": p.metadata.labels, "annotations": p.metadata.annotations},
+                "spec": spec,
+            });
+            pod(
+                ns,
+                &name,
+                &workload,
+                group,
+                &template,
+                BTreeMap::new(),
+                spec.subdomain.clone(),
+                Vec::new(),
+                Some((node, ip.to_string())),
+            )
+        })
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -213,10 +286,14 @@ fn pod(
     extra_labels: BTreeMap<String, String>,
     subdomain: Option<String>,
     injected: Vec<(String, String)>,
+    node: Option<(String, String)>,
 ) -> Pod {
     let mut labels: BTreeMap<String, String> =
         serde_json::from_value(template["metadata"]["labels"].clone()).unwrap_or_default();
     labels.extend(extra_labels);
+    let annotations: BTreeMap<String, String> =
+        serde_json::from_value(template["metadata"]["annotations"].clone()).unwrap_or_default();
+    let (node, host_ip) = node.unwrap_or_else(|| (NODE.to_string(), "127.0.0.1".to_string()));
     let spec = &template["spec"];
     let host_network = spec["hostNetwork"].as_bool().unwrap_or(false);
     let dns_policy = spec["dnsPolicy"].as_str().unwrap_or("ClusterFirst");
@@ -229,7 +306,9 @@ fn pod(
         ns,
         name,
         labels: &labels,
-        annotations: &BTreeMap::new(),
+        annotations: &annotations,
+        node: &node,
+        host_ip: &host_ip,
     };
     let containers = spec["containers"]
         .as_array()
@@ -246,6 +325,8 @@ fn pod(
         containers,
         labels,
         spec: spec.clone(),
+        node,
+        host_ip,
     }
 }
 
@@ -254,6 +335,8 @@ struct PodMeta<'a> {
     name: &'a str,
     labels: &'a BTreeMap<String, String>,
     annotations: &'a BTreeMap<String, String>,
+    node: &'a str,
+    host_ip: &'a str,
 }
 
 /// The downward API's fieldRef paths the simulation can answer.
@@ -266,8 +349,9 @@ fn field_ref(path: &str, meta: &PodMeta) -> String {
     match path {
         "metadata.name" => meta.name.to_string(),
         "metadata.namespace" => meta.ns.to_string(),
-        "spec.nodeName" => NODE.to_string(),
-        "status.podIP" | "status.hostIP" => "127.0.0.1".to_string(),
+        "spec.nodeName" => meta.node.to_string(),
+        // hostNetwork: the pod's address is its node's.
+        "status.podIP" | "status.hostIP" => meta.host_ip.to_string(),
         _ => keyed("metadata.labels['", meta.labels)
             .or_else(|| keyed("metadata.annotations['", meta.annotations))
             .unwrap_or_else(|| panic!("fieldRef {path} is not simulated")),

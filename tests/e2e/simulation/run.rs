@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::netns::NodeNetworks;
 use super::pods::{Pod, Source};
 use crate::support::repo_root;
 
@@ -171,6 +172,24 @@ impl Outcome {
         self.runs.iter().map(|r| r.connects().len()).sum()
     }
 
+    /// Every bind that failed (EADDRINUSE or another error), as `pod: port (flag): error`.
+    pub fn refused_binds(&self) -> Vec<String> {
+        self.runs
+            .iter()
+            .flat_map(|r| {
+                r.events_of("bind").filter(|e| e["ok"] == false).map(|e| {
+                    format!(
+                        "{}: {} ({}): {}",
+                        r.pod.name,
+                        e["port"],
+                        e["why"].as_str().unwrap_or("?"),
+                        e["error"].as_str().unwrap_or("?")
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// One line per pod, and the totals.
     pub fn summary(&self) -> String {
         let mut out = String::new();
@@ -188,9 +207,10 @@ impl Outcome {
                 .unwrap_or_default();
             writeln!(
                 out,
-                "{} [{}{group}] {}: {} process(es); bound {}; reached {}",
+                "{} [{}{group}] on {} {}: {} process(es); bound {}; reached {}",
                 run.pod.name,
                 run.pod.workload,
+                run.pod.node,
                 if run.up() { "up" } else { "NOT UP" },
                 run.processes(),
                 binds,
@@ -275,17 +295,53 @@ fn install_standin(dir: &Path) -> PathBuf {
 
 /// Start every container of every pod at once, wait until all serve (or one fails, or
 /// `timeout`), then kill them all. `configmaps` holds the data of the ConfigMaps that exist.
+/// All on this machine's loopback, as on one node.
 pub fn run(
     pods: &[Pod],
     dns: &BTreeMap<String, BTreeSet<String>>,
     configmaps: &BTreeMap<String, BTreeMap<String, String>>,
     timeout: Duration,
 ) -> Outcome {
+    run_in(pods, dns, configmaps, None, timeout)
+}
+
+/// The same, each pod in the network namespace of its node (`pod.node`), where the stand-ins
+/// bind every address (as engines given `--host 0.0.0.0`) and reach other nodes' pods at their
+/// node's address: a port collides only with the ports of pods on the same node.
+pub fn run_on_nodes(
+    pods: &[Pod],
+    dns: &BTreeMap<String, BTreeSet<String>>,
+    configmaps: &BTreeMap<String, BTreeMap<String, String>>,
+    nodes: &NodeNetworks,
+    timeout: Duration,
+) -> Outcome {
+    run_in(pods, dns, configmaps, Some(nodes), timeout)
+}
+
+fn run_in(
+    pods: &[Pod],
+    dns: &BTreeMap<String, BTreeSet<String>>,
+    configmaps: &BTreeMap<String, BTreeMap<String, String>>,
+    nodes: Option<&NodeNetworks>,
+    timeout: Duration,
+) -> Outcome {
     let dir = run_dir();
     let bin = install_standin(&dir);
+    // A name leads to its pods' node (the first one's, for a name of several pods on several
+    // nodes: the stand-in checks that the pod it reaches is one of them).
+    let host_ip = |pod_names: &BTreeSet<String>| -> String {
+        let first = pod_names
+            .iter()
+            .next()
+            .and_then(|name| pods.iter().find(|p| &p.name == name));
+        match (nodes, first) {
+            (Some(_), Some(pod)) => pod.host_ip.clone(),
+            _ => "127.0.0.1".to_string(),
+        }
+    };
     let hosts: BTreeMap<&String, Value> = dns
         .iter()
-        .map(|(name, pods)| (name, serde_json::json!({"ip": "127.0.0.1", "pods": pods})))
+        .map(|(name, pods)| (name, serde_json::json!({"ip": host_ip(pods), "pods": pods})))
         .collect();
     let cluster_hosts = dir.join("hosts.json");
     std::fs::write(&cluster_hosts, serde_json::to_string(&hosts).unwrap()).unwrap();
@@ -342,13 +398,31 @@ pub fn run(
                 "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 bin.display()
             );
-            let mut command = Command::new("unshare");
+            let mut command = match nodes {
+                Some(nodes) => {
+                    let mut enter = Command::new("nsenter");
+                    enter
+                        .arg(format!("--net={}", nodes.netns(&pod.node).display()))
+                        .arg("--")
+                        .arg("unshare");
+                    enter
+                }
+                None => Command::new("unshare"),
+            };
             command
                 .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
                 .arg(&script)
                 .arg("sim-mount")
                 .args(&container.argv)
                 .env_clear()
+                .env(
+                    "PORTALLOC_SIM_BIND",
+                    if nodes.is_some() {
+                        "0.0.0.0"
+                    } else {
+                        "127.0.0.1"
+                    },
+                )
                 .env("HOSTNAME", &pod.name)
                 .env("HOME", "/root")
                 .env("PORTALLOC_SIM_POD", &pod.name)

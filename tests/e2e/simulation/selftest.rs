@@ -180,3 +180,68 @@ fn an_unknown_port_flag_fails_loudly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unknown flag --gcs-proxy-port"), "{stderr}");
 }
+
+/// One network namespace per node: decode-1 given decode-0's port runs clean on another node
+/// (the router reaching it there, at that node's address), and is EADDRINUSE on the same node.
+#[tokio::test]
+async fn a_port_given_twice_collides_only_on_one_node() {
+    use std::net::Ipv4Addr;
+    let manifest = manifest(str::to_string);
+    let mut env = files(21000);
+    env.insert("decode-1.env".into(), "SGLANG_PORT=21006\n".into()); // decode-0's
+    let router = env["router.env"].replace(
+        "decode-1.decode.sim-self.svc:21007",
+        "decode-1.decode.sim-self.svc:21006",
+    );
+    env.insert("router.env".into(), router);
+    let configmaps = BTreeMap::from([("sglang-pd-env".to_string(), env)]);
+    let (a, b) = (Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 2));
+    let networks = super::netns::NodeNetworks::new([("node-a", a), ("node-b", b)]);
+    let placed = |decode1_node: (&str, Ipv4Addr)| {
+        let mut pods = pods::pods(&manifest, NS);
+        for pod in &mut pods {
+            let (node, ip) = if pod.name == "decode-1" {
+                decode1_node
+            } else {
+                ("node-a", a)
+            };
+            pod.node = node.to_string();
+            pod.host_ip = ip.to_string();
+        }
+        pods
+    };
+    let apart = placed(("node-b", b));
+    let dns = pods::dns(&manifest, &apart, NS);
+    let outcome = run::run_on_nodes(&apart, &dns, &configmaps, &networks, Duration::from_secs(5));
+    outcome.assert_clean();
+    let router = outcome
+        .runs
+        .iter()
+        .find(|r| r.pod.workload == "Deployment/router")
+        .unwrap();
+    assert!(
+        outcome.reached(&router.pod.name).contains("decode-1"),
+        "{}",
+        outcome.summary()
+    );
+    drop(outcome);
+
+    let together = placed(("node-a", a));
+    let outcome = run::run_on_nodes(
+        &together,
+        &dns,
+        &configmaps,
+        &networks,
+        Duration::from_secs(5),
+    );
+    assert!(!outcome.all_up);
+    assert!(
+        outcome
+            .refused_binds()
+            .iter()
+            .any(|b| b.contains("21006") && b.contains("EADDRINUSE")),
+        "{:?}\n{}",
+        outcome.refused_binds(),
+        outcome.summary()
+    );
+}

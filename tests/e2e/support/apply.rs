@@ -18,6 +18,7 @@ fn resource_of(api_version: &str, kind: &str) -> ApiResource {
         "ServiceAccount" => "serviceaccounts",
         "Deployment" => "deployments",
         "Service" => "services",
+        "PodDisruptionBudget" => "poddisruptionbudgets",
         other => panic!("no plural known for kind {other}"),
     };
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
@@ -43,9 +44,15 @@ pub async fn apply_value(client: &Client, value: serde_json::Value, namespace: O
     let name = object.metadata.name.clone().expect("a name");
     let ns = object.metadata.namespace.as_deref().or(namespace);
     let api: Api<DynamicObject> = match (types.kind.as_str(), ns) {
-        ("Role" | "RoleBinding" | "ServiceAccount" | "Deployment" | "Service", Some(ns)) => {
-            Api::namespaced_with(client.clone(), ns, &resource)
-        }
+        (
+            "Role"
+            | "RoleBinding"
+            | "ServiceAccount"
+            | "Deployment"
+            | "Service"
+            | "PodDisruptionBudget",
+            Some(ns),
+        ) => Api::namespaced_with(client.clone(), ns, &resource),
         _ => Api::all_with(client.clone(), &resource),
     };
     api.patch(

@@ -10,10 +10,17 @@ pub mod apply;
 pub mod cli;
 #[path = "../../common/control_plane.rs"]
 pub mod control_plane;
+#[path = "../../common/controllers.rs"]
+pub mod controllers;
+pub mod endpoints;
 pub mod fault_proxy;
 pub mod invariants;
+#[path = "../../common/nodes.rs"]
+pub mod nodes;
 pub mod private_cluster;
 pub mod tools;
+#[path = "../../common/webhook.rs"]
+pub mod webhook;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

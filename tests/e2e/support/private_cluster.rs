@@ -21,6 +21,15 @@ impl PrivateCluster {
     /// cluster given by the user (`PORTALLOC_TEST_REUSE_CLUSTER=1`): then there may be no local
     /// binaries to start another one with.
     pub fn start(name: &str, install_crds: bool) -> Option<PrivateCluster> {
+        Self::start_with(name, install_crds, &[])
+    }
+
+    /// As [`start`](Self::start), with extra kube-apiserver flags.
+    pub fn start_with(
+        name: &str,
+        install_crds: bool,
+        apiserver_flags: &[&str],
+    ) -> Option<PrivateCluster> {
         // The shared cluster first: its `up` builds (or finds) the binaries this one reuses.
         if !super::cluster().local {
             eprintln!(
@@ -28,7 +37,7 @@ impl PrivateCluster {
             );
             return None;
         }
-        let plane = ControlPlane::up(&format!("e2e-{name}"))
+        let plane = ControlPlane::up_with(&format!("e2e-{name}"), apiserver_flags)
             .unwrap_or_else(|e| panic!("control plane for {name}: {e:#}"));
         if install_crds {
             control_plane::install_crds(&plane.kubeconfig)

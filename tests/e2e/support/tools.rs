@@ -65,3 +65,17 @@ pub fn all_output(out: &std::process::Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Helm, built by `scripts/build-helm.sh` (the script prints the binary's path).
+pub fn helm() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| built_by("build-helm.sh")).clone()
+}
+
+/// The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, from its Go module by
+/// `scripts/fetch-prometheus-operator-crds.sh` (the script prints their directory).
+pub fn prometheus_operator_crds() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| built_by("fetch-prometheus-operator-crds.sh"))
+        .clone()
+}

@@ -1,8 +1,8 @@
 -- Health of a portalloc.dev PortPool: a pool is ready to allocate from as soon as it exists
--- (its spec is validated by the API server); the message gives its size once its status has
--- been written. Usage is kept per 256-port window in its PortPoolShards, not on the pool
--- (`kubectl portalloc pool get` sums them). Uses only the base library: it also runs from
--- argocd-cm without useOpenLibs.
+-- (its spec is validated by the API server), full or not: a PortAllocation it cannot serve is
+-- Degraded itself. The message gives its size once its status has been written, and its usage
+-- as the in-cluster watcher (sync --watch) last counted it from the PortPoolShards, with when.
+-- Uses only the base library: it also runs from argocd-cm without useOpenLibs.
 local hs = {}
 hs.status = "Healthy"
 hs.message = "PortPool exists"
@@ -10,6 +10,16 @@ if obj.status ~= nil then
   local size = obj.status.size
   if type(size) == "number" and size > 0 then
     hs.message = "PortPool of " .. size .. " ports"
+  end
+  local usage = obj.status.usage
+  if type(usage) == "table" and type(usage.allocated) == "number" and type(usage.free) == "number" then
+    hs.message = hs.message .. ": " .. usage.allocated .. " allocated, " .. usage.free .. " free"
+    if type(usage.largestFreeRun) == "number" then
+      hs.message = hs.message .. " (largest free run " .. usage.largestFreeRun .. ")"
+    end
+    if type(usage.countedAt) == "string" then
+      hs.message = hs.message .. ", counted at " .. usage.countedAt
+    end
   end
 end
 return hs
