@@ -5,6 +5,7 @@
 //! controller retries. The HTTPS server around it is the CLI's (`sync --watch
 //! --webhook-address`).
 
+mod record_check;
 mod tls;
 
 use std::time::{Duration, Instant};
@@ -124,6 +125,7 @@ impl PodWebhook {
             }
         };
         let injection = pa.pod_injection(pod)?;
+        record_check::check(&self.client, &self.allocator, &pa, &injection).await?;
         let patch = pod_patch(pod, &injection);
         serde_json::from_value(serde_json::Value::Array(patch))
             .map(Some)
