@@ -32,3 +32,4 @@ mod verbs;
 mod watch;
 mod watch_batch;
 mod webhook;
+mod webhook_record;
