@@ -18,6 +18,8 @@
 //! - [`preview`]: a dry run's decisions, against a copy of the record nothing writes back.
 //! - [`overlapping_pool`]: whether a new pool would share ports with an existing one.
 //! - [`record_warnings`]: what readers (`pool describe`) say about the shards.
+//! - [`unheld_ports`]: the ports the pod webhook would give a pod that the record does not give
+//!   its PortAllocation (a status written by hand, or stale), and the [`RecordDenial`].
 //!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
@@ -28,6 +30,7 @@ mod decision;
 pub(crate) mod fixtures;
 mod known;
 mod placement;
+mod pod_ports;
 mod pool_record;
 mod pool_repair;
 mod pool_snapshot;
@@ -51,6 +54,9 @@ pub use copy_record::{
 pub use decision::{Decision, Operation, decide, precheck};
 pub use known::{home_shard, known_shards, listed_shards, single_shard, status_copy};
 pub use placement::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
+pub use pod_ports::{
+    Mismatch, PodPort, PortHolder, RecordDenial, pod_port_shards, pod_ports, unheld_ports,
+};
 pub use pool_record::PoolRecord;
 pub use pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
 pub use pool_snapshot::PoolSnapshot;

@@ -35,3 +35,4 @@ mod watch;
 mod watch_batch;
 mod webhook;
 mod webhook_ha;
+mod webhook_record;

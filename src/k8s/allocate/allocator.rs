@@ -132,6 +132,12 @@ impl Allocator {
         self
     }
 
+    /// The remembered shard copies, shared with its clones: the pod webhook checks a pod's
+    /// ports against them, and what it reads afresh serves the next allocation too.
+    pub fn shard_copies(&self) -> &ShardCache {
+        &self.shards
+    }
+
     /// Whether to decide against the shards returned by the last writes (default) or read
     /// every shard before deciding (one more request each; for comparison).
     pub fn remember_shards(mut self, on: bool) -> Self {

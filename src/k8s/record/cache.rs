@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -30,10 +31,14 @@ pub type ShardCache = ObjectCache<PortPoolShard>;
 /// owner's home shard is computed from.
 pub type PoolCache = ObjectCache<PoolSnapshot>;
 
+/// Each copy by name, with when it was read or written if known.
+type Copies<T> = HashMap<String, (T, Option<Instant>)>;
+
 /// Shared by the clones of one Allocator (the watcher's tasks, `sync --all`'s batches).
 #[derive(Clone, Debug)]
 pub struct ObjectCache<T> {
-    objects: Arc<Mutex<HashMap<String, T>>>,
+    /// When each copy was read or written is what [`ObjectCache::get_recent`] goes by.
+    objects: Arc<Mutex<Copies<T>>>,
     /// Where copies are kept between processes (`<name>.json`); `None`: memory only.
     dir: Option<PathBuf>,
     /// Off: every allocation reads first (the behaviour before the cache; the benchmark
@@ -89,15 +94,33 @@ impl<T: Clone + Serialize + DeserializeOwned> ObjectCache<T> {
     }
 
     pub fn get(&self, name: &str) -> Option<T> {
+        self.get_aged(name).map(|(object, _)| object)
+    }
+
+    /// The copy of `name` if it was read or written at most `max_age` ago (by this process, or
+    /// by the last one, after the file's modification time).
+    pub fn get_recent(&self, name: &str, max_age: Duration) -> Option<T> {
+        self.get_aged(name)
+            .filter(|(_, at)| at.is_some_and(|at| at.elapsed() <= max_age))
+            .map(|(object, _)| object)
+    }
+
+    fn get_aged(&self, name: &str) -> Option<(T, Option<Instant>)> {
         if self.disabled {
             return None;
         }
-        if let Some(object) = self.lock().get(name) {
-            return Some(object.clone());
+        if let Some(entry) = self.lock().get(name) {
+            return Some(entry.clone());
         }
-        let object: T = serde_json::from_slice(&std::fs::read(self.file(name)?).ok()?).ok()?;
-        self.lock().insert(name.to_string(), object.clone());
-        Some(object)
+        let path = self.file(name)?;
+        let object: T = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+        let at = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|at| SystemTime::now().duration_since(at).ok())
+            .and_then(|age| Instant::now().checked_sub(age));
+        self.lock().insert(name.to_string(), (object.clone(), at));
+        Some((object, at))
     }
 
     /// Keep `object` as the latest copy of `name`.
@@ -105,7 +128,8 @@ impl<T: Clone + Serialize + DeserializeOwned> ObjectCache<T> {
         if self.disabled || name.is_empty() {
             return;
         }
-        self.lock().insert(name.to_string(), object.clone());
+        self.lock()
+            .insert(name.to_string(), (object.clone(), Some(Instant::now())));
         if let Some(path) = self.file(name)
             && let Err(e) = write_atomically(&path, object)
         {
@@ -131,7 +155,7 @@ impl<T: Clone + Serialize + DeserializeOwned> ObjectCache<T> {
         Some(self.dir.as_ref()?.join(format!("{name}.json"))).filter(|_| valid)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, T>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Copies<T>> {
         // A panic elsewhere while holding the lock leaves a map that is still just a cache.
         self.objects.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -212,6 +236,29 @@ mod tests {
         // A corrupt file is no copy.
         std::fs::write(dir.path().join("c/bad.json"), "{").unwrap();
         assert_eq!(next.get("bad"), None);
+    }
+
+    #[test]
+    fn a_recent_copy_is_one_read_or_written_lately_here_or_by_the_last_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache: ObjectCache<u32> = ObjectCache::on_disk(dir.path().join("c"));
+        cache.remember("pool-12", &7);
+        let hour = Duration::from_secs(3600);
+        assert_eq!(cache.get_recent("pool-12", hour), Some(7));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(cache.get_recent("pool-12", Duration::from_millis(10)), None);
+        assert_eq!(cache.get("pool-12"), Some(7), "still there for get");
+        // The next process dates a file by its modification time.
+        let file = std::fs::File::options()
+            .write(true)
+            .open(dir.path().join("c/pool-12.json"))
+            .unwrap();
+        // (A minute: the monotonic clock cannot reach back before the machine started.)
+        let minute = Duration::from_secs(60);
+        file.set_modified(SystemTime::now() - minute).unwrap();
+        let next: ObjectCache<u32> = ObjectCache::on_disk(dir.path().join("c"));
+        assert_eq!(next.get_recent("pool-12", minute / 2), None);
+        assert_eq!(next.get_recent("pool-12", 2 * minute), Some(7));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! controller retries. The HTTPS server around it is the CLI's (`sync --watch
 //! --webhook-address`).
 
+mod record_check;
 mod registration;
 mod tls;
 
@@ -129,6 +130,7 @@ impl PodWebhook {
             }
         };
         let injection = pa.pod_injection(pod)?;
+        record_check::check(&self.client, &self.allocator, &pa, &injection).await?;
         let protocol = if declares_ports(pod) {
             Some(self.protocol(&pa).await?)
         } else {
