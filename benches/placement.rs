@@ -10,6 +10,9 @@
 //! - Random mix through the shards: the same, decided as a cluster decides it (the ledger's
 //!   whole decision over a 4,096-port pool's 256-port windows: home window first, the whole pool
 //!   when it cannot take an object), packed placement only.
+//! - Large blocks through the shards: one block of 16-256 ports per object (powers of two, or
+//!   uniform), and 1-12 single ports with 0-3 such blocks, into the same 4,096-port pool; and
+//!   the one-block mixes into one record without windows, the packer's own limit (reference).
 //! - Collisions: at ~50 % occupancy (random mix, reached with that placement), the chance that
 //!   two clients planning the same PortAllocation from one read, each with its own random
 //!   generator, choose overlapping ports.
@@ -38,6 +41,9 @@ const PLACEMENTS: [(&str, Placement); 2] = [
     ("old (scattered)", Placement::Scattered),
     ("new (packed)", Placement::Packed),
 ];
+/// Draws one PortAllocation of a mix, named `name`.
+type MakeAllocation = fn(&mut StdRng, &str) -> PortAllocation;
+
 const CHURN_ROUNDS: usize = 5;
 const PAIRS_PER_SEED: u64 = 50;
 
@@ -91,10 +97,50 @@ fn main() {
     let first: Vec<f64> = runs.iter().map(|r| r.0).collect();
     let again: Vec<f64> = runs.iter().map(|r| r.1).collect();
     println!(
-        "| random mix through the 256-port shards | new (packed): home window first, else the fullest window that takes it | {} | delete half, refill: {} |",
+        "| random mix through the 256-port shards | new (packed): home window first, else the tightest fit in a window or two neighbouring ones | {} | delete half, refill: {} |",
         min_median_bar(&first),
         min_median_bar(&again)
     );
+    let shapes: [(&str, MakeAllocation); 2] = [
+        ("blocks of 16, 32, 64, 128 or 256", power_of_two_block),
+        ("blocks of 16-256 (uniform)", uniform_block),
+    ];
+    for (shape, make) in shapes {
+        let runs: Vec<(f64, f64)> = (0..seeds).map(|seed| sharded_run(seed, make)).collect();
+        let first: Vec<f64> = runs.iter().map(|r| r.0).collect();
+        let again: Vec<f64> = runs.iter().map(|r| r.1).collect();
+        println!(
+            "| one block per object, {shape}, through the 256-port shards | new (packed) | {} | delete half, refill: {} |",
+            min_median_bar(&first),
+            min_median_bar(&again)
+        );
+    }
+    let runs: Vec<(f64, f64)> = (0..seeds)
+        .map(|seed| sharded_run(seed, singles_and_large_blocks))
+        .collect();
+    let first: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    let again: Vec<f64> = runs.iter().map(|r| r.1).collect();
+    println!(
+        "| 1-12 single ports and 0-3 blocks of 16-256 per object, through the 256-port shards | new (packed) | {} | delete half, refill: {} |",
+        min_median_bar(&first),
+        min_median_bar(&again)
+    );
+    // The packer alone, over one 4,096-port record with no windows: what the shards are held to.
+    for (shape, pow2) in [
+        ("16, 32, 64, 128 or 256", true),
+        ("16-256 (uniform)", false),
+    ] {
+        let runs: Vec<(f64, f64)> = (0..seeds)
+            .map(|seed| one_record_blocks(seed, pow2))
+            .collect();
+        let first: Vec<f64> = runs.iter().map(|r| r.0).collect();
+        let again: Vec<f64> = runs.iter().map(|r| r.1).collect();
+        println!(
+            "| one block per object, blocks of {shape}, one record without windows (reference) | new (packed) | {} | delete half, refill: {} |",
+            min_median_bar(&first),
+            min_median_bar(&again)
+        );
+    }
     println!();
     println!(
         "| two clients, one read of a ~50 % pool | placement | same single port | overlapping blocks of 8 | of 64 | overlapping random-mix allocations |"
@@ -304,6 +350,11 @@ fn mix_allocation(rng: &mut StdRng, name: &str) -> PortAllocation {
             ..Default::default()
         })
         .collect();
+    allocation(name, ports)
+}
+
+/// PortAllocation `mix/<name>` (UID `name`) of one role with `ports`, in pool `mix`.
+fn allocation(name: &str, ports: Vec<PortRequest>) -> PortAllocation {
     let mut pa = PortAllocation::new(
         name,
         PortAllocationSpec {
@@ -325,6 +376,37 @@ fn mix_allocation(rng: &mut StdRng, name: &str) -> PortAllocation {
 /// [`mix_run`] through the ledger's per-window decisions: each object decided as `create -f`
 /// decides it (its home window, else the whole pool), deletions as `delete` does.
 fn sharded_mix_run(seed: u64) -> (f64, f64) {
+    sharded_run(seed, mix_allocation)
+}
+
+/// One PortAllocation asking for one automatic block of `count` ports.
+fn block_allocation(name: &str, count: u32) -> PortAllocation {
+    let port = PortRequest {
+        name: "block".into(),
+        env: "BLOCK".into(),
+        scope: ApiScope::RoleScoped,
+        count: Some(count as i32),
+        ..Default::default()
+    };
+    allocation(name, vec![port])
+}
+
+/// Block sizes of the block mix: the five powers of two from 16 to 256, each as likely (what
+/// workloads ask for: 16 GPUs' worth of NCCL ports, 64 Ray worker ports, ...).
+fn power_of_two_block(rng: &mut StdRng, name: &str) -> PortAllocation {
+    block_allocation(name, *[16, 32, 64, 128, 256].choose(rng).unwrap())
+}
+
+/// Block sizes of the block mix: any size from 16 to 256, each as likely.
+fn uniform_block(rng: &mut StdRng, name: &str) -> PortAllocation {
+    block_allocation(name, rng.random_range(16..=256))
+}
+
+/// Objects from `make` into an empty 4,096-port pool (KEP-3668 static band) until the first
+/// refusal, through the ledger's per-window decisions (each object decided as `create -f`
+/// decides it: its home window, else elsewhere; deletions as `delete` does); then a random half
+/// deleted and a refill until the next refusal. The occupancy at both refusals.
+fn sharded_run(seed: u64, make: MakeAllocation) -> (f64, f64) {
     let mut pool = PortPool::new(
         "mix",
         PortPoolSpec {
@@ -345,7 +427,7 @@ fn sharded_mix_run(seed: u64) -> (f64, f64) {
     let mut fill = |record: &mut PoolRecord, rng: &mut StdRng, live: &mut Vec<String>| loop {
         let name = format!("mix-{next}");
         next += 1;
-        let pa = mix_allocation(rng, &name);
+        let pa = make(rng, &name);
         let owner = owner_of(&pa);
         let item = BatchItem {
             known: home_shard(&record.layout, &owner)
@@ -356,10 +438,8 @@ fn sharded_mix_run(seed: u64) -> (f64, f64) {
             owner,
             operation: Operation::sync_of(&pa),
         };
-        if matches!(
-            preview(record, &item, rng).outcome,
-            ItemOutcome::Refused { .. }
-        ) {
+        let out = preview(record, &item, rng);
+        if matches!(out.outcome, ItemOutcome::Refused { .. }) {
             let state = record.first().union_record().state;
             return f64::from(state.held_count()) / f64::from(state.size()) * 100.0;
         }
@@ -377,4 +457,64 @@ fn sharded_mix_run(seed: u64) -> (f64, f64) {
         preview(&mut record, &item, &mut rng);
     }
     (first, fill(&mut record, &mut rng, &mut live))
+}
+
+/// One automatic block per object (16-256 ports: powers of two, or uniform) into one 4,096-port
+/// record through the planner, until refused; then a random half deleted and a refill.
+fn one_record_blocks(seed: u64, pow2: bool) -> (f64, f64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut state = mix_pool(Placement::Packed);
+    let mut owners = Vec::new();
+    let size = |rng: &mut StdRng| {
+        if pow2 {
+            *[16, 32, 64, 128, 256].choose(rng).unwrap()
+        } else {
+            rng.random_range(16..=256)
+        }
+    };
+    loop {
+        let d = vec![demand("b".into(), size(&mut rng))];
+        match add(&mut state, &d, &mut rng) {
+            Some(h) => owners.push(h),
+            None => break,
+        }
+    }
+    let first = occupancy(&state);
+    owners.shuffle(&mut rng);
+    for gone in owners.split_off(owners.len() / 2) {
+        remove(&mut state, &gone);
+    }
+    loop {
+        let d = vec![demand("b".into(), size(&mut rng))];
+        match add(&mut state, &d, &mut rng) {
+            Some(h) => owners.push(h),
+            None => break,
+        }
+    }
+    (first, occupancy(&state))
+}
+
+/// 1-12 single ports and 0-3 blocks of 16, 32, 64, 128 or 256 ports, in one role.
+fn singles_and_large_blocks(rng: &mut StdRng, name: &str) -> PortAllocation {
+    let singles = rng.random_range(1..=12);
+    let blocks = rng.random_range(0..=3);
+    let mut ports: Vec<PortRequest> = (0..singles)
+        .map(|i| PortRequest {
+            env: format!("S{i}"),
+            name: format!("s{i}"),
+            scope: ApiScope::RoleScoped,
+            ..Default::default()
+        })
+        .collect();
+    for i in 0..blocks {
+        let count = *[16, 32, 64, 128, 256].choose(rng).unwrap();
+        ports.push(PortRequest {
+            env: format!("B{i}"),
+            name: format!("b{i}"),
+            scope: ApiScope::RoleScoped,
+            count: Some(count),
+            ..Default::default()
+        });
+    }
+    allocation(name, ports)
 }

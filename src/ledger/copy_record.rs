@@ -322,6 +322,15 @@ impl CopyRecord {
         self.union_of_windows(Some(only))
     }
 
+    /// Two neighbouring windows as one record, for a block that fits only across their shared
+    /// edge. It fills from the low end, as a window does: two clients writing the pair conflict
+    /// on its shards whatever ports they chose, so a random end would only cut runs.
+    pub fn pair_record(&self, pair: &BTreeSet<u16>) -> WindowRecord {
+        let mut record = self.union_record_of(pair);
+        record.state = record.state.leaning(Lean::Low);
+        record
+    }
+
     fn union_of_windows(&self, only: Option<&BTreeSet<u16>>) -> WindowRecord {
         let inside = |index: &u16| only.is_none_or(|only| only.contains(index));
         let shards = || self.shards.values().filter(|s| inside(&s.index));

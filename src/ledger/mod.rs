@@ -28,6 +28,7 @@ mod copy_record;
 mod decision;
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod free_runs;
 mod known;
 mod pieces;
 mod placement;

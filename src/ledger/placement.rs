@@ -23,6 +23,7 @@
 //! status writes before its shard writes) is decided by a second pass after the first pass is
 //! committed, so that a widening that fails never leaves shard writes depending on it.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use rand::Rng;
@@ -31,6 +32,7 @@ use crate::core::{Band, Holdings};
 
 use super::copy_record::{CopyRecord, ShardWrite};
 use super::decision::{Decision, Operation, decide};
+use super::free_runs::FreeRuns;
 use super::known::single_shard;
 use super::pieces::split_by_shard;
 use super::pool_record::PoolRecord;
@@ -315,9 +317,9 @@ fn beyond_reuse(work: &PoolRecord, copy: u16, decision: &Decision, owner: &str) 
     })
 }
 
-/// The decision for an owner its known shard cannot serve alone: whole in the best shard that
-/// takes it (see [`best_window`]), else on as few shards as it fits. Each try is one decision in
-/// memory; nothing is read again.
+/// The decision for an owner its known shard cannot serve alone: whole in the best window or
+/// pair of neighbouring windows that takes it (see [`best_place`]), else on as few shards as it
+/// fits. Each try is one decision in memory; nothing is read again.
 fn elsewhere(
     work: &CopyRecord,
     present: &BTreeSet<u16>,
@@ -327,12 +329,26 @@ fn elsewhere(
     rng: &mut impl Rng,
 ) -> Result<Decision, Refusal> {
     let order = work.layout.home_order(owner);
+    let runs = FreeRuns::of(work);
+    let before = work.holdings_of(uid);
     if present.len() <= 1 {
         let candidates: Vec<u16> = match present.first() {
             Some(&only) => vec![only],
             None => order.clone(),
         };
-        if let Some(decision) = best_window(work, &candidates, uid, owner, operation, rng)? {
+        let windows = candidates
+            .iter()
+            .map(|&index| match work.shards.get(&index) {
+                Some(shard) => Cow::Borrowed(&shard.record),
+                None => Cow::Owned(work.shard_record(index)),
+            });
+        // Two neighbouring windows as one record: the free ports at their shared edge are one
+        // run, which a block longer than either side's part still fits. Ranked with the single
+        // windows, so a pair wins only where it fits tighter.
+        let pairs = neighbours(work, present.first().copied())
+            .map(|pair| Cow::Owned(work.pair_record(&pair)));
+        let places = windows.chain(pairs);
+        if let Some(decision) = best_place(places, &runs, &before, uid, owner, operation, rng)? {
             return Ok(decision);
         }
     }
@@ -361,29 +377,34 @@ fn elsewhere(
     decide(&work.union_record(), uid, owner, operation, rng)
 }
 
-/// The best of the windows that take the owner whole: the fewest static-band ports (KEP-3668:
-/// automatic ports use the static band only when the dynamic band cannot take them), then the
-/// fullest window (best fit, as for a block within a window: emptier windows keep room for
-/// larger owners). `None` when none takes it.
-fn best_window(
-    work: &CopyRecord,
-    candidates: &[u16],
+/// Each pair of neighbouring windows of the layout (with `only` among them, when given).
+fn neighbours(work: &CopyRecord, only: Option<u16>) -> impl Iterator<Item = BTreeSet<u16>> + '_ {
+    let spans = work.layout.shards();
+    spans
+        .windows(2)
+        .filter(|pair| pair[0].index + 1 == pair[1].index)
+        .map(|pair| BTreeSet::from([pair[0].index, pair[1].index]))
+        .filter(move |pair| only.is_none_or(|only| pair.contains(&only)))
+}
+
+/// The best of the records (a window, or windows joined) that take the owner whole: the
+/// fewest static-band ports (KEP-3668: automatic ports use the static band only when the
+/// dynamic band cannot take them), then the tightest fit across the whole copy (the shortest
+/// free run its largest new block cuts, window edges ignored: runs too long for it stay whole
+/// for larger owners), then the fullest record. Among equals the first, so candidates in the
+/// owner's home order keep owners apart. `None` when none takes it.
+fn best_place<'a>(
+    records: impl Iterator<Item = Cow<'a, WindowRecord>>,
+    runs: &FreeRuns,
+    before: &Holdings,
     uid: &str,
     owner: &str,
     operation: &Operation,
     rng: &mut impl Rng,
 ) -> Result<Option<Decision>, Refusal> {
-    let mut best: Option<((usize, u32), Decision)> = None;
-    for &index in candidates {
-        let fresh;
-        let record = match work.shards.get(&index) {
-            Some(shard) => &shard.record,
-            None => {
-                fresh = work.shard_record(index);
-                &fresh
-            }
-        };
-        let decision = match decide(record, uid, owner, operation, rng) {
+    let mut best: Option<((usize, u32, u32), Decision)> = None;
+    for record in records {
+        let decision = match decide(&record, uid, owner, operation, rng) {
             Err(Refusal::Core { .. }) => continue,
             other => other?,
         };
@@ -394,7 +415,11 @@ fn best_window(
             .flat_map(|(_, block)| block.ports())
             .filter(|&port| state.band_of(port) == Some(Band::Static))
             .count();
-        let key = (statics, state.free_count());
+        let key = (
+            statics,
+            runs.fit(before, decision.holdings()),
+            state.free_count(),
+        );
         if best.as_ref().is_none_or(|(best_key, _)| key < *best_key) {
             best = Some((key, decision));
         }

@@ -538,3 +538,37 @@ fn a_window_that_would_use_static_ports_is_taken_only_when_no_other_can() {
     let statics = ports_of(&placed).iter().filter(|&&p| p < 30024).count();
     assert_eq!(statics, 6);
 }
+
+#[test]
+fn a_block_takes_the_tightest_run_even_across_a_window_edge() {
+    // 117 and 120 full. 118 keeps 30384-30463 (80) free, 119 keeps 30464-30483 (20) and
+    // 30544-30719 (176): across their edge, 30384-30483 is one run of exactly 100 ports. A block
+    // of 100 fits there, across the pair, and leaves 119's run of 176 whole for a larger block
+    // (alone, 119 would cut it).
+    let pool = pool_of(&["30000-30767"], &[]);
+    let record = sharded(
+        &pool,
+        vec![
+            shard_of(&pool, 117, vec![holder("x", "f.blk=30000-30207")]),
+            shard_of(&pool, 118, vec![holder("y", "f.blk=30208-30383")]),
+            shard_of(&pool, 119, vec![holder("w", "f.blk=30484-30543")]),
+            shard_of(&pool, 120, vec![holder("z", "f.blk=30720-30767")]),
+        ],
+    );
+    let pa = (0..)
+        .map(|i| {
+            let mut pa = allocation(&format!("b{i}"), 1, None);
+            let port = &mut pa.spec.roles[0].ports[0];
+            port.scope = crate::api::Scope::RoleScoped;
+            port.count = Some(100);
+            pa
+        })
+        .find(|pa| home_shard(&record.layout, &owner_of(pa)) == Some(120))
+        .unwrap();
+    let placed = place(&record, &item_in(&record.layout, &pa), &mut rng());
+    assert_eq!(ports_of(&placed), (30384..=30483).collect::<Vec<u16>>());
+    assert_eq!(
+        placed.shards,
+        BTreeSet::from([ShardKey::first(118), ShardKey::first(119)])
+    );
+}

@@ -1,0 +1,115 @@
+//! The free runs of one copy of a pool as if it were one record: the windows' free ports joined
+//! across window edges (a run stops only at a held port or a gap in the pool's ranges). Pure.
+//!
+//! A window's own record cannot see that the free ports at its edge continue into its
+//! neighbour's, so what looks like a small leftover there may be the one run a long block could
+//! still use. Placement ranks the places an owner could go (a window, a pair of windows) by the
+//! run its largest new block would cut, measured here: best fit across the whole copy.
+
+use std::collections::BTreeMap;
+
+use crate::core::Holdings;
+
+use super::copy_record::CopyRecord;
+use super::windows::window_of;
+
+/// Free runs, ascending, as (first port, length).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FreeRuns {
+    runs: Vec<(u16, u32)>,
+}
+
+impl FreeRuns {
+    /// The free runs of `copy`: a port is free when it is a pool port that its window's shard
+    /// does not hold (a window without a shard is all free).
+    pub fn of(copy: &CopyRecord) -> FreeRuns {
+        let held = |port: u16| {
+            copy.shards
+                .get(&window_of(port))
+                .is_some_and(|shard| shard.record.state.is_held(port))
+        };
+        let mut runs = Vec::new();
+        for range in copy.ports.ranges() {
+            let mut open: Option<(u16, u32)> = None;
+            for port in range.first..=range.last {
+                match (held(port), open.as_mut()) {
+                    (false, Some((_, len))) => *len += 1,
+                    (false, None) => open = Some((port, 1)),
+                    (true, Some(_)) => runs.extend(open.take()),
+                    (true, None) => {}
+                }
+            }
+            runs.extend(open);
+        }
+        FreeRuns { runs }
+    }
+
+    /// The length of the free run that contains `port`; 0 when the port is not free.
+    pub fn around(&self, port: u16) -> u32 {
+        let after = self.runs.partition_point(|&(first, _)| first <= port);
+        match after.checked_sub(1).map(|i| self.runs[i]) {
+            Some((first, len)) if u32::from(port) < u32::from(first) + len => len,
+            _ => 0,
+        }
+    }
+
+    /// How well `after` fits, as the owner now holding `before` would be placed: the length of
+    /// the run its largest new block (a slot it did not hold as it is) lies in, longest first
+    /// among equals; 0 when nothing is new. Smaller is a tighter fit.
+    pub fn fit(&self, before: &Holdings, after: &Holdings) -> u32 {
+        let mut largest: BTreeMap<u16, u32> = BTreeMap::new();
+        for (slot, block) in after.iter() {
+            if before.block(slot) != Some(block) {
+                let run = self.around(block.first);
+                largest
+                    .entry(block.count)
+                    .and_modify(|r| *r = (*r).max(run))
+                    .or_insert(run);
+            }
+        }
+        largest.last_key_value().map_or(0, |(_, &run)| run)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::fixtures::{holders, pool_of, shard_of, sharded};
+
+    #[test]
+    fn runs_join_across_window_edges_and_stop_at_gaps_and_held_ports() {
+        // Windows 117 (30000-30207) and 118 (30208-30463), 30300 excluded.
+        let pool = pool_of(&["30000-30463"], &["30300"]);
+        let record = sharded(
+            &pool,
+            vec![
+                shard_of(&pool, 117, holders(&[("a", "r.p=30000-30099")])),
+                shard_of(&pool, 118, holders(&[("b", "r.p=30250")])),
+            ],
+        );
+        let runs = FreeRuns::of(record.first());
+        // 30100-30249 crosses the edge at 30207/30208.
+        assert_eq!(runs.around(30100), 150);
+        assert_eq!(runs.around(30207), 150);
+        assert_eq!(runs.around(30208), 150);
+        assert_eq!(runs.around(30250), 0, "held");
+        assert_eq!(runs.around(30251), 49, "30251-30299: the exclusion ends it");
+        assert_eq!(runs.around(30301), 163);
+        assert_eq!(runs.around(29999), 0, "not a pool port");
+    }
+
+    #[test]
+    fn the_fit_is_the_run_of_the_largest_new_block() {
+        let pool = pool_of(&["30000-30463"], &[]);
+        let record = sharded(
+            &pool,
+            vec![shard_of(&pool, 117, holders(&[("a", "r.p=30100-30109")]))],
+        );
+        let runs = FreeRuns::of(record.first());
+        let before = Holdings::decode("r.keep=30000-30063").unwrap();
+        let after = Holdings::decode("r.keep=30000-30063 r.s=30099 r.b=30110-30117").unwrap();
+        // The block of 8 is the largest new one: it lies in 30110-30463.
+        assert_eq!(runs.fit(&before, &after), 354);
+        assert_eq!(runs.fit(&after, &after), 0);
+    }
+}
