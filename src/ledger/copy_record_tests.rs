@@ -2,6 +2,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::api::{PoolHolder, PortPool, PortPoolSpec, StaticBandSetting};
+use crate::core::{PortBlock, SlotKey};
+use crate::ledger::Anomaly;
 
 /// Pool `p` (UID `pool-uid`) of 30000-30767: windows 117 (30000-30207), 118 (30208-30463),
 /// 119 (30464-30719) and 120 (30720-30767).

@@ -47,6 +47,11 @@ pub fn listed_shards(status: Option<&PortAllocationStatus>) -> BTreeSet<ShardKey
         .collect()
 }
 
+/// `status.shards` naming `shards` (see [`ShardKey::to_status`]).
+pub fn status_shards(shards: &BTreeSet<ShardKey>) -> Vec<i32> {
+    shards.iter().map(|k| k.to_status()).collect()
+}
+
 /// The copy of the pool a PortAllocation's ports are in, by its status (the lowest it names;
 /// 0 when it names none): a copy beyond the first is a port other pods hold on other nodes.
 pub fn status_copy(status: Option<&PortAllocationStatus>) -> u16 {

@@ -29,6 +29,7 @@ mod decision;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod known;
+mod pieces;
 mod placement;
 mod pod_ports;
 mod pool_record;
@@ -48,11 +49,13 @@ pub use allocation_status::{
     allocation_status, recorded_holdings,
 };
 pub use copy_record::{
-    CopyRecord, ShardAnomaly, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
-    split_by_shard,
+    CopyRecord, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
 };
 pub use decision::{Decision, Operation, decide, precheck};
-pub use known::{home_shard, known_shards, listed_shards, single_shard, status_copy};
+pub use known::{
+    home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,
+};
+pub use pieces::{ShardAnomaly, split_by_shard};
 pub use placement::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
 pub use pod_ports::{
     Mismatch, PodPort, PortHolder, RecordDenial, pod_port_shards, pod_ports, unheld_ports,

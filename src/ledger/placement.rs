@@ -29,9 +29,10 @@ use rand::Rng;
 
 use crate::core::{Band, Holdings};
 
-use super::copy_record::{CopyRecord, ShardWrite, split_by_shard};
+use super::copy_record::{CopyRecord, ShardWrite};
 use super::decision::{Decision, Operation, decide};
 use super::known::single_shard;
+use super::pieces::split_by_shard;
 use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
 use super::window_record::WindowRecord;

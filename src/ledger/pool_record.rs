@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::api::{PortPoolShard, SpecError};
 use crate::core::{Holdings, PortSet};
 
-use super::copy_record::{CopyRecord, ShardAnomaly, ShardWrite, newest_snapshot};
+use super::copy_record::{CopyRecord, ShardWrite, newest_snapshot};
+use super::pieces::ShardAnomaly;
 use super::pool_snapshot::PoolSnapshot;
 use super::windows::{ShardKey, WindowLayout};
 

@@ -27,8 +27,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use kube::ResourceExt;
 
 use super::allocation_status::recorded_holdings;
-use super::copy_record::{CopyRecord, ShardAnomaly, ShardWrite, load_shard, new_shard};
+use super::copy_record::{CopyRecord, ShardWrite, load_shard, new_shard};
 use super::known::status_copy;
+use super::pieces::ShardAnomaly;
 use super::pool_record::PoolRecord;
 use super::repair_plan::{Change, Finding, RepairPlan, RepairScope, Restored, plan_repair_scoped};
 use super::windows::{ShardKey, shard_name, window, window_of};

@@ -3,7 +3,8 @@
 //! computed from the shards ([`CopyRecord::union_record`], per copy), and what only the shards
 //! show is said in warnings. Pure.
 
-use super::copy_record::{CopyRecord, ShardAnomaly};
+use super::copy_record::CopyRecord;
+use super::pieces::ShardAnomaly;
 use super::pool_record::PoolRecord;
 use super::pool_snapshot::PoolSnapshot;
 use super::windows::ShardKey;

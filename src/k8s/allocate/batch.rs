@@ -325,7 +325,7 @@ impl Allocator {
     ) -> Result<PortAllocation, (kube::Error, crate::k8s::error::Target)> {
         let mut updated = pa.clone();
         let mut status = updated.status.take().unwrap_or_default();
-        status.shards = super::sync::status_shards(shards);
+        status.shards = crate::ledger::status_shards(shards);
         updated.status = Some(status);
         let name = pa.name_any();
         allocations(&self.client, &pa)
@@ -356,7 +356,7 @@ impl Allocator {
             } => (holdings, allocated, released),
         };
         let mut status = allocation_status(&pa, &holdings, Some(pool_uid), Outcome::Converged);
-        status.shards = super::sync::status_shards(&done.shards);
+        status.shards = crate::ledger::status_shards(&done.shards);
         let report = |allocation, status_written| SyncReport {
             namespace: pa.namespace().unwrap_or_default(),
             name: pa.name_any(),

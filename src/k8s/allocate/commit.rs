@@ -410,7 +410,7 @@ impl Allocator {
         let api: Api<PortAllocation> = Api::namespaced(self.client.clone(), &namespace);
         let mut updated = pa.clone();
         let mut status = updated.status.take().unwrap_or_default();
-        status.shards = super::sync::status_shards(widened);
+        status.shards = crate::ledger::status_shards(widened);
         updated.status = Some(status);
         match api
             .replace_status(&name, &crate::k8s::write_params(), &updated)

@@ -120,7 +120,7 @@ pub async fn preview(
                 _ => Outcome::Converged,
             };
             let mut status = allocation_status(&pa, holdings, Some(&record.pool.uid), outcome);
-            status.shards = super::sync::status_shards(&record.shards_of(&item.uid));
+            status.shards = crate::ledger::status_shards(&record.shards_of(&item.uid));
             pa.status = Some(status);
             if mode == DryRun::Server {
                 let writes = &previewed.writes;

@@ -12,7 +12,6 @@
 //! the status just written (see [`super::configmaps`]). It follows the allocation and never
 //! undoes it: its outcome, good or bad, is part of the [`SyncReport`].
 
-use std::collections::BTreeSet;
 use std::fmt;
 
 use kube::ResourceExt;
@@ -26,9 +25,7 @@ use crate::core::Holdings;
 use crate::k8s::error::KubeError;
 use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS};
 use crate::k8s::retry::Attempts;
-use crate::ledger::{
-    Operation, Outcome, Refusal, ShardKey, allocation_status, owner_of, recorded_holdings,
-};
+use crate::ledger::{Operation, Outcome, Refusal, allocation_status, owner_of, recorded_holdings};
 
 /// What one sync or release did.
 #[derive(Debug)]
@@ -198,7 +195,7 @@ impl Allocator {
             };
             let mut status =
                 allocation_status(&pa, &committed.holdings, Some(&committed.pool_uid), outcome);
-            status.shards = status_shards(&committed.shards);
+            status.shards = crate::ledger::status_shards(&committed.shards);
             let report = |pa: PortAllocation, attempts: &Attempts, status_written| SyncReport {
                 namespace: namespace.clone(),
                 name: name.clone(),
@@ -275,9 +272,4 @@ impl fmt::Display for SyncReport {
             (a, r) => write!(f, " ({a} allocated, {r} released)"),
         }
     }
-}
-
-/// `status.shards` naming `shards` (copy 0's windows as their numbers, see `ShardKey`).
-pub(super) fn status_shards(shards: &BTreeSet<ShardKey>) -> Vec<i32> {
-    shards.iter().map(|k| k.to_status()).collect()
 }

@@ -5,6 +5,7 @@
 //! that node's own network namespace, binding every port each pod was given.
 
 pub mod harness;
+mod reuse;
 
 use std::collections::BTreeMap;
 
