@@ -131,7 +131,9 @@ pub fn pool(name: &str, first: u32, size: u32, reuse: u32) -> Value {
 /// The group's PortAllocation: one role named as its StatefulSet, `ports` PodScoped ports.
 pub fn allocation(group: &Group, pool: &str) -> Value {
     let ports: Vec<Value> = (0..group.ports)
-        .map(|p| json!({"name": format!("p{p}"), "scope": "PodScoped", "env": format!("P{p}_PORT")}))
+        .map(
+            |p| json!({"name": format!("p{p}"), "scope": "PodScoped", "env": format!("P{p}_PORT")}),
+        )
         .collect();
     json!({
         "apiVersion": "portalloc.dev/v1alpha1",
