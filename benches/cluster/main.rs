@@ -32,13 +32,18 @@
 //! - 2n: pools that fill, through the CLI: copies of the vLLM-Ray example in its pool, and a
 //!   random mix into a 4,096-port pool, until the first refusal (and again after deletions).
 //!
+//! - 2r: a fleet of 32 GPU servers filled to 95 % by hostNetwork StatefulSets through the pod
+//!   webhook, placed by the real kube-scheduler, with a pool of a third of the ports the pods
+//!   hold and `nodeReuse: 4`: pods Pending for their ports while a node has their GPUs, per seed,
+//!   and the same fleet with `nodeReuse: 1` (fleet.rs; a control plane of its own per run).
+//!
 //! - 2j: the fine-grained compare-and-swap lever (JSON Patch `test` of one block) against a
 //!   whole-object compare-and-swap, on a ConfigMap stand-in of a pool record's size.
 //!
 //! `PORTALLOC_BENCH_BIN=PATH` runs 2l, 2m and 2n with another build of the plugin (its CRDs installed
 //! by it), for a before/after on one machine. `PORTALLOC_BENCH_CELLS=2a,2h` runs only the cells named (ids as in the table; `2b` runs the
 //! 2b/2c cells); `PORTALLOC_BENCH_ROUNDS=1` shortens the throughput cells; `PORTALLOC_BENCH_SEEDS=N` (at most
-//! 8) runs 2n's random mix with N seeds (default 3);
+//! 8) runs 2n's random mix and 2r's fleet with N seeds (default 3; 1 in quick mode);
 //! `PORTALLOC_BENCH_SHARDS=1` runs the shard experiment even when its condition does not hold;
 //! Quick mode is chosen by `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the
 //! `--bench` flag that `cargo bench` passes (so `cargo test --benches` never runs the full size).
@@ -49,13 +54,24 @@ mod cli;
 // The control plane of the end-to-end tests, started the same way (shared test code).
 #[path = "../../tests/common/control_plane.rs"]
 mod controlplane;
+// kube-scheduler, kube-controller-manager, Node objects and the webhook process of the
+// scheduling tests (2r).
+#[path = "../../tests/common/controllers.rs"]
+mod controllers;
 mod encodings;
 mod filling;
+mod fleet;
+mod fleet_count;
+mod fleet_workload;
 mod full_pool;
 mod group_commit;
 mod levers;
 mod metrics;
+#[path = "../../tests/common/nodes.rs"]
+mod nodes;
 mod scale;
+#[path = "../../tests/common/webhook.rs"]
+mod webhook;
 mod workload;
 
 use std::fmt::Write as _;
@@ -282,6 +298,10 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
     if scale.wants("2k") {
         eprintln!("2k: a sharded pool holding every port of 1-65535");
         rows.extend(full_pool::measure(&admin, scale.quick).await?);
+    }
+    if scale.wants("2r") {
+        eprintln!("2r: a GPU fleet placed by kube-scheduler, ports reused across nodes");
+        rows.extend(or_failed("2r", fleet::measure(scale.quick).await)?);
     }
     if !scale.wants("2g") {
         return Ok((rows, version));
