@@ -329,9 +329,9 @@ fn elsewhere(
     rng: &mut impl Rng,
 ) -> Result<Decision, Refusal> {
     let order = work.layout.home_order(owner);
-    let runs = FreeRuns::of(work);
-    let before = work.holdings_of(uid);
     if present.len() <= 1 {
+        let runs = FreeRuns::of(work);
+        let before = work.holdings_of(uid);
         let candidates: Vec<u16> = match present.first() {
             Some(&only) => vec![only],
             None => order.clone(),
