@@ -125,6 +125,7 @@ fn full_shard(ports_each: u32) -> (PoolSnapshot, PortPoolShard) {
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
             node_reuse: None,
+            guard: None,
         },
     );
     pool.metadata.uid = Some("5f0c8c2e-0000-4000-8000-000000000001".into());

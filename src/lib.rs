@@ -6,6 +6,7 @@
 //! - [`ledger`]: decisions over the API types: the pool record, allocation status, sync and
 //!   release decisions with their refusals, the repair plan. No I/O.
 //! - [`k8s`]: reads, calls the ledger, writes (compare-and-swap), with one retry driver.
+//! - [`node`]: the node agent's kernel side: reserved ports, the cgroup BPF bind guard.
 //!
 //! The command line (`src/cli`, part of the binary) parses, calls this library and renders.
 
@@ -13,3 +14,4 @@ pub mod api;
 pub mod core;
 pub mod k8s;
 pub mod ledger;
+pub mod node;

@@ -106,6 +106,7 @@ pub async fn measure(admin: &Client, quick: bool) -> anyhow::Result<Vec<Row>> {
             protocol: Default::default(),
             static_band: portalloc::api::StaticBandSetting::None,
             node_reuse: None,
+            guard: None,
         },
     );
     let pool = portalloc::k8s::create_pool(admin, pool, true).await?;

@@ -135,6 +135,7 @@ pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Re
             protocol: Default::default(),
             static_band: StaticBandSetting::Auto,
             node_reuse: None,
+            guard: None,
         },
     );
     portalloc::k8s::create_pool(client, pool, true)

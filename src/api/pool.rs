@@ -29,6 +29,7 @@ use super::{PortRangeText, StaticBandSetting};
     printcolumn = r#"{"name":"Counted","type":"date","jsonPath":".status.usage.countedAt","description":"When the watcher last counted the usage (at least every 5 minutes while one runs); empty: no watcher keeps it, kubectl portalloc pool get counts on demand"}"#,
     printcolumn = r#"{"name":"Static","type":"string","priority":1,"jsonPath":".spec.staticBand"}"#,
     printcolumn = r#"{"name":"Reuse","type":"integer","priority":1,"jsonPath":".spec.nodeReuse"}"#,
+    printcolumn = r#"{"name":"Guard","type":"string","priority":1,"jsonPath":".spec.guard"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -64,9 +65,23 @@ pub struct PortPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 256))]
     pub node_reuse: Option<i32>,
+
+    /// What the node agent (`kubectl portalloc node-agent`) does with a bind of one of these
+    /// ports, in the node's network namespace, from a pod that does not hold it: `Off` (allow),
+    /// `Audit` (allow, and report it as an Event on the pod), `Enforce` (refuse it with EPERM,
+    /// and report it). Processes outside pods are never touched. Absent means `Off`: nothing
+    /// changes for a pool until its admin asks; roll out with `Audit`, then `Enforce`. The
+    /// agent keeps every pool's ports out of the kernel's ephemeral choice whatever this says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<GuardMode>,
 }
 
 impl PortPoolSpec {
+    /// The pool's bind guard: `spec.guard`, `Off` when unset.
+    pub fn guard_mode(&self) -> GuardMode {
+        self.guard.unwrap_or_default()
+    }
+
     /// How many copies of its ports the pool keeps: `nodeReuse`, 1 when unset. Values the
     /// schema refuses (below 1, above 256) are read as the nearest it allows.
     pub fn reuse(&self) -> u16 {
@@ -87,6 +102,44 @@ fn exclusions_inside_ranges() -> String {
 fn ranges_disjoint() -> String {
     let (af, al, bf, bl) = (cel_first("a"), cel_last("a"), cel_first("b"), cel_last("b"));
     format!("self.ranges.all(a, self.ranges.all(b, a == b || {al} < {bf} || {bl} < {af}))")
+}
+
+/// What the node agent does with a bind of a pool port by a pod that does not hold it, in the
+/// words of Kyverno's `validationFailureAction` and Pod Security's modes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GuardMode {
+    /// Binds are not looked at.
+    #[default]
+    Off,
+    /// The bind succeeds and is reported.
+    Audit,
+    /// The bind fails with EPERM and is reported.
+    Enforce,
+}
+
+impl std::fmt::Display for GuardMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Off => "Off",
+            Self::Audit => "Audit",
+            Self::Enforce => "Enforce",
+        })
+    }
+}
+
+impl std::str::FromStr for GuardMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Off" | "off" => Ok(Self::Off),
+            "Audit" | "audit" => Ok(Self::Audit),
+            "Enforce" | "enforce" => Ok(Self::Enforce),
+            other => Err(format!(
+                "{other:?} is not a guard mode: use Off, Audit or Enforce"
+            )),
+        }
+    }
 }
 
 /// The transport protocol of a pool's ports.

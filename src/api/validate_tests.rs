@@ -350,6 +350,7 @@ fn pool_ports_subtract_exclusions() {
         protocol: Default::default(),
         static_band: StaticBandSetting::Auto,
         node_reuse: None,
+        guard: None,
     };
     assert_eq!(
         pool.port_set().unwrap().to_string(),

@@ -11,7 +11,7 @@ use tabled::Tabled;
 use super::output::{OutputFormat, age, bar, print_names, print_objects, print_rows_without};
 use super::pool_flags::{ProtocolFlag, StaticBandParser};
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::api::{PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
+use crate::api::{GuardMode, PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
 use crate::core::{Band, PoolState, hazards};
 use crate::k8s::{self, PoolView, error_chain, get_pool};
 use crate::ledger::{Anomaly, PoolSnapshot, WindowRecord};
@@ -75,6 +75,10 @@ pub struct CreateArgs {
     /// How many pods may hold one port at once, each on another node (1-256). See below.
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=256))]
     pub node_reuse: Option<i32>,
+    /// What the node agent does with a bind of a pool port by a pod that does not hold it:
+    /// Off, Audit (allow and report) or Enforce (refuse with EPERM and report). Default: Off.
+    #[arg(long, value_name = "MODE")]
+    pub guard: Option<GuardMode>,
     /// Create the pool even if it overlaps another pool of the same protocol.
     #[arg(long)]
     pub allow_overlap: bool,
@@ -139,6 +143,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         protocol: args.protocol.into(),
         static_band: args.static_band,
         node_reuse: args.node_reuse.filter(|&n| n > 1),
+        guard: args.guard,
     };
     let pool = PortPool::new(&args.name, spec);
     let written = k8s::create_pool(client, pool, args.allow_overlap).await?;
@@ -519,6 +524,7 @@ mod tests {
                 protocol: Default::default(),
                 static_band: StaticBandSetting::None,
                 node_reuse: None,
+                guard: None,
             },
         );
         let holders = vec![PoolHolder {

@@ -87,6 +87,7 @@ mod tests {
                 protocol: Default::default(),
                 static_band: StaticBandSetting::None,
                 node_reuse: Some(4),
+                guard: None,
             },
         );
         let holder = |uid: &str, owner: &str, ports: &str| PoolHolder {

@@ -79,6 +79,7 @@ mod tests {
                 protocol: Default::default(),
                 static_band: StaticBandSetting::None,
                 node_reuse: None,
+                guard: None,
             },
         );
         pool.metadata.uid = Some("uid-1".into());

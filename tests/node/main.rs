@@ -1,0 +1,7 @@
+//! The node agent's kernel side against the real kernel: the bind guard attached to a cgroup v2
+//! tree laid out as kubelet's, real processes binding real ports from inside it, and the
+//! reserved-ports setting of a network namespace of its own. Needs root and a cgroup2 mount
+//! (CI runs as root; `mount -t cgroup2` shows where the hierarchy is).
+
+mod guard;
+mod support;

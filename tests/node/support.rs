@@ -1,0 +1,109 @@
+//! A simulated node's cgroup tree, and processes started inside one of its cgroups.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use portalloc::node::cgroups::CgroupDriver;
+
+/// The cgroup2 hierarchy's mount point (`mount -t cgroup2`).
+pub fn cgroup2_mount() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("read /proc/self/mounts");
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, at, kind) = (f.next()?, f.next()?, f.next()?);
+            (kind == "cgroup2").then(|| PathBuf::from(at))
+        })
+        .next()
+        .expect(
+            "no cgroup2 hierarchy is mounted: the node tests need one (mount -t cgroup2 none DIR)",
+        )
+}
+
+/// A node's cgroup root (a directory of its own under the cgroup2 mount), removed on drop.
+pub struct NodeCgroups {
+    pub root: PathBuf,
+    pub driver: CgroupDriver,
+}
+
+impl NodeCgroups {
+    pub fn new(name: &str, driver: CgroupDriver) -> Self {
+        assert!(
+            unsafe { libc::geteuid() } == 0,
+            "the node tests attach cgroup BPF programs: run them as root"
+        );
+        let root = cgroup2_mount().join(format!("portalloc-test-{}-{name}", std::process::id()));
+        let node = Self { root, driver };
+        // kubelet makes the QoS classes' directories when it starts, before any pod.
+        for qos in ["burstable", "besteffort"] {
+            node.mkdir(&node.kubepods().join(driver.qos_dir(qos)));
+        }
+        node
+    }
+
+    pub fn kubepods(&self) -> PathBuf {
+        self.root.join(self.driver.kubepods())
+    }
+
+    fn mkdir(&self, dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    }
+
+    /// The cgroup of pod `uid` in QoS class `qos` (None: Guaranteed), with one container
+    /// cgroup below it, as kubelet and the runtime make them; returns the container's.
+    pub fn pod(&self, qos: Option<&str>, uid: &str) -> PathBuf {
+        let mut dir = self.kubepods();
+        if let Some(qos) = qos {
+            dir = dir.join(self.driver.qos_dir(qos));
+        }
+        let pod = dir.join(self.driver.pod_dir(qos, uid));
+        let container = pod.join("container");
+        self.mkdir(&container);
+        container
+    }
+}
+
+impl Drop for NodeCgroups {
+    fn drop(&mut self) {
+        // Leaves first; a cgroup with processes cannot go, and ours have exited by now.
+        let mut dirs: Vec<PathBuf> = walk(&self.root);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for dir in dirs {
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.extend(walk(&entry.path()));
+            }
+        }
+    }
+    dirs
+}
+
+/// Bind `port` from a process started in `cgroup` (None: the test's own cgroup, outside every
+/// pod); what the kernel answered: "ok", "EPERM", "EADDRINUSE".
+pub fn bind_in(cgroup: Option<&Path>, port: u16, proto: &str, family: &str) -> String {
+    let binder = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/binder.py");
+    let enter = cgroup.map_or(String::new(), |cg| {
+        format!("echo $$ > '{}/cgroup.procs' && ", cg.display())
+    });
+    let script = format!("{enter}exec python3 '{binder}' {port} {proto} {family}");
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("start sh");
+    assert!(
+        out.status.success(),
+        "binder failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
