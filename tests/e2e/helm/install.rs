@@ -1,6 +1,7 @@
 //! The chart against a control plane of its own (its webhook configuration is cluster-wide and
-//! fails closed for labelled pods): `helm template` (every option on, the CRDs included) and
-//! deploy/ pass `kubectl apply --dry-run=server`, the Prometheus Operator's own CRDs validating
+//! fails closed for labelled pods): `helm template` (every option on, the node agent and the
+//! CRDs included) and deploy/, alone and with its node-agent component, pass
+//! `kubectl apply --dry-run=server`, the Prometheus Operator's own CRDs validating
 //! the monitoring objects; then `helm install`, the watcher run as local processes from the
 //! installed Deployment's container (its args and env, plus a ServiceAccount token's
 //! kubeconfig, as a kubelet would; no kubelet runs pods here) until a PortAllocation is Ready,
@@ -26,7 +27,9 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use portalloc::api::PortAllocation;
 
-use super::{NAMESPACE, RELEASE, chart, documents, helm, show, template_text};
+use super::{
+    NAMESPACE, RELEASE, chart, deploy_with_node_agent, documents, helm, show, template_text,
+};
 use crate::support::cli::BIN;
 use crate::support::private_cluster::{PrivateCluster, client_from};
 use crate::support::{self, tools};
@@ -267,7 +270,8 @@ async fn can(client: &Client, verb: &str, resource: &str, namespace: &str) -> bo
 
 /// Every option on, the CRDs included: the API server accepts each object (a dry run), with
 /// the Prometheus Operator's own schemas for its kinds, which really check: a bad interval is
-/// refused. deploy/ too, as `kubectl apply -k deploy` and monitoring.yaml apply it.
+/// refused. deploy/ too, as `kubectl apply -k deploy` and monitoring.yaml apply it, and with
+/// the node agent's component.
 fn dry_runs(admin: &Path, dir: &Path) {
     let crds = tools::prometheus_operator_crds();
     let applied = kubectl(
@@ -310,6 +314,8 @@ fn dry_runs(admin: &Path, dir: &Path) {
             "monitoring.prometheusRule.enabled=true",
             "argocd.healthChecks.enabled=true",
             "watchNamespace=apps",
+            "nodeAgent.enabled=true",
+            "nodeAgent.cgroupDriver=systemd",
         ],
         &["--include-crds"],
     );
@@ -350,6 +356,7 @@ fn dry_runs(admin: &Path, dir: &Path) {
         "prometheusrule.monitoring.coreos.com",
         "configmap",
         "role.rbac.authorization.k8s.io",
+        "daemonset.apps",
     ] {
         assert!(kinds.contains(&kind), "no {kind} applied: {text}");
     }
@@ -376,6 +383,27 @@ fn dry_runs(admin: &Path, dir: &Path) {
         show(&output)
     );
     assert!(show(&output).contains("poddisruptionbudget.policy/portalloc-watcher"));
+    let overlay = deploy_with_node_agent(&dir.join("with-node-agent"));
+    let output = kubectl(
+        admin,
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "-k",
+            overlay.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        output.status.success(),
+        "dry run of deploy/ with the node-agent component: {}",
+        show(&output)
+    );
+    assert!(
+        show(&output).contains("daemonset.apps/portalloc-node-agent"),
+        "{}",
+        show(&output)
+    );
     let output = dry_run(&support::repo_root().join("deploy/monitoring.yaml"));
     assert!(
         output.status.success(),

@@ -1,8 +1,9 @@
 //! The Helm chart (charts/kubectl-portalloc) with real Helm, built from its Go module by
 //! `scripts/build-helm.sh`: `helm lint --strict`, what `helm template` renders by default and
 //! with each option, its schema refusing bad values, deploy/ being exactly the chart rendered
-//! (`scripts/gen-deploy.sh`), the chart's copies of the CRDs and the Argo CD checks being their
-//! sources, and the chart's version being Cargo.toml's. `install` applies it to a control plane.
+//! (`scripts/gen-deploy.sh`), deploy/ with its node-agent component being the chart with the
+//! agent on, the chart's copies of the CRDs and the Argo CD checks being their sources, and the
+//! chart's version being Cargo.toml's. `install` applies it to a control plane.
 
 mod install;
 
@@ -107,6 +108,8 @@ fn helm_lint_strict_accepts_the_chart_with_every_option() {
             "watchNamespace=apps",
             "createNamespace=true",
             "replicas=3",
+            "nodeAgent.enabled=true",
+            "nodeAgent.cgroupDriver=systemd",
         ],
         vec!["webhook.enabled=false", "replicas=1"],
     ] {
@@ -134,6 +137,8 @@ fn the_schema_refuses_unknown_keys_and_wrong_types() {
         ("watcher.resync=often", "resync"),
         ("watchNamespace=Not_A_Namespace", "watchNamespace"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("nodeAgent.cgroupDriver=v1", "cgroupDriver"),
+        ("nodeAgent.metricsPort=70000", "metricsPort"),
     ] {
         let output = helm(&["template", RELEASE, chart.to_str().unwrap(), "--set", set]);
         let text = show(&output);
@@ -369,6 +374,199 @@ fn argocd_health_checks_are_those_of_integrations_argocd() {
     assert_eq!(rendered["data"].as_object().unwrap().len(), 2);
 }
 
+/// The node agent: nothing of it by default; on, a DaemonSet with exactly what docs/node-agent.md
+/// says it needs on a node, and the rights it uses.
+#[test]
+fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
+    let defaults = template(&[]);
+    assert!(!defaults.iter().any(|o| o["kind"] == "DaemonSet"));
+    assert!(
+        !defaults
+            .iter()
+            .any(|o| o["metadata"]["name"] == "portalloc-node-agent")
+    );
+
+    let objects = template(&["nodeAgent.enabled=true", "createNamespace=true"]);
+    let daemonset = get(&objects, "DaemonSet", "portalloc-node-agent");
+    let spec = &daemonset["spec"];
+    assert_eq!(spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"], 1);
+    assert_eq!(
+        spec["template"]["metadata"]["labels"],
+        spec["selector"]["matchLabels"]
+    );
+    let pod = &spec["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 0);
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(
+        pod["tolerations"],
+        serde_json::json!([{"operator": "Exists"}])
+    );
+    assert_eq!(pod["serviceAccountName"], "portalloc-node-agent");
+    let container = &pod["containers"][0];
+    let security = &container["securityContext"];
+    assert!(security["privileged"].is_null(), "{security}");
+    assert_eq!(
+        strings(&security["capabilities"]["add"]),
+        ["BPF", "NET_ADMIN", "SYS_ADMIN"]
+    );
+    assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"]);
+    assert_eq!(
+        container["image"],
+        get(&objects, "Deployment", "portalloc-watcher")["spec"]["template"]["spec"]["containers"]
+            [0]["image"]
+    );
+    let args = strings(&container["args"]);
+    assert_eq!(args[0], "node-agent");
+    let flag = |name: &str| {
+        let at = args.iter().position(|a| a == name);
+        at.map(|at| args[at + 1].clone())
+    };
+    assert_eq!(flag("--metrics-address").as_deref(), Some("0.0.0.0:9464"));
+    assert_eq!(flag("--cgroup-driver"), None, "auto: the agent finds it");
+    let reserved = flag("--reserved-ports-file").expect("--reserved-ports-file");
+    let env: Vec<(String, String)> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let path = e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap();
+            (e["name"].as_str().unwrap().to_string(), path.to_string())
+        })
+        .collect();
+    assert!(
+        env.contains(&("NODE_NAME".into(), "spec.nodeName".into())),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&("POD_NAMESPACE".into(), "metadata.namespace".into())),
+        "{env:?}"
+    );
+    // Each host path, mounted as the agent is told to find it.
+    let volumes = pod["volumes"].as_array().unwrap();
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    let mount_of = |host: &str| -> (&Value, &Value) {
+        let volume = volumes
+            .iter()
+            .find(|v| v["hostPath"]["path"] == host)
+            .unwrap_or_else(|| panic!("no hostPath {host}"));
+        let mount = mounts
+            .iter()
+            .find(|m| m["name"] == volume["name"])
+            .unwrap_or_else(|| panic!("{host} not mounted"));
+        (volume, mount)
+    };
+    let (cgroup, cgroup_mount) = mount_of("/sys/fs/cgroup");
+    assert_eq!(cgroup_mount["readOnly"], true);
+    assert_eq!(
+        Some(cgroup_mount["mountPath"].as_str().unwrap()),
+        flag("--cgroup-root").as_deref()
+    );
+    assert_eq!(cgroup["hostPath"]["type"], "Directory");
+    let (state, state_mount) = mount_of("/run/kubectl-portalloc");
+    assert_eq!(state["hostPath"]["type"], "DirectoryOrCreate");
+    assert!(state_mount["readOnly"].is_null());
+    assert_eq!(
+        Some(state_mount["mountPath"].as_str().unwrap()),
+        flag("--state-dir").as_deref()
+    );
+    let (file, file_mount) = mount_of("/proc/sys/net/ipv4/ip_local_reserved_ports");
+    assert_eq!(file["hostPath"]["type"], "File");
+    assert!(file_mount["readOnly"].is_null());
+    assert_eq!(file_mount["mountPath"], reserved);
+    // Its pods are admitted only at Pod Security's privileged level.
+    let namespace = get(&objects, "Namespace", NAMESPACE);
+    assert_eq!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "privileged"
+    );
+    let restricted = template(&["createNamespace=true"]);
+    assert_eq!(
+        get(&restricted, "Namespace", NAMESPACE)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+
+    // Its rights: read pools, shards, PortAllocations by name and pods; Events; its Lease in
+    // its own namespace only.
+    let rules = |role: &Value| -> Vec<(String, String, Vec<String>)> {
+        let mut all = Vec::new();
+        for rule in role["rules"].as_array().unwrap() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    all.push((group.clone(), resource, strings(&rule["verbs"])));
+                }
+            }
+        }
+        all
+    };
+    let verbs = |list: &[&str]| list.iter().map(|v| v.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        rules(get(&objects, "ClusterRole", "portalloc-node-agent")),
+        [
+            ("".into(), "pods".into(), verbs(&["get", "list", "watch"])),
+            (
+                "portalloc.dev".into(),
+                "portpools".into(),
+                verbs(&["get", "list", "watch"])
+            ),
+            (
+                "portalloc.dev".into(),
+                "portallocations".into(),
+                verbs(&["get"])
+            ),
+            (
+                "portalloc.dev".into(),
+                "portpoolshards".into(),
+                verbs(&["get", "list"])
+            ),
+            ("".into(), "events".into(), verbs(&["create", "patch"])),
+            (
+                "events.k8s.io".into(),
+                "events".into(),
+                verbs(&["create", "patch"])
+            ),
+        ]
+    );
+    let role = get(&objects, "Role", "portalloc-node-agent");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        rules(role),
+        [(
+            "coordination.k8s.io".into(),
+            "leases".into(),
+            verbs(&["get", "create", "update"])
+        )]
+    );
+    for kind in ["ClusterRoleBinding", "RoleBinding"] {
+        let binding = get(&objects, kind, "portalloc-node-agent");
+        assert_eq!(binding["subjects"][0]["name"], "portalloc-node-agent");
+        assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+    }
+
+    // Values reach it.
+    let objects = template(&[
+        "nodeAgent.enabled=true",
+        "nodeAgent.cgroupDriver=systemd",
+        "nodeAgent.metricsPort=19464",
+        "nodeAgent.nodeSelector.pool=gpu",
+        "nodeAgent.priorityClassName=",
+        "image.tag=dev",
+    ]);
+    let pod = &get(&objects, "DaemonSet", "portalloc-node-agent")["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args = strings(&container["args"]);
+    let at = args.iter().position(|a| a == "--cgroup-driver").unwrap();
+    assert_eq!(args[at + 1], "systemd");
+    assert!(args.contains(&"0.0.0.0:19464".to_string()), "{args:?}");
+    assert_eq!(container["ports"][0]["containerPort"], 19464);
+    assert_eq!(
+        container["image"],
+        "ghcr.io/portalloc/kubectl-portalloc:dev"
+    );
+    assert_eq!(pod["nodeSelector"]["pool"], "gpu");
+    assert!(pod["priorityClassName"].is_null());
+}
+
 fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -404,6 +602,7 @@ fn deploy_and_the_charts_copies_are_generated_from_their_sources() {
         "deploy/webhook.yaml",
         "deploy/webhook-configuration.yaml",
         "deploy/monitoring.yaml",
+        "deploy/node-agent/node-agent.yaml",
         "charts/kubectl-portalloc/crds/portalloc-crds.yaml",
         "charts/kubectl-portalloc/files/argocd/PortAllocation.lua",
         "charts/kubectl-portalloc/files/argocd/PortPool.lua",
@@ -455,4 +654,63 @@ fn kustomize_of_deploy_has_the_watcher_with_its_webhook() {
     get(&objects, "Service", "portalloc-webhook");
     get(&objects, "Namespace", NAMESPACE);
     assert!(!objects.iter().any(|o| o["kind"] == "ServiceMonitor"));
+    // The node agent is a component of its own, not in deploy/.
+    assert!(!objects.iter().any(|o| o["kind"] == "DaemonSet"));
+}
+
+/// A kustomization of `dir` with deploy/ as its resource and deploy/node-agent as its
+/// component, as docs/node-agent.md tells users to write it (kustomize wants relative paths).
+pub fn deploy_with_node_agent(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut up = PathBuf::new();
+    for _ in dir.components().skip(1) {
+        up.push("..");
+    }
+    let repo = up.join(repo_root().strip_prefix("/").unwrap());
+    let kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\ncomponents:\n- {}\n",
+        repo.join("deploy").display(),
+        repo.join("deploy/node-agent").display()
+    );
+    std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
+    dir.to_path_buf()
+}
+
+/// deploy/ with `components: [node-agent]` is the chart with the agent on, object for object:
+/// the agent's DaemonSet and RBAC, and the namespace at Pod Security's privileged level.
+#[test]
+fn deploy_with_the_node_agent_component_is_the_chart_with_the_agent_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let overlay = deploy_with_node_agent(dir.path());
+    let output = Command::new(tools::kubectl())
+        .arg("kustomize")
+        .arg(&overlay)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", show(&output));
+    let key = |o: &Value| {
+        format!(
+            "{}/{}/{}",
+            o["kind"].as_str().unwrap(),
+            o["metadata"]["namespace"].as_str().unwrap_or(""),
+            o["metadata"]["name"].as_str().unwrap()
+        )
+    };
+    let sorted = |mut objects: Vec<Value>| {
+        objects.sort_by_key(key);
+        objects
+    };
+    let built = sorted(documents(&String::from_utf8(output.stdout).unwrap()));
+    let rendered = sorted(template(&[
+        "createNamespace=true",
+        "nodeAgent.enabled=true",
+    ]));
+    assert_eq!(
+        built.iter().map(key).collect::<Vec<_>>(),
+        rendered.iter().map(key).collect::<Vec<_>>()
+    );
+    for (built, rendered) in built.iter().zip(&rendered) {
+        assert_eq!(built, rendered, "{}", key(built));
+    }
+    get(&built, "DaemonSet", "portalloc-node-agent");
 }
