@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 // The command line is part of the binary, not of the library's API. It reaches the library
 // through these names, as `crate::api`, `crate::k8s` and so on.
-use portalloc::{api, core, k8s, ledger};
+use portalloc::{api, core, k8s, ledger, node};
 
 mod cli;
 

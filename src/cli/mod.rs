@@ -16,6 +16,7 @@ mod import;
 mod install;
 mod logging;
 mod manifest;
+mod node_agent;
 mod output;
 mod pool;
 mod pool_copies;
@@ -91,6 +92,7 @@ pub enum Command {
     Diff(diff::DiffArgs),
     Repair(repair::RepairArgs),
     Import(import::ImportArgs),
+    NodeAgent(node_agent::NodeAgentArgs),
     Completion(completion::CompletionArgs),
     Version(version::VersionArgs),
 }
@@ -111,6 +113,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Diff(args) => diff::run(global, args).await,
         Command::Repair(args) => repair::run(global, args).await,
         Command::Import(args) => import::run(args),
+        Command::NodeAgent(args) => node_agent::run(global, args).await,
         Command::Completion(args) => completion::run(args),
         Command::Version(args) => version::run(args),
     }

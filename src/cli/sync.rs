@@ -231,7 +231,7 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
 }
 
 /// Count SIGTERM (how kubelet stops a pod) and Ctrl-C from now on.
-fn listen_for_signals() -> anyhow::Result<tokio::sync::watch::Receiver<u32>> {
+pub(super) fn listen_for_signals() -> anyhow::Result<tokio::sync::watch::Receiver<u32>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate())
         .map_err(|e| anyhow::anyhow!("cannot listen for SIGTERM: {e}"))?;
@@ -254,6 +254,6 @@ fn listen_for_signals() -> anyhow::Result<tokio::sync::watch::Receiver<u32>> {
 }
 
 /// Once `n` signals have come.
-async fn signalled(mut counted: tokio::sync::watch::Receiver<u32>, n: u32) {
+pub(super) async fn signalled(mut counted: tokio::sync::watch::Receiver<u32>, n: u32) {
     let _ = counted.wait_for(|count| *count >= n).await;
 }

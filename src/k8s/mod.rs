@@ -7,7 +7,9 @@
 //!   PortAllocation objects, the env-file ConfigMaps);
 //! - `repair`: rebuilding a pool's record from the live PortAllocations;
 //! - [`watch`]: `sync --watch`, the same allocation driven by watches, and its metrics;
-//! - [`webhook`]: the pod webhook and its TLS.
+//! - [`webhook`]: the pod webhook and its TLS;
+//! - [`node_agent`]: `node-agent`, keeping a node's kernel ([`crate::node`]) in step with the
+//!   pools and the pods bound to the node.
 //!
 //! Every write that protects consistency lives here: the shard compare-and-swaps of allocation
 //! and repair, pool creation and deletion, and the create-then-allocate of a manifest.
@@ -16,6 +18,7 @@ pub mod allocate;
 mod client;
 mod crds;
 mod error;
+pub mod node_agent;
 pub mod record;
 mod repair;
 mod resources;

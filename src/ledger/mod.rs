@@ -20,6 +20,8 @@
 //! - [`record_warnings`]: what readers (`pool describe`) say about the shards.
 //! - [`unheld_ports`]: the ports the pod webhook would give a pod that the record does not give
 //!   its PortAllocation (a status written by hand, or stale), and the [`RecordDenial`].
+//! - [`node_guard`]: what the node agent makes the kernel hold: every pool's ports reserved,
+//!   the guarded ports' modes, which pod on the node holds each.
 //!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
@@ -30,6 +32,7 @@ mod decision;
 pub(crate) mod fixtures;
 mod free_runs;
 mod known;
+pub mod node_guard;
 mod pieces;
 mod placement;
 mod pod_ports;

@@ -38,7 +38,7 @@ pub const VERDICT_REFUSED: u32 = 1;
 pub const VERDICT_AUDITED: u32 = 2;
 pub const VERDICT_CLAIMED: u32 = 3;
 /// Slots per protocol in `modes`, `owners` and `claims`.
-pub const PORTS: u32 = 65536;
+pub const PORTS: u32 = crate::ledger::node_guard::PORTS_PER_PROTOCOL;
 /// TCP, UDP, SCTP.
 pub const PROTOCOLS: u32 = 3;
 pub const CONFIG_NETNS_COOKIE: u32 = 0;

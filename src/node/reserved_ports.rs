@@ -126,7 +126,8 @@ impl ReservedPorts {
         let next = plan(&current, &ours_before, pools);
         if next.reserved != current {
             self.save_ours(&ours_before.union(&next.ours).copied().collect())?;
-            fs::write(&self.sysctl, format(&next.reserved))?;
+            // With a newline: an empty write would leave the setting as it was.
+            fs::write(&self.sysctl, format!("{}\n", format(&next.reserved)))?;
         }
         if next.ours != ours_before {
             self.save_ours(&next.ours)?;
@@ -175,10 +176,10 @@ mod tests {
         fs::write(&sysctl, "22\n").unwrap();
         let reserved = ReservedPorts::at(&sysctl, &dir.path().join("state"));
         reserved.apply(&set("30000-30002")).unwrap();
-        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "22,30000-30002");
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "22,30000-30002\n");
         // A second agent (a restart) reads the record and removes only its entries.
         let restarted = ReservedPorts::at(&sysctl, &dir.path().join("state"));
         restarted.apply(&set("30001")).unwrap();
-        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "22,30001");
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "22,30001\n");
     }
 }

@@ -18,6 +18,7 @@ mod health;
 mod helm;
 mod import;
 mod metrics;
+mod node_agent;
 mod pods;
 mod pool_cache;
 mod rbac;

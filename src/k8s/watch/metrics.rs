@@ -118,6 +118,7 @@ struct Families {
     retries: IntCounter,
     watch_restarts: IntCounterVec,
     pool_refresh_errors: IntCounter,
+    guard_binds: IntCounterVec,
 }
 
 impl Families {
@@ -218,6 +219,20 @@ impl Families {
                 "portalloc_pool_refresh_errors_total",
                 "Pools whose shards could not be read for these metrics.",
             ),
+            guard_binds: {
+                let family = IntCounterVec::new(
+                    Opts::new(
+                        "portalloc_node_guard_binds_total",
+                        "Binds of guarded pool ports by pods that do not hold them, seen by the node agent: refused (Enforce), audited (Audit), or taken before the agent saw the pod.",
+                    ),
+                    &["pool", "verdict"],
+                )
+                .expect(WELL_FORMED);
+                registry
+                    .register(Box::new(family.clone()))
+                    .expect(WELL_FORMED);
+                family
+            },
             registry,
         }
     }
@@ -248,6 +263,14 @@ impl Metrics {
     pub fn record_admission(&self, result: &'static str, took: Duration) {
         self.0.admissions.with_label_values(&[result]).inc();
         self.0.admission_seconds.observe(took.as_secs_f64());
+    }
+
+    /// `count` binds of a port of `pool` judged `verdict` by the node agent's guard.
+    pub fn record_guard_bind(&self, pool: &str, verdict: &str, count: u64) {
+        self.0
+            .guard_binds
+            .with_label_values(&[pool, verdict])
+            .inc_by(count);
     }
 
     /// A watch stream that failed and starts over (`watch` names which).

@@ -83,6 +83,12 @@ impl Readiness {
         self.0.stopping.load(Ordering::Relaxed)
     }
 
+    /// Ready from now on (until [`stop`](Self::stop)): for processes whose readiness is not the
+    /// watcher's, such as the node agent once it has read the pools and its pods.
+    pub fn mark_ready(&self) {
+        self.set();
+    }
+
     /// Not ready from now on (shutting down).
     pub fn stop(&self) {
         self.0.stopping.store(true, Ordering::Relaxed);

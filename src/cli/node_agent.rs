@@ -1,0 +1,96 @@
+//! `kubectl portalloc node-agent`: run on every node (a DaemonSet), keeping every pool's ports
+//! reserved in the node's kernel and guarding binds of pools with `spec.guard`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{CliError, Exit, GlobalArgs, Session};
+use crate::k8s::node_agent::{NodeAgentOptions, run_node_agent};
+use crate::k8s::{Metrics, Readiness};
+use crate::node::cgroups::CgroupDriver;
+
+/// Keep pools' ports reserved on this node and let only their holders bind them.
+///
+/// Run in the node's network namespace (hostNetwork), as root with CAP_BPF, CAP_NET_ADMIN and
+/// CAP_SYS_ADMIN, with the node's cgroup v2 hierarchy mounted: docs/node-agent.md. Stops on
+/// SIGTERM; the bind guard stays attached, so a restart opens no gap.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  # On a node, as the DaemonSet of the Helm chart runs it (nodeAgent.enabled=true)
+  kubectl portalloc node-agent --node-name \"$NODE_NAME\"
+
+  # A node whose kubelet uses the systemd cgroup driver, with the hierarchy mounted elsewhere
+  kubectl portalloc node-agent --node-name gpu-7 --cgroup-root /host/sys/fs/cgroup --cgroup-driver systemd")]
+pub struct NodeAgentArgs {
+    /// The node this agent runs on (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: String,
+    /// Where the node's cgroup v2 hierarchy is mounted.
+    #[arg(long, default_value = "/sys/fs/cgroup", value_name = "DIR")]
+    pub cgroup_root: PathBuf,
+    /// kubelet's cgroup driver; auto: whichever the tree shows (kubepods.slice: systemd).
+    #[arg(long, value_enum, default_value = "auto", value_name = "DRIVER")]
+    pub cgroup_driver: DriverFlag,
+    /// Where the agent records which reserved ports it added (cleared by a reboot, as the
+    /// setting is).
+    #[arg(long, default_value = "/run/kubectl-portalloc", value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// The node's net.ipv4.ip_local_reserved_ports (a container's /proc/sys is read-only, so
+    /// the chart mounts the host's file elsewhere).
+    #[arg(
+        long,
+        default_value = crate::node::reserved_ports::SYSCTL,
+        value_name = "FILE"
+    )]
+    pub reserved_ports_file: PathBuf,
+    /// Serve /healthz, /readyz (once the pools and the node's pods are read) and /metrics here.
+    #[arg(long, value_name = "ADDRESS")]
+    pub metrics_address: Option<SocketAddr>,
+    /// How often the kernel's state is brought up to date.
+    #[arg(long, default_value = "200ms", value_parser = super::duration::parse_duration, value_name = "DURATION")]
+    pub round: Duration,
+}
+
+pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()> {
+    if args.node_name.trim().is_empty() {
+        return Err(CliError::new(
+            Exit::Usage,
+            "--node-name is empty: pass the node's name, or set NODE_NAME from the downward API (spec.nodeName)",
+        )
+        .into());
+    }
+    let session = Session::connect(global).await?;
+    let signals = super::sync::listen_for_signals()?;
+    let (readiness, metrics) = (Readiness::default(), Metrics::default());
+    if let Some(address) = args.metrics_address {
+        let bound = super::probes::serve(address, readiness.clone(), metrics.clone())
+            .await
+            .map_err(|e| CliError::new(Exit::Usage, format!("--metrics-address {address}: {e}")))?;
+        tracing::info!("serving /healthz, /readyz and /metrics on {bound}");
+    }
+    let options = NodeAgentOptions {
+        node_name: args.node_name,
+        cgroup_root: args.cgroup_root,
+        cgroup_driver: match args.cgroup_driver {
+            DriverFlag::Auto => None,
+            DriverFlag::Cgroupfs => Some(CgroupDriver::Cgroupfs),
+            DriverFlag::Systemd => Some(CgroupDriver::Systemd),
+        },
+        state_dir: args.state_dir,
+        reserved_ports_file: args.reserved_ports_file,
+        round: args.round,
+    };
+    let stop = super::sync::signalled(signals, 1);
+    run_node_agent(session.client, options, (readiness, metrics), stop).await
+}
+
+/// `--cgroup-driver`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum DriverFlag {
+    Auto,
+    Cgroupfs,
+    Systemd,
+}

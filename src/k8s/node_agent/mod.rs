@@ -1,0 +1,441 @@
+//! `kubectl portalloc node-agent`: on one node, keep every pool's ports out of the kernel's
+//! ephemeral choice, and keep the bind guard's maps equal to which pod on the node holds which
+//! port. It watches the PortPools and the pods bound to its node, looks at kubelet's cgroup
+//! tree, and writes only to the kernel (and Events): the record stays the webhook's and the
+//! allocator's.
+//!
+//! Every round (a few times a second) is idempotent: it computes what the kernel should hold
+//! and writes what differs, so a restart, a missed watch event or a pod deleted while the agent
+//! was down all come right on the next round.
+
+mod holdings;
+mod report;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::watcher;
+
+use crate::api::{GuardMode, PortPool};
+use crate::k8s::record::ShardStore;
+use crate::k8s::watch::{Metrics, Readiness};
+use crate::ledger::node_guard::{NodePlan, PodHolding, node_plan, owners};
+use crate::node::bind_guard::BindGuard;
+use crate::node::bind_program::{
+    MODE_AUDIT, MODE_ENFORCE, POD_SEEN, QOS_DIR, VERDICT_AUDITED, VERDICT_CLAIMED, VERDICT_REFUSED,
+};
+use crate::node::cgroups::{self, CgroupDriver, PodCgroups};
+use crate::node::netns_cookie;
+use crate::node::reserved_ports::ReservedPorts;
+use report::Reports;
+pub use report::{BindReport, BindVerdict};
+
+/// How a node agent runs.
+#[derive(Clone, Debug)]
+pub struct NodeAgentOptions {
+    pub node_name: String,
+    pub cgroup_root: PathBuf,
+    /// `None`: whichever kubelet's tree shows (`kubepods.slice` means systemd).
+    pub cgroup_driver: Option<CgroupDriver>,
+    pub state_dir: PathBuf,
+    pub reserved_ports_file: PathBuf,
+    /// How often the kernel's state is brought up to date.
+    pub round: Duration,
+}
+
+/// How long a pod cgroup whose pod the API does not show stays unseen (free to claim a port
+/// no seen pod holds) before the guard treats it as a pod that holds nothing.
+const UNKNOWN_POD_GRACE: Duration = Duration::from_secs(10);
+
+/// A mirror pod names its static pod's cgroup UID here.
+const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// Run until `stop` resolves.
+pub async fn run_node_agent(
+    client: kube::Client,
+    options: NodeAgentOptions,
+    (readiness, metrics): (Readiness, Metrics),
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let node = options.node_name.clone();
+    let pools = watch_store(
+        Api::<PortPool>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let pods = watch_store(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+    );
+    let mut agent = Agent {
+        client: client.clone(),
+        shards: ShardStore::new(client.clone()),
+        reports: Reports::new(client, &node),
+        reserved: ReservedPorts::at(&options.reserved_ports_file, &options.state_dir),
+        options,
+        guard: None,
+        guard_failure: None,
+        plan: None,
+        holdings: HashMap::new(),
+        first_seen: HashMap::new(),
+        written_pods: None,
+        written_owners: None,
+        metrics,
+    };
+    pools.wait_until_ready().await?;
+    pods.wait_until_ready().await?;
+    readiness.mark_ready();
+    tracing::info!(node = %node, "node agent started");
+    tokio::pin!(stop);
+    let mut ticker = tokio::time::interval(agent.options.round);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = ticker.tick() => {}
+        }
+        if let Err(e) = agent.round(&pools.state(), &pods.state()).await {
+            tracing::warn!(node = %node, "node agent round: {e:#}");
+        }
+    }
+    tracing::info!(node = %node, "node agent stopped; the guard stays attached");
+    Ok(())
+}
+
+fn watch_store<K>(api: Api<K>, config: watcher::Config) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K: serde::de::DeserializeOwned,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector(
+        writer,
+        watcher::watcher(api, config)
+            .default_backoff()
+            .modify(|o| o.meta_mut().managed_fields = None),
+    );
+    tokio::spawn(stream.for_each(|_| async {}));
+    reader
+}
+
+struct Agent {
+    client: kube::Client,
+    shards: ShardStore,
+    reports: Reports,
+    reserved: ReservedPorts,
+    options: NodeAgentOptions,
+    guard: Option<BindGuard>,
+    /// Why the guard is not attached, said once.
+    guard_failure: Option<String>,
+    plan: Option<NodePlan>,
+    /// Pod UID → what it holds (`None`: nothing), once the record was read for it.
+    holdings: HashMap<String, Option<PodHolding>>,
+    /// When a pod cgroup was first seen, for pods the API does not show (yet).
+    first_seen: HashMap<String, Instant>,
+    written_pods: Option<BTreeMap<u64, u32>>,
+    written_owners: Option<BTreeMap<u32, u64>>,
+    metrics: Metrics,
+}
+
+impl Agent {
+    async fn round(
+        &mut self,
+        pools: &[std::sync::Arc<PortPool>],
+        pods: &[std::sync::Arc<Pod>],
+    ) -> anyhow::Result<()> {
+        let pools: BTreeMap<String, PortPool> = pools
+            .iter()
+            .map(|p| (p.name_any(), (**p).clone()))
+            .collect();
+        let plan = node_plan(&pools.values().cloned().collect::<Vec<_>>());
+        let plan_changed = self.plan.as_ref() != Some(&plan);
+        if plan_changed {
+            self.apply_plan(&plan)?;
+        }
+        self.plan = Some(plan);
+        if self.guard.is_none() {
+            self.attach_guard();
+        }
+        let Some(guard) = &self.guard else {
+            return Ok(());
+        };
+        if plan_changed {
+            let plan = self.plan.as_ref().expect("set above");
+            let modes = plan
+                .modes
+                .iter()
+                .map(|(&slot, &mode)| {
+                    (
+                        slot,
+                        if mode == GuardMode::Enforce {
+                            MODE_ENFORCE
+                        } else {
+                            MODE_AUDIT
+                        },
+                    )
+                })
+                .collect();
+            guard.set_modes(&modes)?;
+        }
+        let kubepods = self.kubepods();
+        let found = cgroups::scan(&kubepods, self.driver())?;
+        let by_uid = pods_by_cgroup_uid(pods);
+        self.learn_holdings(&found, &by_uid, &pools).await;
+        self.sync_maps(&found, &by_uid)?;
+        self.report(&found, &by_uid).await?;
+        Ok(())
+    }
+
+    fn apply_plan(&mut self, plan: &NodePlan) -> anyhow::Result<()> {
+        for (pool, why) in &plan.unusable {
+            tracing::warn!(pool = %pool, "PortPool {pool:?} names no usable ports ({why}); nothing of it is reserved or guarded");
+        }
+        let reservation = self.reserved.apply(&plan.reserved).map_err(|e| {
+            anyhow::anyhow!(
+                "writing {}: {e} (the agent needs CAP_NET_ADMIN and a writable file there)",
+                self.options.reserved_ports_file.display()
+            )
+        })?;
+        tracing::info!(
+            node = %self.options.node_name,
+            pool_ports = plan.reserved.len(),
+            reserved = reservation.reserved.len(),
+            guarded = ?plan.guarded,
+            "reserved every pool's ports"
+        );
+        Ok(())
+    }
+
+    fn driver(&self) -> CgroupDriver {
+        self.options.cgroup_driver.unwrap_or_else(|| {
+            if self
+                .options
+                .cgroup_root
+                .join(CgroupDriver::Systemd.kubepods())
+                .is_dir()
+            {
+                CgroupDriver::Systemd
+            } else {
+                CgroupDriver::Cgroupfs
+            }
+        })
+    }
+
+    fn kubepods(&self) -> PathBuf {
+        self.options.cgroup_root.join(self.driver().kubepods())
+    }
+
+    fn attach_guard(&mut self) {
+        let root = &self.options.cgroup_root;
+        let kubepods = self.kubepods();
+        let attached = if !cgroups::is_cgroup2(root) {
+            Err(format!(
+                "no cgroup v2 hierarchy at {} (--cgroup-root)",
+                root.display()
+            ))
+        } else {
+            cgroups::level(&kubepods)
+                .map_err(|e| format!("{}: {e}", kubepods.display()))
+                .and_then(|level| {
+                    let cookie = netns_cookie().map_err(|e| format!("SO_NETNS_COOKIE: {e}"))?;
+                    BindGuard::attach(&kubepods, level + 1, cookie).map_err(|e| e.to_string())
+                })
+        };
+        match attached {
+            Ok(guard) => {
+                tracing::info!(
+                    node = %self.options.node_name,
+                    kubepods = %kubepods.display(),
+                    took_over = guard.took_over,
+                    "bind guard attached"
+                );
+                self.guard = Some(guard);
+                self.guard_failure = None;
+                self.written_pods = None;
+                self.written_owners = None;
+            }
+            Err(why) => {
+                if self.guard_failure.as_ref() != Some(&why) {
+                    tracing::warn!(
+                        node = %self.options.node_name,
+                        "binds are not guarded on this node: {why}; pool ports are still reserved"
+                    );
+                }
+                self.guard_failure = Some(why);
+            }
+        }
+    }
+
+    /// Read the record for pods whose cgroups are here and whose holdings are not known yet.
+    async fn learn_holdings(
+        &mut self,
+        found: &PodCgroups,
+        by_uid: &BTreeMap<String, std::sync::Arc<Pod>>,
+        pools: &BTreeMap<String, PortPool>,
+    ) {
+        let missing: Vec<&std::sync::Arc<Pod>> = found
+            .pods
+            .keys()
+            .filter(|uid| !self.holdings.contains_key(*uid))
+            .filter_map(|uid| by_uid.get(uid))
+            .collect();
+        let lookups = missing.iter().map(|pod| {
+            let (client, shards) = (&self.client, &self.shards);
+            async move { holdings::holding_of(client, shards, pools, pod).await }
+        });
+        let results = futures::future::join_all(lookups).await;
+        for (pod, result) in missing.into_iter().zip(results) {
+            let uid = cgroup_uid(pod);
+            match result {
+                Ok(holding) => {
+                    self.holdings.insert(uid, holding);
+                }
+                Err(e) => tracing::warn!(pod = %pod.name_any(), "reading the pod's ports: {e}"),
+            }
+        }
+        self.holdings.retain(|uid, _| found.pods.contains_key(uid));
+        self.first_seen
+            .retain(|uid, _| found.pods.contains_key(uid));
+        for uid in found.pods.keys() {
+            self.first_seen
+                .entry(uid.clone())
+                .or_insert_with(Instant::now);
+        }
+    }
+
+    /// Whether the guard may judge the pod of `uid` as seen: its holdings are known, or the API
+    /// has not shown it for a while. A pod the API shows but whose ports could not be read
+    /// stays unseen: judged as seen, it would be refused its own ports.
+    fn is_seen(&self, uid: &str, by_uid: &BTreeMap<String, std::sync::Arc<Pod>>) -> bool {
+        self.holdings.contains_key(uid)
+            || (!by_uid.contains_key(uid)
+                && self
+                    .first_seen
+                    .get(uid)
+                    .is_some_and(|at| at.elapsed() >= UNKNOWN_POD_GRACE))
+    }
+
+    fn sync_maps(
+        &mut self,
+        found: &PodCgroups,
+        by_uid: &BTreeMap<String, std::sync::Arc<Pod>>,
+    ) -> anyhow::Result<()> {
+        let guard = self.guard.as_ref().expect("attached");
+        let mut pods: BTreeMap<u64, u32> = found.qos_dirs.iter().map(|&id| (id, QOS_DIR)).collect();
+        let mut holders = Vec::new();
+        for (uid, &cgroup) in &found.pods {
+            if self.is_seen(uid, by_uid) {
+                pods.insert(cgroup, POD_SEEN);
+            }
+            if let Some(Some(holding)) = self.holdings.get(uid) {
+                holders.push((cgroup, holding));
+            }
+        }
+        let (owners, twice) = owners(&holders);
+        for (slot, first, second) in twice {
+            tracing::warn!(slot, first = %first, second = %second, "two pods on this node hold one port; the first keeps it");
+        }
+        // Owners before pods: a pod marked seen must never be judged without its ports.
+        if self.written_owners.as_ref() != Some(&owners) {
+            guard.set_owners(&owners)?;
+            self.written_owners = Some(owners);
+        }
+        if self.written_pods.as_ref() != Some(&pods) {
+            guard.set_pods(&pods)?;
+            self.written_pods = Some(pods);
+        }
+        Ok(())
+    }
+
+    /// Claims settled and verdicts counted since the last round, as Events on the pods.
+    async fn report(
+        &mut self,
+        found: &PodCgroups,
+        by_uid: &BTreeMap<String, std::sync::Arc<Pod>>,
+    ) -> anyhow::Result<()> {
+        let guard = self.guard.as_ref().expect("attached");
+        let uid_of: BTreeMap<u64, &String> =
+            found.pods.iter().map(|(uid, &id)| (id, uid)).collect();
+        let owners = self.written_owners.clone().unwrap_or_default();
+        let mut settled = BTreeSet::new();
+        let mut reports = Vec::new();
+        for (slot, claimant) in guard.claims()? {
+            match uid_of.get(&claimant) {
+                None => {
+                    settled.insert(slot);
+                }
+                Some(uid) if self.is_seen(uid, by_uid) => {
+                    settled.insert(slot);
+                    if owners.get(&slot) != Some(&claimant) {
+                        reports.push((claimant, slot, BindVerdict::TakenBeforeSeen, 1));
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        guard.drop_claims(&settled)?;
+        for (key, count) in guard.take_verdicts()? {
+            let verdict = match key.verdict {
+                VERDICT_REFUSED => BindVerdict::Refused,
+                VERDICT_AUDITED => BindVerdict::Audited,
+                VERDICT_CLAIMED => continue,
+                _ => continue,
+            };
+            reports.push((key.cgroup, key.slot, verdict, count));
+        }
+        let plan = self.plan.clone().unwrap_or_default();
+        let holder_of_slot = |slot: u32| {
+            let cgroup = owners.get(&slot)?;
+            let uid = uid_of.get(cgroup)?;
+            let holding = self.holdings.get(*uid)?.as_ref()?;
+            Some((holding.pod.clone(), holding.owner.clone()))
+        };
+        for (cgroup, slot, verdict, count) in reports {
+            let pool = plan.pool_of_slot.get(&slot).cloned().unwrap_or_default();
+            let mode = plan.modes.get(&slot).copied().unwrap_or(GuardMode::Off);
+            let report = BindReport {
+                verdict,
+                slot,
+                count,
+                pool: &pool,
+                mode,
+                node: &self.options.node_name,
+                holder: holder_of_slot(slot),
+            };
+            self.metrics
+                .record_guard_bind(&pool, verdict.label(), count);
+            let pod = uid_of.get(&cgroup).and_then(|uid| by_uid.get(*uid));
+            tracing::warn!(
+                node = %self.options.node_name,
+                pod = pod.map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())),
+                cgroup,
+                verdict = verdict.label(),
+                "{}",
+                report.message()
+            );
+            if let Some(pod) = pod {
+                self.reports.bind(pod, &report).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The UID kubelet names a pod's cgroup after: a static pod's own, which its mirror pod in the
+/// API carries in an annotation; every other pod's UID.
+fn cgroup_uid(pod: &Pod) -> String {
+    pod.annotations()
+        .get(MIRROR_ANNOTATION)
+        .cloned()
+        .unwrap_or_else(|| pod.uid().unwrap_or_default())
+}
+
+fn pods_by_cgroup_uid(pods: &[std::sync::Arc<Pod>]) -> BTreeMap<String, std::sync::Arc<Pod>> {
+    pods.iter().map(|p| (cgroup_uid(p), p.clone())).collect()
+}

@@ -1,0 +1,207 @@
+//! What the node agent should make the kernel hold, decided from the pools and from which pod on
+//! the node holds which port. Pure: the agent (`k8s/node_agent`) reads and writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::ResourceExt;
+
+use crate::api::{GuardMode, PortPool, Protocol};
+
+/// Slots per protocol in the guard's port-indexed maps.
+pub const PORTS_PER_PROTOCOL: u32 = 65536;
+
+/// The guard's index of a protocol.
+pub fn protocol_index(protocol: Protocol) -> u32 {
+    match protocol {
+        Protocol::Tcp => 0,
+        Protocol::Udp => 1,
+        Protocol::Sctp => 2,
+    }
+}
+
+/// A port of a protocol, as one number: the guard's map index.
+pub fn slot(protocol: Protocol, port: u16) -> u32 {
+    protocol_index(protocol) * PORTS_PER_PROTOCOL + u32::from(port)
+}
+
+/// The protocol and port of a slot.
+pub fn port_of_slot(slot: u32) -> (Protocol, u16) {
+    let protocol = match slot / PORTS_PER_PROTOCOL {
+        0 => Protocol::Tcp,
+        1 => Protocol::Udp,
+        _ => Protocol::Sctp,
+    };
+    (protocol, (slot % PORTS_PER_PROTOCOL) as u16)
+}
+
+/// What every pool asks of one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodePlan {
+    /// Every pool's ports, whatever its guard: kept out of the kernel's ephemeral choice.
+    pub reserved: BTreeSet<u16>,
+    /// Guarded slots and their mode (the stricter where two pools share a port).
+    pub modes: BTreeMap<u32, GuardMode>,
+    /// The pool each guarded slot belongs to, for reports.
+    pub pool_of_slot: BTreeMap<u32, String>,
+    /// Pools with a guard on, and its mode.
+    pub guarded: BTreeMap<String, GuardMode>,
+    /// Pools whose spec names no usable ports, with why.
+    pub unusable: Vec<(String, String)>,
+}
+
+/// The plan for `pools`.
+pub fn node_plan(pools: &[PortPool]) -> NodePlan {
+    let mut plan = NodePlan::default();
+    for pool in pools {
+        let ports = match pool.spec.port_set() {
+            Ok(ports) => ports,
+            Err(e) => {
+                plan.unusable.push((pool.name_any(), e.to_string()));
+                continue;
+            }
+        };
+        plan.reserved.extend(ports.iter());
+        let mode = pool.spec.guard_mode();
+        if mode == GuardMode::Off {
+            continue;
+        }
+        plan.guarded.insert(pool.name_any(), mode);
+        for port in ports.iter() {
+            let slot = slot(pool.spec.protocol, port);
+            let stricter = plan.modes.get(&slot).is_none_or(|&m| rank(mode) > rank(m));
+            if stricter {
+                plan.modes.insert(slot, mode);
+                plan.pool_of_slot.insert(slot, pool.name_any());
+            }
+        }
+    }
+    plan
+}
+
+fn rank(mode: GuardMode) -> u8 {
+    match mode {
+        GuardMode::Off => 0,
+        GuardMode::Audit => 1,
+        GuardMode::Enforce => 2,
+    }
+}
+
+/// The ports one pod on the node holds in the record, in its pool's protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodHolding {
+    /// `namespace/name` of the pod.
+    pub pod: String,
+    /// `namespace/name` of its PortAllocation.
+    pub owner: String,
+    pub pool: String,
+    pub protocol: Protocol,
+    pub ports: BTreeSet<u16>,
+}
+
+/// A slot two pods on one node both hold, with the pod that keeps it and the other.
+pub type HeldTwice = (u32, String, String);
+
+/// Which pod cgroup holds each slot on this node, and the slots two pods on the node both hold
+/// (the scheduler keeps them apart only if both declared their ports; the first keeps it).
+pub fn owners(holders: &[(u64, &PodHolding)]) -> (BTreeMap<u32, u64>, Vec<HeldTwice>) {
+    let mut owners = BTreeMap::new();
+    let mut by_slot: BTreeMap<u32, &PodHolding> = BTreeMap::new();
+    let mut twice = Vec::new();
+    for &(cgroup, holding) in holders {
+        for &port in &holding.ports {
+            let slot = slot(holding.protocol, port);
+            match by_slot.get(&slot) {
+                Some(first) => twice.push((slot, first.pod.clone(), holding.pod.clone())),
+                None => {
+                    by_slot.insert(slot, holding);
+                    owners.insert(slot, cgroup);
+                }
+            }
+        }
+    }
+    (owners, twice)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{PortPoolSpec, PortRangeText, StaticBandSetting};
+
+    fn pool(name: &str, ranges: &[&str], protocol: Protocol, guard: Option<GuardMode>) -> PortPool {
+        PortPool::new(
+            name,
+            PortPoolSpec {
+                ranges: ranges
+                    .iter()
+                    .map(|r| PortRangeText(r.to_string()))
+                    .collect(),
+                exclude: vec![],
+                protocol,
+                static_band: StaticBandSetting::default(),
+                node_reuse: None,
+                guard,
+            },
+        )
+    }
+
+    #[test]
+    fn every_pool_is_reserved_and_only_guarded_ones_are_watched() {
+        let plan = node_plan(&[
+            pool("plain", &["30000-30009"], Protocol::Tcp, None),
+            pool(
+                "udp",
+                &["31000-31001"],
+                Protocol::Udp,
+                Some(GuardMode::Audit),
+            ),
+        ]);
+        assert_eq!(plan.reserved.len(), 12);
+        assert_eq!(plan.modes.len(), 2);
+        assert_eq!(
+            plan.modes.get(&slot(Protocol::Udp, 31000)),
+            Some(&GuardMode::Audit)
+        );
+        assert_eq!(plan.modes.get(&slot(Protocol::Tcp, 31000)), None);
+        assert_eq!(plan.guarded.keys().collect::<Vec<_>>(), ["udp"]);
+    }
+
+    #[test]
+    fn the_stricter_mode_wins_where_pools_share_a_port() {
+        let plan = node_plan(&[
+            pool("a", &["30000-30009"], Protocol::Tcp, Some(GuardMode::Audit)),
+            pool(
+                "b",
+                &["30005-30014"],
+                Protocol::Tcp,
+                Some(GuardMode::Enforce),
+            ),
+            pool("c", &["30010-30019"], Protocol::Tcp, Some(GuardMode::Audit)),
+        ]);
+        assert_eq!(plan.modes[&slot(Protocol::Tcp, 30004)], GuardMode::Audit);
+        assert_eq!(plan.modes[&slot(Protocol::Tcp, 30005)], GuardMode::Enforce);
+        assert_eq!(plan.pool_of_slot[&slot(Protocol::Tcp, 30012)], "b");
+        assert_eq!(plan.modes[&slot(Protocol::Tcp, 30015)], GuardMode::Audit);
+    }
+
+    #[test]
+    fn slots_round_trip() {
+        for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+            assert_eq!(port_of_slot(slot(protocol, 65535)), (protocol, 65535));
+        }
+    }
+
+    #[test]
+    fn a_port_two_pods_hold_on_one_node_stays_with_the_first() {
+        let holding = |pod: &str, ports: &[u16]| PodHolding {
+            pod: pod.into(),
+            owner: "ns/pa".into(),
+            pool: "p".into(),
+            protocol: Protocol::Tcp,
+            ports: ports.iter().copied().collect(),
+        };
+        let (a, b) = (holding("ns/a", &[1, 2]), holding("ns/b", &[2, 3]));
+        let (owners, twice) = owners(&[(10, &a), (20, &b)]);
+        assert_eq!(owners, BTreeMap::from([(1, 10), (2, 10), (3, 20)]));
+        assert_eq!(twice, vec![(2, "ns/a".into(), "ns/b".into())]);
+    }
+}

@@ -1,0 +1,396 @@
+//! The node agent end to end: a control plane of its own with the pod webhook, one simulated
+//! node (a network namespace of its own, and a cgroup v2 tree laid out as kubelet's), the agent
+//! binary running inside that namespace (reaching the API server through a relay over a UNIX
+//! socket), Pods created with their `nodeName` through the webhook, and real processes binding
+//! from inside the pods' cgroups.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+
+use crate::support::private_cluster::PrivateCluster;
+use crate::support::webhook::start_webhook;
+
+#[path = "../node/support.rs"]
+#[allow(dead_code)]
+mod node_support;
+use node_support::NodeCgroups;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
+const NODE: &str = "node-a";
+const POOL_RANGE: (u16, u16) = (45_000, 45_009);
+
+fn script(name: &str) -> String {
+    format!("{}/tests/node/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The API server's port, from the kubeconfig's `server: https://127.0.0.1:PORT`.
+fn apiserver_port(kubeconfig: &Path) -> u16 {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
+        .expect("a loopback server in the kubeconfig");
+    server.trim().parse().unwrap()
+}
+
+/// The host side of the relay: each connection on the UNIX socket, carried to the API server.
+fn host_relay(socket: &Path, port: u16) {
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let Ok(upstream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
+            let (mut a, mut b) = (conn.try_clone().unwrap(), upstream.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut a, &mut b);
+                let _ = b.shutdown(std::net::Shutdown::Both);
+            });
+            let (mut c, mut d) = (upstream, conn);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c, &mut d);
+                let _ = d.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+}
+
+/// The node: a network namespace held by a shell that runs the relay, whose pid names it.
+struct Node {
+    holder: Child,
+    cgroups: NodeCgroups,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    agent: Option<Child>,
+}
+
+impl Node {
+    fn start(kubeconfig: &Path) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("api.sock");
+        let port = apiserver_port(kubeconfig);
+        host_relay(&socket, port);
+        let shell = format!(
+            "ip link set lo up && exec python3 '{}' {port} '{}'",
+            script("relay.py"),
+            socket.display()
+        );
+        let mut holder = Command::new("unshare")
+            .args(["--net", "--", "sh", "-c", &shell])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare --net");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready", "the relay did not start");
+        Node {
+            holder,
+            cgroups: NodeCgroups::new(
+                "agent-e2e",
+                portalloc::node::cgroups::CgroupDriver::Cgroupfs,
+            ),
+            dir,
+            kubeconfig: kubeconfig.to_path_buf(),
+            agent: None,
+        }
+    }
+
+    fn nsenter(&self) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net=/proc/{}/ns/net", self.holder.id()))
+            .arg("--");
+        command
+    }
+
+    fn start_agent(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("agent.log")).unwrap();
+        let child = self
+            .nsenter()
+            .arg(BIN)
+            .args([
+                "node-agent",
+                "-v",
+                "1",
+                "--node-name",
+                NODE,
+                "--round",
+                "100ms",
+            ])
+            .arg("--cgroup-root")
+            .arg(&self.cgroups.root)
+            .arg("--state-dir")
+            .arg(self.dir.path().join("state"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start the node agent");
+        self.agent = Some(child);
+    }
+
+    fn kill_agent(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            let _ = agent.kill(); // SIGKILL: no clean-up at all
+            let _ = agent.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Run a shell line in the node's namespace; its standard output.
+    fn sh(&self, line: &str) -> String {
+        let out = self.nsenter().args(["sh", "-c", line]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Bind `port` from a process in `cgroup` (None: outside pods), in the node's namespace.
+    fn bind(&self, cgroup: Option<&Path>, port: u16) -> String {
+        let enter = cgroup.map_or(String::new(), |cg| {
+            format!("echo $$ > '{}/cgroup.procs' && ", cg.display())
+        });
+        self.sh(&format!(
+            "{enter}exec python3 '{}' {port} tcp 4",
+            script("binder.py")
+        ))
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill_agent();
+        let _ = portalloc::node::bind_guard::BindGuard::detach(&self.cgroups.kubepods());
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+/// Poll `check` every 100 ms until it is true or `within` passes.
+fn eventually(
+    within: Duration,
+    what: &str,
+    mut check: impl FnMut() -> bool,
+    log: impl Fn() -> String,
+) {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < within,
+            "{what} did not happen within {within:?}; agent log:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn pod(name: &str, labels: serde_json::Value) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "nodeName": NODE,
+            "hostNetwork": true,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+        }
+    }))
+    .unwrap()
+}
+
+/// The port the webhook gave a pod (its `portalloc.dev/ports` annotation, `http=PORT`).
+fn given_port(pod: &Pod) -> u16 {
+    let annotation = &pod.metadata.annotations.as_ref().unwrap()["portalloc.dev/ports"];
+    annotation.strip_prefix("http=").unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
+    let Some(cluster) = PrivateCluster::start("node-agent", true) else {
+        return;
+    };
+    let client = cluster.client().await;
+    let range = format!("{}-{}", POOL_RANGE.0, POOL_RANGE.1);
+    let run = cluster.run(&[
+        "pool", "create", "guarded", "--range", &range, "--guard", "Enforce",
+    ]);
+    assert!(run.ok(), "{run}");
+    crate::support::create_namespace(&client, "team").await;
+    crate::support::create_namespace(&client, "portalloc-system").await;
+    let manifest = crate::support::simple_allocation("srv", "guarded", "web", 2, &["http"]);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), manifest).unwrap();
+    let run = cluster.run(&["create", "-n", "team", "-f", file.path().to_str().unwrap()]);
+    assert!(run.ok(), "{run}");
+    let mut webhook = start_webhook(&cluster.kubeconfig, &client, "portalloc-system")
+        .await
+        .unwrap();
+
+    let mut node = Node::start(&cluster.kubeconfig);
+    node.start_agent();
+    // Every pool's ports leave the kernel's ephemeral choice within a second or so.
+    eventually(
+        Duration::from_secs(15),
+        "reserving the pool",
+        || node.sh("cat /proc/sys/net/ipv4/ip_local_reserved_ports") == range,
+        || node.log(),
+    );
+
+    // Pods through the webhook, bound to the node; their cgroups as kubelet makes them.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "team");
+    let labels =
+        serde_json::json!({"portalloc.dev/allocation": "srv", "portalloc.dev/role": "web"});
+    let mut cgroup = Vec::new();
+    let mut port = Vec::new();
+    for name in ["srv-web-0", "srv-web-1"] {
+        let created = pods
+            .create(&PostParams::default(), &pod(name, labels.clone()))
+            .await
+            .unwrap();
+        port.push(given_port(&created));
+        cgroup.push(
+            node.cgroups
+                .pod(Some("burstable"), &created.metadata.uid.unwrap()),
+        );
+    }
+    let intruder = pods
+        .create(
+            &PostParams::default(),
+            &pod("intruder", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let intruder_cg = node
+        .cgroups
+        .pod(None, intruder.metadata.uid.as_deref().unwrap());
+    // A pod binding at the instant its cgroup appears gets its port: the guard never refuses
+    // a pod it has not seen yet a port no seen pod holds.
+    assert_eq!(node.bind(Some(&cgroup[0]), port[0]), "ok");
+
+    eventually(
+        Duration::from_secs(20),
+        "the guard refusing the intruder",
+        || node.bind(Some(&intruder_cg), port[0]) == "EPERM",
+        || node.log(),
+    );
+    assert_eq!(
+        node.bind(Some(&cgroup[0]), port[0]),
+        "ok",
+        "the holder binds its port"
+    );
+    assert_eq!(node.bind(Some(&cgroup[1]), port[1]), "ok");
+    assert_eq!(
+        node.bind(Some(&cgroup[0]), port[1]),
+        "EPERM",
+        "another pod's port"
+    );
+    assert_eq!(
+        node.bind(Some(&intruder_cg), POOL_RANGE.1 + 7),
+        "ok",
+        "a port outside every pool"
+    );
+    assert_eq!(
+        node.bind(None, port[0]),
+        "ok",
+        "processes outside pods are never touched"
+    );
+
+    // The refusal is an Event on the intruder, naming the port, the pool and the holder.
+    let events: Api<Event> = Api::namespaced(client.clone(), "team");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let note = loop {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        let found = list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("PortBindRefused")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("intruder")
+        });
+        if let Some(event) = found {
+            break event.note.unwrap_or_default();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no PortBindRefused Event; agent log:\n{}",
+            node.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(note.contains(&format!("port {}/TCP", port[0])), "{note}");
+    assert!(note.contains("PortPool guarded (guard Enforce)"), "{note}");
+    assert!(
+        note.contains("pod team/srv-web-0 (PortAllocation team/srv)"),
+        "{note}"
+    );
+
+    // Outgoing connections in a namespace whose ephemeral range covers the pool take none of
+    // its ports.
+    node.sh("echo '44000 54999' > /proc/sys/net/ipv4/ip_local_port_range");
+    let inside = node.sh(&format!(
+        "python3 '{}' 10000 {} {}",
+        script("ephemeral.py"),
+        POOL_RANGE.0,
+        POOL_RANGE.1
+    ));
+    assert_eq!(inside, "0", "outgoing connections took pool ports");
+
+    // Killed with SIGKILL: the guard holds while no agent runs, and a pod deleted meanwhile
+    // is forgotten when it returns.
+    node.kill_agent();
+    assert_eq!(
+        node.bind(Some(&intruder_cg), port[0]),
+        "EPERM",
+        "guarding with no agent"
+    );
+    assert_eq!(node.bind(Some(&cgroup[0]), port[0]), "ok");
+    pods.delete("srv-web-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    std::fs::remove_dir(&cgroup[1]).unwrap();
+    std::fs::remove_dir(cgroup[1].parent().unwrap()).unwrap();
+    node.start_agent();
+    eventually(
+        Duration::from_secs(20),
+        "the restarted agent taking over",
+        || node.log().contains("took_over=true"),
+        || node.log(),
+    );
+    assert_eq!(node.bind(Some(&intruder_cg), port[0]), "EPERM");
+    assert_eq!(node.bind(Some(&cgroup[0]), port[0]), "ok");
+
+    // The pool deleted: its reservation goes, and so does its guard.
+    let run = cluster.run(&["pool", "delete", "guarded", "--force"]);
+    assert!(run.ok(), "{run}");
+    eventually(
+        Duration::from_secs(15),
+        "releasing the pool's reservation",
+        || {
+            node.sh("cat /proc/sys/net/ipv4/ip_local_reserved_ports")
+                .is_empty()
+        },
+        || node.log(),
+    );
+    assert_eq!(
+        node.bind(Some(&intruder_cg), port[0]),
+        "ok",
+        "no pool, no guard"
+    );
+
+    drop(node);
+    let _ = webhook.kill();
+    let _ = webhook.wait();
+}
