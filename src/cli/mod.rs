@@ -21,6 +21,7 @@ mod output;
 mod pool;
 mod pool_copies;
 mod pool_flags;
+mod pool_guard;
 mod probes;
 mod release;
 mod repair;

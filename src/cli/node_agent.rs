@@ -49,6 +49,19 @@ pub struct NodeAgentArgs {
     /// Serve /healthz, /readyz (once the pools and the node's pods are read) and /metrics here.
     #[arg(long, value_name = "ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
+    /// The namespace of the agent's Lease (its heartbeat and report, which pool describe reads);
+    /// the downward API's metadata.namespace.
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        default_value = "portalloc-system",
+        value_name = "NS"
+    )]
+    pub lease_namespace: String,
+    /// How often the Lease is renewed; pool describe calls an agent stopped after three times
+    /// that.
+    #[arg(long, default_value = "30s", value_parser = super::duration::parse_duration, value_name = "DURATION")]
+    pub report_every: Duration,
     /// How often the kernel's state is brought up to date.
     #[arg(long, default_value = "200ms", value_parser = super::duration::parse_duration, value_name = "DURATION")]
     pub round: Duration,
@@ -82,6 +95,8 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         state_dir: args.state_dir,
         reserved_ports_file: args.reserved_ports_file,
         round: args.round,
+        lease_namespace: Some(args.lease_namespace),
+        report_every: args.report_every,
     };
     let stop = super::sync::signalled(signals, 1);
     run_node_agent(session.client, options, (readiness, metrics), stop).await

@@ -289,6 +289,14 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
     if view.reuse > 1 || !view.reused.is_empty() {
         print!("{}", super::pool_copies::copies_text(&view));
     }
+    let reports = k8s::node_agent::node_reports(client)
+        .await
+        .map_err(|e| e.to_string());
+    let mode = view.record.pool.spec.guard_mode();
+    print!(
+        "{}",
+        super::pool_guard::guard_text(&args.name, mode, reports.as_deref().map_err(Clone::clone))
+    );
     Ok(())
 }
 

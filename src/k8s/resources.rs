@@ -45,6 +45,10 @@ pub const SERVICES: Resource = Resource {
     plural: "services",
     kind: "Service",
 };
+pub const LEASES: Resource = Resource {
+    plural: "leases.coordination.k8s.io",
+    kind: "Lease",
+};
 pub const NAMESPACES: Resource = Resource {
     plural: "namespaces",
     kind: "Namespace",

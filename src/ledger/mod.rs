@@ -22,6 +22,7 @@
 //!   its PortAllocation (a status written by hand, or stale), and the [`RecordDenial`].
 //! - [`node_guard`]: what the node agent makes the kernel hold: every pool's ports reserved,
 //!   the guarded ports' modes, which pod on the node holds each.
+//! - [`node_report`]: what a node agent reports (its Lease) and what `pool describe` makes of it.
 //!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
@@ -33,6 +34,7 @@ pub(crate) mod fixtures;
 mod free_runs;
 mod known;
 pub mod node_guard;
+pub mod node_report;
 mod pieces;
 mod placement;
 mod pod_ports;

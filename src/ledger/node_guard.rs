@@ -122,6 +122,33 @@ pub fn owners(holders: &[(u64, &PodHolding)]) -> (BTreeMap<u32, u64>, Vec<HeldTw
     (owners, twice)
 }
 
+/// Pool ports something on the node already listens on (`listeners`: protocol, port, user id)
+/// that no pod the agent knows to hold them does: their holders will fail with EADDRINUSE.
+/// One line each, naming the pool (`pool describe` picks its pool's lines by that).
+pub fn listener_conflicts(
+    pools: &[PortPool],
+    listeners: &[(Protocol, u16, u32)],
+    owners: &BTreeMap<u32, u64>,
+) -> Vec<String> {
+    let mut lines = BTreeSet::new();
+    for &(protocol, port, uid) in listeners {
+        if owners.contains_key(&slot(protocol, port)) {
+            continue;
+        }
+        for pool in pools.iter().filter(|p| p.spec.protocol == protocol) {
+            if pool.spec.port_set().is_ok_and(|ports| ports.contains(port)) {
+                lines.insert(format!(
+                    "port {port}/{protocol} of PortPool {} is already listened on (user id {uid}) \
+                     by no pod known to hold it: its holder will fail with EADDRINUSE; exclude the \
+                     port from the pool or stop that listener",
+                    pool.name_any()
+                ));
+            }
+        }
+    }
+    lines.into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,6 +208,21 @@ mod tests {
         assert_eq!(plan.modes[&slot(Protocol::Tcp, 30005)], GuardMode::Enforce);
         assert_eq!(plan.pool_of_slot[&slot(Protocol::Tcp, 30012)], "b");
         assert_eq!(plan.modes[&slot(Protocol::Tcp, 30015)], GuardMode::Audit);
+    }
+
+    #[test]
+    fn listeners_on_pool_ports_are_conflicts_unless_a_holder_listens() {
+        let pools = [pool("llm", &["30000-30009"], Protocol::Tcp, None)];
+        let listeners = [
+            (Protocol::Tcp, 22, 0),       // sshd: no pool's
+            (Protocol::Tcp, 30001, 0),    // something of the node's
+            (Protocol::Udp, 30002, 0),    // another protocol
+            (Protocol::Tcp, 30003, 1000), // the holder on this node
+        ];
+        let owners = BTreeMap::from([(slot(Protocol::Tcp, 30003), 7)]);
+        let lines = listener_conflicts(&pools, &listeners, &owners);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].starts_with("port 30001/TCP of PortPool llm is already listened on"));
     }
 
     #[test]

@@ -2,187 +2,21 @@
 //! node (a network namespace of its own, and a cgroup v2 tree laid out as kubelet's), the agent
 //! binary running inside that namespace (reaching the API server through a relay over a UNIX
 //! socket), Pods created with their `nodeName` through the webhook, and real processes binding
-//! from inside the pods' cgroups.
+//! from inside the pods' cgroups. The node is tests/common/agent_node.rs, which the node
+//! benchmark (benches/node) shares.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
+use crate::support::agent_node::{AgentNode, script};
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::webhook::start_webhook;
 
-#[path = "../node/support.rs"]
-#[allow(dead_code)]
-mod node_support;
-use node_support::NodeCgroups;
-
-const BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
 const NODE: &str = "node-a";
 const POOL_RANGE: (u16, u16) = (45_000, 45_009);
-
-fn script(name: &str) -> String {
-    format!("{}/tests/node/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The API server's port, from the kubeconfig's `server: https://127.0.0.1:PORT`.
-fn apiserver_port(kubeconfig: &Path) -> u16 {
-    let text = std::fs::read_to_string(kubeconfig).unwrap();
-    let server = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
-        .expect("a loopback server in the kubeconfig");
-    server.trim().parse().unwrap()
-}
-
-/// The host side of the relay: each connection on the UNIX socket, carried to the API server.
-fn host_relay(socket: &Path, port: u16) {
-    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { return };
-            let Ok(upstream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-                continue;
-            };
-            let (mut a, mut b) = (conn.try_clone().unwrap(), upstream.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut a, &mut b);
-                let _ = b.shutdown(std::net::Shutdown::Both);
-            });
-            let (mut c, mut d) = (upstream, conn);
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut c, &mut d);
-                let _ = d.shutdown(std::net::Shutdown::Both);
-            });
-        }
-    });
-}
-
-/// The node: a network namespace held by a shell that runs the relay, whose pid names it.
-struct Node {
-    holder: Child,
-    cgroups: NodeCgroups,
-    dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
-    agent: Option<Child>,
-}
-
-impl Node {
-    fn start(kubeconfig: &Path) -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("api.sock");
-        let port = apiserver_port(kubeconfig);
-        host_relay(&socket, port);
-        let shell = format!(
-            "ip link set lo up && exec python3 '{}' {port} '{}'",
-            script("relay.py"),
-            socket.display()
-        );
-        let mut holder = Command::new("unshare")
-            .args(["--net", "--", "sh", "-c", &shell])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("unshare --net");
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        assert_eq!(line.trim(), "ready", "the relay did not start");
-        Node {
-            holder,
-            cgroups: NodeCgroups::new(
-                "agent-e2e",
-                portalloc::node::cgroups::CgroupDriver::Cgroupfs,
-            ),
-            dir,
-            kubeconfig: kubeconfig.to_path_buf(),
-            agent: None,
-        }
-    }
-
-    fn nsenter(&self) -> Command {
-        let mut command = Command::new("nsenter");
-        command
-            .arg(format!("--net=/proc/{}/ns/net", self.holder.id()))
-            .arg("--");
-        command
-    }
-
-    fn start_agent(&mut self) {
-        let log = std::fs::File::create(self.dir.path().join("agent.log")).unwrap();
-        let child = self
-            .nsenter()
-            .arg(BIN)
-            .args([
-                "node-agent",
-                "-v",
-                "1",
-                "--node-name",
-                NODE,
-                "--round",
-                "100ms",
-            ])
-            .arg("--cgroup-root")
-            .arg(&self.cgroups.root)
-            .arg("--state-dir")
-            .arg(self.dir.path().join("state"))
-            .env("KUBECONFIG", &self.kubeconfig)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start the node agent");
-        self.agent = Some(child);
-    }
-
-    fn kill_agent(&mut self) {
-        if let Some(mut agent) = self.agent.take() {
-            let _ = agent.kill(); // SIGKILL: no clean-up at all
-            let _ = agent.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
-    }
-
-    /// Run a shell line in the node's namespace; its standard output.
-    fn sh(&self, line: &str) -> String {
-        let out = self.nsenter().args(["sh", "-c", line]).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{line}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    /// Bind `port` from a process in `cgroup` (None: outside pods), in the node's namespace.
-    fn bind(&self, cgroup: Option<&Path>, port: u16) -> String {
-        let enter = cgroup.map_or(String::new(), |cg| {
-            format!("echo $$ > '{}/cgroup.procs' && ", cg.display())
-        });
-        self.sh(&format!(
-            "{enter}exec python3 '{}' {port} tcp 4",
-            script("binder.py")
-        ))
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill_agent();
-        let _ = portalloc::node::bind_guard::BindGuard::detach(&self.cgroups.kubepods());
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
-    }
-}
 
 /// Poll `check` every 100 ms until it is true or `within` passes.
 fn eventually(
@@ -242,8 +76,9 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         .await
         .unwrap();
 
-    let mut node = Node::start(&cluster.kubeconfig);
-    node.start_agent();
+    let mut node = AgentNode::start(&cluster.kubeconfig, "agent-e2e");
+    let agent_args = ["-v", "1", "--node-name", NODE, "--round", "100ms"];
+    node.start_agent(&agent_args);
     // Every pool's ports leave the kernel's ephemeral choice within a second or so.
     eventually(
         Duration::from_secs(15),
@@ -337,6 +172,18 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         "{note}"
     );
 
+    // pool describe says which nodes guard the pool, from the agents' Leases.
+    let described = cluster.run(&["pool", "describe", "guarded"]);
+    assert!(described.ok(), "{described}");
+    assert!(
+        described.stdout.contains("Guard:        Enforce"),
+        "{described}"
+    );
+    assert!(
+        described.stdout.contains("guard it (Enforce): node-a"),
+        "{described}"
+    );
+
     // Outgoing connections in a namespace whose ephemeral range covers the pool take none of
     // its ports.
     node.sh("echo '44000 54999' > /proc/sys/net/ipv4/ip_local_port_range");
@@ -362,7 +209,7 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         .unwrap();
     std::fs::remove_dir(&cgroup[1]).unwrap();
     std::fs::remove_dir(cgroup[1].parent().unwrap()).unwrap();
-    node.start_agent();
+    node.start_agent(&agent_args);
     eventually(
         Duration::from_secs(20),
         "the restarted agent taking over",

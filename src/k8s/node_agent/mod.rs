@@ -9,6 +9,7 @@
 //! was down all come right on the next round.
 
 mod holdings;
+mod lease;
 mod report;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -26,14 +27,17 @@ use kube::runtime::watcher;
 use crate::api::{GuardMode, PortPool};
 use crate::k8s::record::ShardStore;
 use crate::k8s::watch::{Metrics, Readiness};
-use crate::ledger::node_guard::{NodePlan, PodHolding, node_plan, owners};
+use crate::ledger::node_guard::{NodePlan, PodHolding, listener_conflicts, node_plan, owners};
+use crate::ledger::node_report::NodeReport;
 use crate::node::bind_guard::BindGuard;
 use crate::node::bind_program::{
     MODE_AUDIT, MODE_ENFORCE, POD_SEEN, QOS_DIR, VERDICT_AUDITED, VERDICT_CLAIMED, VERDICT_REFUSED,
 };
 use crate::node::cgroups::{self, CgroupDriver, PodCgroups};
+use crate::node::listeners::listeners;
 use crate::node::netns_cookie;
 use crate::node::reserved_ports::ReservedPorts;
+pub use lease::node_reports;
 use report::Reports;
 pub use report::{BindReport, BindVerdict};
 
@@ -48,6 +52,10 @@ pub struct NodeAgentOptions {
     pub reserved_ports_file: PathBuf,
     /// How often the kernel's state is brought up to date.
     pub round: Duration,
+    /// Where the agent's Lease (heartbeat and report) lives; `None`: no Lease.
+    pub lease_namespace: Option<String>,
+    /// How often the Lease is renewed; it counts as stale after three times that.
+    pub report_every: Duration,
 }
 
 /// How long a pod cgroup whose pod the API does not show stays unseen (free to claim a port
@@ -87,6 +95,7 @@ pub async fn run_node_agent(
         written_pods: None,
         written_owners: None,
         metrics,
+        published: None,
     };
     pools.wait_until_ready().await?;
     pods.wait_until_ready().await?;
@@ -141,6 +150,8 @@ struct Agent {
     written_pods: Option<BTreeMap<u64, u32>>,
     written_owners: Option<BTreeMap<u32, u64>>,
     metrics: Metrics,
+    /// The report last written to the Lease, and when.
+    published: Option<(NodeReport, Instant)>,
 }
 
 impl Agent {
@@ -162,6 +173,7 @@ impl Agent {
         if self.guard.is_none() {
             self.attach_guard();
         }
+        self.publish_report(&pools, plan_changed).await;
         let Some(guard) = &self.guard else {
             return Ok(());
         };
@@ -210,6 +222,64 @@ impl Agent {
             "reserved every pool's ports"
         );
         Ok(())
+    }
+
+    /// Renew the Lease with what the agent does now, when that changed or is due.
+    /// The listeners are read (all of `/proc/net/tcp` and the like) only when the pools changed
+    /// or the report is due, not every round.
+    async fn publish_report(&mut self, pools: &BTreeMap<String, PortPool>, pools_changed: bool) {
+        let Some(namespace) = self.options.lease_namespace.clone() else {
+            return;
+        };
+        let due = self
+            .published
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= self.options.report_every);
+        let plan = self.plan.clone().unwrap_or_default();
+        let conflicts = match &self.published {
+            Some((last, _)) if !due && !pools_changed => last.conflicts.clone(),
+            _ => {
+                let listeners: Vec<_> = listeners()
+                    .into_iter()
+                    .map(|l| (l.protocol, l.port, l.uid))
+                    .collect();
+                let owners = self.written_owners.clone().unwrap_or_default();
+                let pools: Vec<PortPool> = pools.values().cloned().collect();
+                listener_conflicts(&pools, &listeners, &owners)
+            }
+        };
+        let report = NodeReport {
+            node: self.options.node_name.clone(),
+            guard_unavailable: self.guard_failure.clone(),
+            pools: if self.guard.is_some() {
+                plan.guarded.clone()
+            } else {
+                BTreeMap::new()
+            },
+            reserved: plan.reserved.len(),
+            conflicts,
+        };
+        let changed = self
+            .published
+            .as_ref()
+            .is_none_or(|(last, _)| last != &report);
+        if !due && !changed {
+            return;
+        }
+        for line in &report.conflicts {
+            let known = self
+                .published
+                .as_ref()
+                .is_some_and(|(r, _)| r.conflicts.contains(line));
+            if !known {
+                tracing::warn!(node = %report.node, "{line}");
+            }
+        }
+        let duration = self.options.report_every * 3;
+        match lease::publish(&self.client, &namespace, &report, duration).await {
+            Ok(()) => self.published = Some((report, Instant::now())),
+            Err(e) => tracing::warn!(node = %report.node, "renewing the node agent's Lease: {e}"),
+        }
     }
 
     fn driver(&self) -> CgroupDriver {
