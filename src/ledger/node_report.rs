@@ -212,8 +212,10 @@ mod tests {
             summary.stale,
             vec![("gpu-3".into(), Some(Duration::from_secs(600)))]
         );
-        assert_eq!(summary.conflicts.len(), 1);
+        // Every fresh agent's conflicts count, guard or not; a stale one's do not.
+        assert_eq!(summary.conflicts.len(), 2);
         assert!(summary.conflicts[0].starts_with("gpu-1: port 30022/TCP"));
+        assert!(summary.conflicts[1].starts_with("gpu-2: port 30022/TCP"));
         let other = pool_guard_summary("other", GuardMode::Off, &reports);
         assert!(other.guarding.is_empty() && other.conflicts.is_empty());
     }
