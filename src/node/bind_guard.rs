@@ -117,6 +117,9 @@ impl Maps {
 /// The guard attached to one `kubepods` cgroup.
 pub struct BindGuard {
     maps: Maps,
+    /// The modes as last written, so a change writes only what differs without reading the
+    /// whole array back; `None` until the first write, which reads it (an earlier agent's).
+    modes_written: std::sync::Mutex<Option<BTreeMap<u32, u32>>>,
     /// Whether this agent attached the programs, or took over an earlier agent's.
     pub took_over: bool,
 }
@@ -139,6 +142,7 @@ impl BindGuard {
         {
             let guard = Self {
                 maps,
+                modes_written: Default::default(),
                 took_over: true,
             };
             guard.configure(pod_level, netns_cookie)?;
@@ -147,6 +151,7 @@ impl BindGuard {
         let maps = Maps::create().map_err(GuardError::Maps)?;
         let guard = Self {
             maps,
+            modes_written: Default::default(),
             took_over: false,
         };
         guard.configure(pod_level, netns_cookie)?;
@@ -194,20 +199,47 @@ impl BindGuard {
         put(CONFIG_POD_LEVEL, u64::from(pod_level)).map_err(GuardError::Map)
     }
 
-    /// Make `modes` hold exactly `modes` (slot → mode), writing only what differs.
+    /// Make `modes` hold exactly `modes` (slot → mode), writing only what differs: the first
+    /// time against the map as found (196,608 reads), then against what was last written.
     pub fn set_modes(&self, modes: &BTreeMap<u32, u32>) -> io::Result<usize> {
         let map = self.maps.modes.as_fd();
-        let mut written = 0;
-        let mut value = [0u8; 4];
-        for slot in 0..PORTS * PROTOCOLS {
-            let want = modes.get(&slot).copied().unwrap_or(0);
-            bpf_sys::map_lookup(map, &slot.to_ne_bytes(), &mut value)?;
-            if u32::from_ne_bytes(value) != want {
-                bpf_sys::map_update(map, &slot.to_ne_bytes(), &want.to_ne_bytes(), ANY)?;
-                written += 1;
+        let mut written = self.modes_written.lock().unwrap_or_else(|e| e.into_inner());
+        let current = match written.take() {
+            Some(current) => current,
+            None => {
+                let mut current = BTreeMap::new();
+                let mut value = [0u8; 4];
+                for slot in 0..PORTS * PROTOCOLS {
+                    bpf_sys::map_lookup(map, &slot.to_ne_bytes(), &mut value)?;
+                    let mode = u32::from_ne_bytes(value);
+                    if mode != 0 {
+                        current.insert(slot, mode);
+                    }
+                }
+                current
             }
+        };
+        let mut changed = 0;
+        let stale = current.keys().filter(|slot| !modes.contains_key(slot));
+        let updates = stale.map(|&slot| (slot, 0)).chain(
+            modes
+                .iter()
+                .filter(|(slot, mode)| current.get(slot) != Some(mode))
+                .map(|(&slot, &mode)| (slot, mode)),
+        );
+        for (slot, mode) in updates.collect::<Vec<_>>() {
+            // On an error `written` stays `None`: the map is read again next time.
+            bpf_sys::map_update(map, &slot.to_ne_bytes(), &mode.to_ne_bytes(), ANY)?;
+            changed += 1;
         }
-        Ok(written)
+        *written = Some(
+            modes
+                .iter()
+                .filter(|(_, m)| **m != 0)
+                .map(|(&s, &m)| (s, m))
+                .collect(),
+        );
+        Ok(changed)
     }
 
     /// Make `pods` hold exactly `pods` (cgroup id → POD_SEEN or QOS_DIR).
