@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+#[path = "../../common/agent_node.rs"]
+pub mod agent_node;
 pub mod apply;
 pub mod cli;
 #[path = "../../common/control_plane.rs"]

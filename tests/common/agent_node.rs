@@ -1,0 +1,179 @@
+//! A simulated node for the node agent: a network namespace of its own (held by the relay
+//! process that `unshare --net` starts), a cgroup v2 tree laid out as kubelet's, and the agent
+//! binary running inside that namespace. The agent reaches the API server on the host's
+//! loopback through a relay over a UNIX socket: the filesystem is shared across network
+//! namespaces, loopback is not. Include this file with `#[path]`, as `control_plane.rs`; the
+//! end-to-end test (tests/e2e/node_agent.rs) and the node benchmark (benches/node) share it.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+// The cgroup tree (tests/node/support.rs, the kernel-level tests' own).
+#[path = "../node/support.rs"]
+mod node_support;
+pub use node_support::NodeCgroups;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
+
+/// A helper script of the kernel-level tests (tests/node/*.py).
+pub fn script(name: &str) -> String {
+    format!("{}/tests/node/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The API server's port, from the kubeconfig's `server: https://127.0.0.1:PORT`.
+pub fn apiserver_port(kubeconfig: &Path) -> u16 {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
+        .expect("a loopback server in the kubeconfig");
+    server.trim().parse().unwrap()
+}
+
+/// The host side of the relay: each connection on the UNIX socket, carried to the API server.
+fn host_relay(socket: &Path, port: u16) {
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let Ok(upstream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
+            let (mut a, mut b) = (conn.try_clone().unwrap(), upstream.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut a, &mut b);
+                let _ = b.shutdown(std::net::Shutdown::Both);
+            });
+            let (mut c, mut d) = (upstream, conn);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c, &mut d);
+                let _ = d.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+}
+
+/// The node: a network namespace held by the relay process, whose pid names it.
+pub struct AgentNode {
+    holder: Child,
+    pub cgroups: NodeCgroups,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    agent: Option<Child>,
+}
+
+impl AgentNode {
+    /// A node whose cgroup tree is named `name` (kubelet's cgroupfs layout), for the cluster
+    /// of `kubeconfig`.
+    pub fn start(kubeconfig: &Path, name: &str) -> AgentNode {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("api.sock");
+        let port = apiserver_port(kubeconfig);
+        host_relay(&socket, port);
+        let shell = format!(
+            "ip link set lo up && exec python3 '{}' {port} '{}'",
+            script("relay.py"),
+            socket.display()
+        );
+        let mut holder = Command::new("unshare")
+            .args(["--net", "--", "sh", "-c", &shell])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare --net");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready", "the relay did not start");
+        AgentNode {
+            holder,
+            cgroups: NodeCgroups::new(name, portalloc::node::cgroups::CgroupDriver::Cgroupfs),
+            dir,
+            kubeconfig: kubeconfig.to_path_buf(),
+            agent: None,
+        }
+    }
+
+    /// A command run inside the node's network namespace (`nsenter` execs it: same pid).
+    pub fn nsenter(&self) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net=/proc/{}/ns/net", self.holder.id()))
+            .arg("--");
+        command
+    }
+
+    /// Start `kubectl-portalloc node-agent ARGS` in the node (its cgroup root and a state
+    /// directory of the node's own added), logging to the node's `agent.log`.
+    pub fn start_agent(&mut self, args: &[&str]) {
+        let log = std::fs::File::create(self.dir.path().join("agent.log")).unwrap();
+        let child = self
+            .nsenter()
+            .arg(BIN)
+            .arg("node-agent")
+            .args(args)
+            .arg("--cgroup-root")
+            .arg(&self.cgroups.root)
+            .arg("--state-dir")
+            .arg(self.dir.path().join("state"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start the node agent");
+        self.agent = Some(child);
+    }
+
+    /// The running agent's pid.
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.agent.as_ref().map(Child::id)
+    }
+
+    pub fn kill_agent(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            let _ = agent.kill(); // SIGKILL: no clean-up at all
+            let _ = agent.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Run a shell line in the node's namespace; its standard output.
+    pub fn sh(&self, line: &str) -> String {
+        let out = self.nsenter().args(["sh", "-c", line]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Bind `port` from a process in `cgroup` (None: outside pods), in the node's namespace.
+    pub fn bind(&self, cgroup: Option<&Path>, port: u16) -> String {
+        let enter = cgroup.map_or(String::new(), |cg| {
+            format!("echo $$ > '{}/cgroup.procs' && ", cg.display())
+        });
+        self.sh(&format!(
+            "{enter}exec python3 '{}' {port} tcp 4",
+            script("binder.py")
+        ))
+    }
+}
+
+impl Drop for AgentNode {
+    fn drop(&mut self) {
+        self.kill_agent();
+        let _ = portalloc::node::bind_guard::BindGuard::detach(&self.cgroups.kubepods());
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
