@@ -5,11 +5,12 @@
 //!
 //! Which binary: `PORTALLOC_RELEASE_BINARY` (the static release build; .ci/run builds it once
 //! and sets it) for every test. Without it the structure and reproducibility tests package the
-//! dynamically linked debug binary (`--allow-dynamic`), and the chroot test, which needs a static
-//! binary, is skipped with a message; in CI (CI=true) it fails instead.
+//! dynamically linked debug binary (`--allow-dynamic`); the chroot test needs the static one.
 //!
-//! Needs umoci, skopeo and root (or passwordless sudo for chroot); without them the tests skip,
-//! except in CI, where scripts/install-deps.sh installs the tools and a missing one is a failure.
+//! They need umoci and skopeo (scripts/install-deps.sh) and root (or passwordless sudo) for
+//! chroot, so they are `#[ignore]`d with that reason: `cargo test` lists them as ignored, never
+//! as passed without running. .ci/run installs the tools, builds the static binary and runs them
+//! (`cargo test --test image -- --ignored`), where a missing tool is a failure.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -36,18 +37,9 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// Skip (print why, return false) or, in CI, fail.
-fn skip(test: &str, why: &str) -> bool {
-    assert!(
-        !in_ci(),
-        "{test}: {why} (CI=true: this must not be skipped)"
-    );
-    eprintln!("{test}: SKIPPED: {why}");
-    false
+/// Why a test that was asked to run cannot: a failure that says what to install.
+fn unable(test: &str, why: &str) -> ! {
+    panic!("{test}: {why}")
 }
 
 fn has(tool: &str) -> bool {
@@ -77,15 +69,15 @@ fn privilege() -> Option<Privilege> {
     sudo.is_ok_and(|s| s.success()).then_some(Privilege::Sudo)
 }
 
-/// Whether this test can run here: umoci and skopeo installed (and, with `chroot`, a way to run
-/// chroot).
-fn tools_ready(test: &str, chroot: bool) -> bool {
+/// Fail unless this test can run here: umoci and skopeo installed (and, with `chroot`, a way to
+/// run chroot).
+fn require_tools(test: &str, chroot: bool) {
     let missing: Vec<&str> = ["umoci", "skopeo", "file", "tar"]
         .into_iter()
         .filter(|t| !has(t))
         .collect();
     if !missing.is_empty() {
-        return skip(
+        unable(
             test,
             &format!(
                 "{} not installed (scripts/install-deps.sh)",
@@ -94,9 +86,8 @@ fn tools_ready(test: &str, chroot: bool) -> bool {
         );
     }
     if chroot && privilege().is_none() {
-        return skip(test, "chroot needs root or passwordless sudo");
+        unable(test, "chroot needs root or passwordless sudo");
     }
-    true
 }
 
 /// The static release binary, if one was given.
@@ -246,10 +237,9 @@ fn shared_image() -> &'static (tempfile::TempDir, Image) {
 }
 
 #[test]
+#[ignore = "needs umoci and skopeo (scripts/install-deps.sh); .ci/run runs it"]
 fn skopeo_inspect_shows_the_platform_user_entrypoint_and_labels() {
-    if !tools_ready("skopeo_inspect", false) {
-        return;
-    }
+    require_tools("skopeo_inspect", false);
     let (_, image) = shared_image();
     let name = image.archive.file_name().unwrap().to_str().unwrap();
     assert_eq!(
@@ -314,10 +304,9 @@ fn skopeo_inspect_shows_the_platform_user_entrypoint_and_labels() {
 }
 
 #[test]
+#[ignore = "needs umoci and skopeo (scripts/install-deps.sh); .ci/run runs it"]
 fn two_builds_are_the_same_bytes_and_the_time_is_the_commits() {
-    if !tools_ready("reproducible", false) {
-        return;
-    }
+    require_tools("reproducible", false);
     let (binary, flags) = binary_under_test();
     let (_, first) = shared_image();
     // A second later, into another directory: nothing of the wall clock or the path may show.
@@ -347,10 +336,9 @@ fn two_builds_are_the_same_bytes_and_the_time_is_the_commits() {
 }
 
 #[test]
+#[ignore = "needs umoci and skopeo (scripts/install-deps.sh); .ci/run runs it"]
 fn a_dynamically_linked_binary_is_refused() {
-    if !tools_ready("dynamic_refused", false) {
-        return;
-    }
+    require_tools("dynamic_refused", false);
     let described = run_ok("file", Command::new("file").arg("-L").arg(DEBUG_BIN));
     assert!(
         described.contains("dynamically linked"),
@@ -535,17 +523,15 @@ fn run_ok_stdin(what: &str, command: &mut Command, input: &[u8]) -> String {
 }
 
 #[test]
+#[ignore = "needs umoci, skopeo, root and the static binary in PORTALLOC_RELEASE_BINARY; .ci/run runs it"]
 fn the_unpacked_root_filesystem_runs_the_static_binary_against_a_real_api_server() {
     let test = "chroot";
-    if !tools_ready(test, true) {
-        return;
-    }
+    require_tools(test, true);
     let Some(binary) = release_binary() else {
-        skip(
+        unable(
             test,
             "needs the static release binary: PORTALLOC_RELEASE_BINARY=$(scripts/build-image.sh --build-only)",
         );
-        return;
     };
     let privilege = privilege().unwrap();
     let described = run_ok("file", Command::new("file").arg("-L").arg(&binary));
