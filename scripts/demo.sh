@@ -41,6 +41,7 @@ run() {
 run install
 run create -f examples/quickstart.yaml
 run get -o wide
+run resolve sglang-pd --role decode --pod sglang-pd-decode-1
 run pool describe quickstart
 echo
 echo "== re-running is idempotent: every pod keeps its port"

@@ -10,6 +10,7 @@ use portalloc::api::{PortAllocation, PortPool};
 use serde::Deserialize;
 
 use crate::support::invariants::assert_consistent;
+use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self, cli};
 
 /// An example's text with its pool renamed, since pools are cluster-wide and tests share a cluster.
@@ -353,4 +354,64 @@ async fn quickstart_example_applies() {
     assert!(run.ok(), "{run}");
     assert!(run.stdout.contains("9 ports held"), "{run}");
     assert_consistent(&client, &pool).await;
+}
+
+/// The README's quickstart output is what today's code prints: the same commands against a
+/// fresh control plane (a new pool is placed the same way every time), compared line by line.
+#[tokio::test]
+async fn the_readme_quickstart_samples_are_what_the_plugin_prints() {
+    let Some(cluster) = PrivateCluster::start("readme-samples", true) else {
+        return;
+    };
+    let readme =
+        std::fs::read_to_string(Path::new(support::repo_root()).join("README.md")).unwrap();
+    let quickstart = Path::new(support::repo_root()).join("examples/quickstart.yaml");
+    let run = cluster.run(&["create", "-f", quickstart.to_str().unwrap()]);
+    assert!(run.ok(), "{run}");
+
+    let get = cluster.run(&["get", "-o", "wide"]);
+    assert!(get.ok(), "{get}");
+    // AGE differs run to run: compare every column but that one.
+    let without_age = |line: &str| {
+        line.split_whitespace()
+            .enumerate()
+            .filter(|&(i, _)| i != 5)
+            .map(|(_, word)| word)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let printed: Vec<String> = get.stdout.lines().map(without_age).collect();
+    let sample = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("NAME        POOL"))
+        .take(2)
+        .map(without_age)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        sample, printed,
+        "README's get -o wide sample; today:\n{}",
+        get.stdout
+    );
+
+    let resolve = cluster.run(&[
+        "resolve",
+        "sglang-pd",
+        "--role",
+        "decode",
+        "--pod",
+        "sglang-pd-decode-1",
+    ]);
+    assert!(resolve.ok(), "{resolve}");
+    let sample: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("$ kubectl portalloc resolve sglang-pd"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .collect();
+    assert_eq!(
+        sample,
+        resolve.stdout.lines().collect::<Vec<_>>(),
+        "README's resolve sample; today:\n{}",
+        resolve.stdout
+    );
 }
