@@ -204,7 +204,8 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         "guarding with no agent"
     );
     assert_eq!(node.bind(Some(&cgroup[0]), port[0]), "ok");
-    pods.delete("srv-web-1", &DeleteParams::default())
+    // Grace period 0: what kubelet confirms once the containers are gone (no kubelet here).
+    pods.delete("srv-web-1", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
     std::fs::remove_dir(&cgroup[1]).unwrap();
@@ -218,6 +219,24 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     );
     assert_eq!(node.bind(Some(&intruder_cg), port[0]), "EPERM");
     assert_eq!(node.bind(Some(&cgroup[0]), port[0]), "ok");
+    // The pod deleted while the agent was down is forgotten: its StatefulSet's replacement (a
+    // new UID, a new cgroup) binds the port, which a leftover holder entry would refuse it.
+    let again = pods
+        .create(&PostParams::default(), &pod("srv-web-1", labels.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        given_port(&again),
+        port[1],
+        "the replacement keeps the pod's port"
+    );
+    let replacement = node
+        .cgroups
+        .pod(Some("burstable"), again.metadata.uid.as_deref().unwrap());
+    // At once, before the agent can have seen it: a holder entry left for the deleted pod
+    // would make this bind foreign.
+    assert_eq!(node.bind(Some(&replacement), port[1]), "ok");
+    assert_eq!(node.bind(Some(&intruder_cg), port[1]), "EPERM");
 
     // The pool deleted: its reservation goes, and so does its guard.
     let run = cluster.run(&["pool", "delete", "guarded", "--force"]);
