@@ -5,11 +5,8 @@
 
 use clap::{Args, CommandFactory};
 use clap_complete::Shell;
-use kube::ResourceExt;
-use kube::api::{Api, ListParams};
 
 use super::Cli;
-use crate::api::{PortAllocation, PortPool};
 use crate::k8s::{self, ClientOptions};
 
 /// Cobra's ShellCompDirectiveNoFileComp: do not fall back to file names.
@@ -280,10 +277,8 @@ async fn namespaces(before: &[String]) -> Vec<String> {
     let Some((client, _)) = namespace_and_client(before).await else {
         return Vec::new();
     };
-    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
-    api.list_metadata(&ListParams::default())
+    k8s::names::namespace_names(client)
         .await
-        .map(|l| l.items.iter().map(|n| n.name_any()).collect())
         .unwrap_or_default()
 }
 
@@ -291,21 +286,15 @@ async fn pools(before: &[String]) -> Vec<String> {
     let Some((client, _)) = namespace_and_client(before).await else {
         return Vec::new();
     };
-    let api: Api<PortPool> = Api::all(client);
-    api.list_metadata(&ListParams::default())
-        .await
-        .map(|l| l.items.iter().map(|p| p.name_any()).collect())
-        .unwrap_or_default()
+    k8s::names::pool_names(client).await.unwrap_or_default()
 }
 
 async fn allocations(before: &[String]) -> Vec<String> {
     let Some((client, namespace)) = namespace_and_client(before).await else {
         return Vec::new();
     };
-    let api: Api<PortAllocation> = Api::namespaced(client, &namespace);
-    api.list_metadata(&ListParams::default())
+    k8s::names::allocation_names(client, &namespace)
         .await
-        .map(|l| l.items.iter().map(|p| p.name_any()).collect())
         .unwrap_or_default()
 }
 
@@ -321,10 +310,8 @@ async fn roles(before: &[String]) -> Vec<String> {
     let Some((client, namespace)) = namespace_and_client(before).await else {
         return Vec::new();
     };
-    let api: Api<PortAllocation> = Api::namespaced(client, &namespace);
-    api.get(name)
+    k8s::names::role_names(client, &namespace, name)
         .await
-        .map(|pa| pa.spec.roles.iter().map(|r| r.name.clone()).collect())
         .unwrap_or_default()
 }
 

@@ -3,8 +3,6 @@
 use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
-use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use tabled::Tabled;
 
@@ -13,7 +11,7 @@ use super::pool_flags::{ProtocolFlag, StaticBandParser};
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::api::{GuardMode, PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
 use crate::core::{Band, PoolState, hazards};
-use crate::k8s::{self, PoolView, error_chain, get_pool};
+use crate::k8s::{self, PoolView, get_pool};
 use crate::ledger::{Anomaly, PoolSnapshot, WindowRecord};
 
 #[derive(Args, Debug)]
@@ -281,7 +279,7 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
         .await?
         .map_err(|e| CliError::new(Exit::Invalid, format!("PortPool {:?}: {e}", args.name)))?;
     let mut warnings = view.warnings.clone();
-    warnings.extend(node_port_conflicts(client, &view.record).await);
+    warnings.extend(k8s::node_ports::node_port_conflicts(client, &view.record).await);
     print!(
         "{}",
         describe_text(&view.record, &view.record_kind(), &warnings)
@@ -298,86 +296,6 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
         super::pool_guard::guard_text(&args.name, mode, reports.as_deref().map_err(Clone::clone))
     );
     Ok(())
-}
-
-/// Ports of the pool that NodePort (or LoadBalancer) Services use: kube-proxy forwards those on
-/// every node, so a hostNetwork server bound there never receives that traffic.
-async fn node_port_conflicts(client: &Client, record: &WindowRecord) -> Vec<String> {
-    let services: Api<Service> = Api::all(client.clone());
-    let mut found = Vec::new();
-    let listed = match list_services(&services, Some(MAY_HOLD_NODE_PORTS), record, &mut found).await
-    {
-        // A server that cannot select Services by type: every Service, page by page.
-        Err(kube::Error::Api(status)) if status.code == 400 => {
-            list_services(&services, None, record, &mut found).await
-        }
-        other => other,
-    };
-    match listed {
-        Ok(()) => found,
-        Err(e) => vec![format!(
-            "could not check NodePort Services ({}); ports they use are not reported",
-            error_chain(&e)
-        )],
-    }
-}
-
-/// Only NodePort and LoadBalancer Services have node ports: ClusterIP and ExternalName ones are
-/// left on the server (the API server selects Services by `spec.type`).
-const MAY_HOLD_NODE_PORTS: &str = "spec.type!=ClusterIP,spec.type!=ExternalName";
-
-/// Services per page: a cluster's Services are never held in memory all at once.
-const SERVICES_PER_PAGE: u32 = 500;
-
-/// Walk the Services (those `fields` selects) page by page, noting each conflict in `found`.
-async fn list_services(
-    services: &Api<Service>,
-    fields: Option<&str>,
-    record: &WindowRecord,
-    found: &mut Vec<String>,
-) -> Result<(), kube::Error> {
-    found.clear();
-    let mut params = ListParams::default().limit(SERVICES_PER_PAGE);
-    if let Some(fields) = fields {
-        params = params.fields(fields);
-    }
-    loop {
-        let page = services.list(&params).await?;
-        for service in &page.items {
-            found.extend(service_conflicts(service, record));
-        }
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(()),
-        }
-    }
-}
-
-/// What one Service's node ports mean for the pool.
-fn service_conflicts(service: &Service, record: &WindowRecord) -> Vec<String> {
-    let protocol = record.pool.spec.protocol.to_string();
-    let mut found = Vec::new();
-    let ports = service.spec.as_ref().and_then(|s| s.ports.as_ref());
-    for port in ports.into_iter().flatten() {
-        let Some(node_port) = port.node_port.and_then(|p| u16::try_from(p).ok()) else {
-            continue;
-        };
-        let same_protocol = port.protocol.as_deref().unwrap_or("TCP") == protocol;
-        if same_protocol && record.ports.contains(node_port) {
-            let held = match record.holder_of(node_port) {
-                Some((_, holder, slot)) => {
-                    format!(", and the pool has handed it to {} ({slot})", holder.owner)
-                }
-                None => String::new(),
-            };
-            found.push(format!(
-                "port {node_port} is a NodePort of Service {}/{}{held}: kube-proxy forwards it on every node; exclude it from the pool",
-                service.namespace().unwrap_or_default(),
-                service.name_any()
-            ));
-        }
-    }
-    found
 }
 
 /// The `pool describe` page. Pure, so it is tested without a cluster. `kind` says how the

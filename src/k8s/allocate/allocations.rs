@@ -71,43 +71,13 @@ pub async fn list_allocations(
     Ok(items)
 }
 
-/// Objects per page of a list. A list of 25,000 PortAllocations in one response held the
-/// whole body and every decoded object at once (640 MB); pages bound the body, and dropping
-/// each object's `managedFields` as it arrives (a third of its size; nothing here reads them,
-/// and a write that omits them leaves the stored ones as they are) bounds what is kept.
-const PAGE: u32 = 500;
-
-/// Every PortAllocation `params` selects, in pages of [`PAGE`], without `managedFields`. The
-/// pages are one snapshot (the continue token pins the first page's revision), so the result
-/// is as consistent as one list. A token that expired (410, the revision was compacted) starts
-/// the list again.
+/// Every PortAllocation `params` selects, in pages, without `managedFields`
+/// ([`crate::k8s::pages`]).
 pub(crate) async fn list_in_pages(
     api: &Api<PortAllocation>,
     params: &ListParams,
 ) -> Result<Vec<PortAllocation>, kube::Error> {
-    'again: loop {
-        let mut items = Vec::new();
-        let mut page = params.clone().limit(PAGE);
-        loop {
-            let list = match api.list(&page).await {
-                Ok(list) => list,
-                Err(kube::Error::Api(status))
-                    if status.code == 410 && page.continue_token.is_some() =>
-                {
-                    continue 'again;
-                }
-                Err(e) => return Err(e),
-            };
-            items.extend(list.items.into_iter().map(|mut pa| {
-                pa.metadata.managed_fields = None;
-                pa
-            }));
-            match list.metadata.continue_.filter(|token| !token.is_empty()) {
-                Some(token) => page = page.continue_token(&token),
-                None => return Ok(items),
-            }
-        }
-    }
+    crate::k8s::pages::list_all(api, params).await
 }
 
 /// Create the PortAllocation (or update an existing one's spec) and allocate its ports.
