@@ -46,6 +46,7 @@ mod preview;
 mod record_warnings;
 mod refusal;
 mod repair_plan;
+mod repair_restore;
 mod repair_text;
 mod window_record;
 mod windows;

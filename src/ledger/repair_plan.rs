@@ -47,12 +47,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use kube::ResourceExt;
 use serde::Serialize;
 
-use super::allocation_status::recorded_holdings;
-use super::known::status_copy;
-use super::owner_of;
+use super::repair_restore::restore_lost;
 use super::window_record::{Anomaly, HolderEntry, WindowRecord};
-use crate::api::{PoolHolder, PortAllocation, PortPoolShardStatus, SpecError};
-use crate::core::{Holdings, PortBlock, PortRange, desired_slots};
+use crate::api::{PoolHolder, PortAllocation, PortPoolShardStatus};
+use crate::core::{PortBlock, PortRange};
 
 /// Why an entry is freed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -249,7 +247,7 @@ pub(crate) struct RepairScope {
 
 impl RepairScope {
     /// The piece of `block` this record covers, if any.
-    fn piece(&self, block: PortBlock) -> Option<PortBlock> {
+    pub(super) fn piece(&self, block: PortBlock) -> Option<PortBlock> {
         let Some(window) = self.window else {
             return Some(block);
         };
@@ -259,29 +257,50 @@ impl RepairScope {
     }
 }
 
-/// [`plan_repair`] over one part of a pool (see [`RepairScope`]).
+/// [`plan_repair`] over one part of a pool (see [`RepairScope`]): free the dead entries,
+/// report what the kept ones say that should not be so, restore what the pool lost, and
+/// recount.
 pub(crate) fn plan_repair_scoped(
     record: &WindowRecord,
     allocations: &[PortAllocation],
     scope: &RepairScope,
 ) -> RepairPlan {
-    let pool_name = record.pool_name().to_string();
-    let pool_uid = record.pool_uid().to_string();
     let by_uid: BTreeMap<String, &PortAllocation> = allocations
         .iter()
         .filter_map(|pa| pa.uid().map(|uid| (uid, pa)))
         .collect();
-    let raw: Vec<PoolHolder> = record.entries().to_vec();
+    let (freed, mut changes) = free_dead_entries(record, &by_uid);
+    let mut findings = kept_anomalies(record, &freed);
+    let (mut held, duplicates) = kept_ports(record, &freed, &by_uid);
+    findings.extend(duplicates);
+    // Ports other shards list are taken as far as restoring goes (their anomaly is reported).
+    for (port, owner) in &scope.held_elsewhere {
+        held.entry(*port).or_insert_with(|| owner.clone());
+    }
+    let restoring = restore_lost(record, allocations, scope, &mut held);
+    changes.extend(restoring.changes);
+    findings.extend(restoring.findings);
+    let raw = record.entries();
+    let holders: Vec<PoolHolder> = raw
+        .iter()
+        .filter(|h| !freed.contains(&h.uid))
+        .cloned()
+        .chain(restoring.added)
+        .collect();
+    finish(record, holders, changes, findings, restoring.restored)
+}
 
-    let mut changes = Vec::new();
-    let mut findings = Vec::new();
-
-    // 1. Entries whose owner is gone, or is an object of another pool.
+/// 1. Entries whose owner is gone, or is an object of another pool: their UIDs, and the frees.
+fn free_dead_entries(
+    record: &WindowRecord,
+    by_uid: &BTreeMap<String, &PortAllocation>,
+) -> (BTreeSet<String>, Vec<Change>) {
     let mut freed = BTreeSet::new();
-    for entry in &raw {
+    let mut changes = Vec::new();
+    for entry in record.entries() {
         let reason = match by_uid.get(&entry.uid) {
             None => FreeReason::OwnerGone,
-            Some(pa) if pa.spec.pool != pool_name => FreeReason::OtherPool {
+            Some(pa) if pa.spec.pool != record.pool_name() => FreeReason::OtherPool {
                 pool: pa.spec.pool.clone(),
             },
             Some(_) => continue,
@@ -299,8 +318,12 @@ pub(crate) fn plan_repair_scoped(
             reason,
         });
     }
+    (freed, changes)
+}
 
-    // 2. What the kept entries say that should not be so: reported, never changed.
+/// 2. What the kept entries say that should not be so: reported, never changed.
+fn kept_anomalies(record: &WindowRecord, freed: &BTreeSet<String>) -> Vec<Finding> {
+    let mut findings = Vec::new();
     for anomaly in &record.anomalies {
         match anomaly {
             Anomaly::Undecodable { uid, owner, error } if !freed.contains(uid) => {
@@ -324,18 +347,19 @@ pub(crate) fn plan_repair_scoped(
             _ => {}
         }
     }
-    // Duplicates among the kept entries only: freeing a dead entry resolves its duplicates.
-    // Kept entries are visited oldest PortAllocation first, so `second` (the one a person would
-    // move) is the younger holder.
-    let age = |uid: &str| {
-        by_uid.get(uid).map(|pa| {
-            (
-                pa.metadata.creation_timestamp.clone(),
-                pa.namespace(),
-                pa.name_any(),
-            )
-        })
-    };
+    findings
+}
+
+/// Who holds each port among the kept entries, and the ports two of them hold. Duplicates
+/// among the kept entries only: freeing a dead entry resolves its duplicates. Kept entries are
+/// visited oldest PortAllocation first, so `second` (the one a person would move) is the
+/// younger holder.
+fn kept_ports(
+    record: &WindowRecord,
+    freed: &BTreeSet<String>,
+    by_uid: &BTreeMap<String, &PortAllocation>,
+) -> (BTreeMap<u16, String>, Vec<Finding>) {
+    let age = |uid: &str| by_uid.get(uid).map(|pa| creation_order(pa));
     let mut kept: Vec<(&String, &HolderEntry)> = record
         .holders
         .iter()
@@ -343,10 +367,11 @@ pub(crate) fn plan_repair_scoped(
         .collect();
     kept.sort_by_key(|(uid, _)| (age(uid), (*uid).clone()));
     let mut held: BTreeMap<u16, String> = BTreeMap::new();
+    let mut duplicates = Vec::new();
     for (_, entry) in kept {
         for port in entry.holdings.ports() {
             if let Some(first) = held.get(&port) {
-                findings.push(Finding::Duplicate {
+                duplicates.push(Finding::Duplicate {
                     port,
                     first: first.clone(),
                     second: entry.owner.clone(),
@@ -356,179 +381,26 @@ pub(crate) fn plan_repair_scoped(
             }
         }
     }
+    (held, duplicates)
+}
 
-    // Ports other shards list are taken as far as restoring goes (their anomaly is reported).
-    for (port, owner) in &scope.held_elsewhere {
-        held.entry(*port).or_insert_with(|| owner.clone());
-    }
+/// Oldest first, then by namespace and name: a deterministic order of PortAllocations.
+pub(super) fn creation_order(pa: &PortAllocation) -> impl Ord + use<> {
+    (
+        pa.metadata.creation_timestamp.clone(),
+        pa.namespace(),
+        pa.name_any(),
+    )
+}
 
-    // 3. Holdings the pool lost, oldest PortAllocation first so the outcome is deterministic.
-    let mut live: Vec<&PortAllocation> = allocations
-        .iter()
-        .filter(|pa| pa.spec.pool == pool_name && pa.uid().is_some())
-        .collect();
-    live.sort_by_key(|pa| {
-        (
-            pa.metadata.creation_timestamp.clone(),
-            pa.namespace(),
-            pa.name_any(),
-        )
-    });
-    let mut added = Vec::new();
-    let mut restored = Vec::new();
-    for pa in live {
-        let uid = pa.uid().unwrap_or_default();
-        if record.holders.contains_key(&uid) || record.opaque.contains_key(&uid) {
-            continue;
-        }
-        let Some(status) = pa.status.as_ref() else {
-            continue;
-        };
-        if scope
-            .copy
-            .is_some_and(|copy| status_copy(Some(status)) != copy)
-        {
-            continue;
-        }
-        let recorded = recorded_holdings(status);
-        // The part of the recorded holdings this record covers (all of it for a whole pool).
-        let here: Holdings = recorded
-            .iter()
-            .filter_map(|(slot, block)| scope.piece(block).map(|piece| (slot.clone(), piece)))
-            .collect();
-        if here.is_empty() {
-            continue;
-        }
-        let owner = owner_of(pa);
-        let why = match status.pool_uid.as_deref() {
-            Some(recorded_uid) if recorded_uid == pool_uid && scope.restore_own => None,
-            Some(recorded_uid) if recorded_uid == pool_uid => Some(
-                "its status names this pool object, which has no entry for it: a release or \
-                 scale-down was interrupted after its pool write",
-            ),
-            None => Some("its status names no pool object (poolUID is unset)"),
-            Some(_) => None,
-        };
-        if let Some(why) = why {
-            findings.push(Finding::StaleStatus {
-                owner,
-                recorded: here.encode(),
-                why: why.to_string(),
-            });
-            continue;
-        }
-        let desired = match pa.spec.demands() {
-            Ok(demands) => desired_slots(&demands),
-            Err(SpecError { field, message }) => {
-                for (slot, block) in here.iter() {
-                    findings.push(Finding::RestoreSkipped {
-                        owner: owner.clone(),
-                        slot: slot.to_string(),
-                        port: block.first,
-                        why: format!("its spec is invalid ({field}: {message})"),
-                    });
-                }
-                continue;
-            }
-        };
-        let mut holdings = Holdings::new();
-        for (slot, whole) in recorded.iter() {
-            // The spec is checked against the whole block; only its piece here is restored.
-            let Some(block) = scope.piece(whole) else {
-                continue;
-            };
-            let skip = |why: String| Finding::RestoreSkipped {
-                owner: owner.clone(),
-                slot: slot.to_string(),
-                port: block.first,
-                why,
-            };
-            match desired.get(slot) {
-                None => {
-                    findings.push(skip("its spec no longer asks for this slot".into()));
-                    continue;
-                }
-                Some(want) if u32::from(whole.count) != want.count => {
-                    findings.push(skip(format!(
-                        "it records {whole} ({} ports) but its spec now asks for {}",
-                        whole.count, want.count
-                    )));
-                    continue;
-                }
-                Some(want) if want.requested.is_some_and(|r| r != whole.first) => {
-                    let requested = want.requested.unwrap_or_default();
-                    findings.push(skip(format!("its spec now requests port {requested}")));
-                    continue;
-                }
-                Some(_) => {}
-            }
-            // Every port of a block must be restorable, or none of it is restored.
-            if let Some(port) = block.ports().find(|&p| !record.ports.contains(p)) {
-                let what = if block.is_single() {
-                    String::new()
-                } else {
-                    format!("port {port} of {block} is outside: ")
-                };
-                findings.push(skip(format!(
-                    "{what}the pool's ports are now {}",
-                    describe_ports(record)
-                )));
-                continue;
-            }
-            if let Some((port, holder)) = block
-                .ports()
-                .find_map(|p| held.get(&p).map(|holder| (p, holder)))
-            {
-                // Only another shard's entry can name this owner here: it holds the port already
-                // (in the wrong shard, reported as such).
-                if scope.held_elsewhere.get(&port) == Some(&owner) {
-                    continue;
-                }
-                findings.push(Finding::RestoreConflict {
-                    owner: owner.clone(),
-                    slot: slot.to_string(),
-                    port,
-                    holder: holder.clone(),
-                });
-                continue;
-            }
-            if holdings.iter().any(|(_, other)| other.overlaps(&block)) {
-                findings.push(skip("it records this port for another slot too".into()));
-                continue;
-            }
-            holdings.insert_block(slot.clone(), block);
-        }
-        if holdings.is_empty() {
-            continue;
-        }
-        for port in holdings.ports() {
-            held.insert(port, owner.clone());
-        }
-        changes.push(Change::Restore {
-            uid: uid.clone(),
-            owner: owner.clone(),
-            ports: holdings.encode(),
-            count: holdings.port_count() as usize,
-        });
-        added.push(PoolHolder {
-            uid: uid.clone(),
-            owner,
-            ports: holdings.encode(),
-        });
-        restored.push(Restored {
-            uid,
-            namespace: pa.namespace().unwrap_or_default(),
-            name: pa.name_any(),
-        });
-    }
-
-    // 4. The status after the changes, counts recomputed from the resulting holders.
-    let mut holders: Vec<PoolHolder> = raw
-        .iter()
-        .filter(|h| !freed.contains(&h.uid))
-        .cloned()
-        .chain(added)
-        .collect();
+/// 4. The plan: the status after the changes, counts recomputed from the resulting holders.
+fn finish(
+    record: &WindowRecord,
+    mut holders: Vec<PoolHolder>,
+    mut changes: Vec<Change>,
+    findings: Vec<Finding>,
+    restored: Vec<Restored>,
+) -> RepairPlan {
     holders.sort_by(|a, b| a.uid.cmp(&b.uid));
     // Counted over the record's own ports (a shard's are its window's).
     let recounted = record
@@ -553,8 +425,8 @@ pub(crate) fn plan_repair_scoped(
         });
     }
     RepairPlan {
-        pool: pool_name,
-        pool_uid,
+        pool: record.pool_name().to_string(),
+        pool_uid: record.pool_uid().to_string(),
         resource_version: record.resource_version().unwrap_or_default(),
         holders: recounted.holders.len(),
         holders_after: recounted.holders.iter().map(|h| h.uid.clone()).collect(),
@@ -575,7 +447,7 @@ fn counts(status: &PortPoolShardStatus) -> (i32, i32, i32, i32) {
     )
 }
 
-fn describe_ports(record: &WindowRecord) -> String {
+pub(super) fn describe_ports(record: &WindowRecord) -> String {
     if record.ports.is_empty() {
         "none (every port is excluded)".into()
     } else {

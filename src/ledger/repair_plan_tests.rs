@@ -7,7 +7,7 @@ use crate::api::{
     StaticBandSetting,
 };
 use crate::api::{PortPool, PortPoolShard};
-use crate::core::SlotKey;
+use crate::core::{Holdings, SlotKey};
 use crate::ledger::fixtures::shard_of;
 use crate::ledger::{Outcome, allocation_status};
 use crate::ledger::{PoolSnapshot, load_shard};
