@@ -1,5 +1,6 @@
 //! A simulated node for the node agent: a network namespace of its own (held by the relay
-//! process that `unshare --net` starts), a cgroup v2 tree laid out as kubelet's, and the agent
+//! process that `unshare --net` starts), or one the caller already holds (the node
+//! simulation's, `AgentNode::start_in`), a cgroup v2 tree laid out as kubelet's, and the agent
 //! binary running inside that namespace. The agent reaches the API server on the host's
 //! loopback through a relay over a UNIX socket: the filesystem is shared across network
 //! namespaces, loopback is not. Include this file with `#[path]`, as `control_plane.rs`; the
@@ -55,7 +56,8 @@ fn host_relay(socket: &Path, port: u16) {
     });
 }
 
-/// The node: a network namespace held by the relay process, whose pid names it.
+/// The node: a network namespace the relay process runs in (and, from `start`, holds), whose
+/// pid names it.
 pub struct AgentNode {
     holder: Child,
     pub cgroups: NodeCgroups,
@@ -68,21 +70,50 @@ impl AgentNode {
     /// A node whose cgroup tree is named `name` (kubelet's cgroupfs layout), for the cluster
     /// of `kubeconfig`.
     pub fn start(kubeconfig: &Path, name: &str) -> AgentNode {
+        Self::start_with(kubeconfig, name, None)
+    }
+
+    /// The same in the existing network namespace `netns` (a `/proc/PID/ns/net` of a process
+    /// that holds it, its loopback up): the relay joins it, and the caller keeps holding it.
+    pub fn start_in(kubeconfig: &Path, name: &str, netns: &Path) -> AgentNode {
+        Self::start_with(kubeconfig, name, Some(netns))
+    }
+
+    fn start_with(kubeconfig: &Path, name: &str, netns: Option<&Path>) -> AgentNode {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("api.sock");
         let port = apiserver_port(kubeconfig);
         host_relay(&socket, port);
-        let shell = format!(
-            "ip link set lo up && exec python3 '{}' {port} '{}'",
+        let relay = format!(
+            "exec python3 '{}' {port} '{}'",
             script("relay.py"),
             socket.display()
         );
-        let mut holder = Command::new("unshare")
-            .args(["--net", "--", "sh", "-c", &shell])
+        let mut holder = match netns {
+            None => {
+                let mut unshare = Command::new("unshare");
+                unshare.args([
+                    "--net",
+                    "--",
+                    "sh",
+                    "-c",
+                    &format!("ip link set lo up && {relay}"),
+                ]);
+                unshare
+            }
+            Some(netns) => {
+                let mut nsenter = Command::new("nsenter");
+                nsenter
+                    .arg(format!("--net={}", netns.display()))
+                    .args(["--", "sh", "-c", &relay]);
+                nsenter
+            }
+        };
+        let mut holder = holder
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
-            .expect("unshare --net");
+            .expect("start the relay (unshare --net, or nsenter --net)");
         let mut line = String::new();
         std::io::BufRead::read_line(
             &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
