@@ -6,6 +6,7 @@
 //! `kubectl apply` and `kubectl portalloc sync`, and everything runs again.
 
 mod expand;
+mod guarded;
 pub mod netns;
 pub mod pods;
 pub mod run;
@@ -118,6 +119,10 @@ pub struct Scenario {
     /// With the pod webhook: the process, and each pod's spec as admitted.
     webhook: Option<std::process::Child>,
     admitted: BTreeMap<String, Value>,
+    /// Each admitted pod as the API server returned it (its UID, its QoS class).
+    created: BTreeMap<String, k8s_openapi::api::core::v1::Pod>,
+    /// The node each pod is created on (`spec.nodeName`); None: no node, as a template.
+    placement: Option<fn(&pods::Pod) -> String>,
     _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
@@ -158,12 +163,20 @@ impl Scenario {
     /// and runs with the env it was admitted with.
     pub async fn deploy_admitted(example: &str, pool: &str) -> Scenario {
         let mut scenario = Scenario::prepare(example, pool).await;
-        scenario.webhook = Some(start_webhook(&scenario.client, &scenario.ns).await);
-        let file = scenario.file.to_str().unwrap().to_string();
-        let run = kubectl(&["apply", "-f", &file, "-n", &scenario.ns], None);
-        assert!(run.ok(), "kubectl apply of the example: {run}");
-        scenario.configmap = scenario.admit().await;
+        scenario.apply_admitted().await;
         scenario
+    }
+
+    /// The second half of [`Scenario::deploy_admitted`], for a scenario whose manifest was
+    /// edited after [`Scenario::prepare`]: the webhook, then `kubectl apply -f` of the example
+    /// as it is now, then every pod created and admitted.
+    async fn apply_admitted(&mut self) {
+        self.webhook = Some(start_webhook(&self.client, &self.ns).await);
+        std::fs::write(&self.file, self.manifest.to_yaml()).unwrap();
+        let file = self.file.to_str().unwrap().to_string();
+        let run = kubectl(&["apply", "-f", &file, "-n", &self.ns], None);
+        assert!(run.ok(), "kubectl apply of the example: {run}");
+        self.configmap = self.admit().await;
     }
 
     /// Create every pod (again) as the workload controllers would, and keep what was admitted;
@@ -177,6 +190,7 @@ impl Scenario {
             api.delete(&name, &Default::default()).await.unwrap();
         }
         self.admitted.clear();
+        self.created.clear();
         let mut files = BTreeMap::new();
         for pod in pods::pods(&self.manifest, &self.ns) {
             // A Deployment's pods are named after admission (generateName).
@@ -188,14 +202,19 @@ impl Scenario {
             };
             let mut metadata = identity;
             metadata["labels"] = serde_json::to_value(&pod.labels).unwrap();
+            let mut spec = pod.spec.clone();
+            if let Some(place) = self.placement {
+                spec["nodeName"] = place(&pod).into();
+            }
             let object: Pod = serde_json::from_value(serde_json::json!({
-                "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod.spec,
+                "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec,
             }))
             .unwrap();
             let created = api
                 .create(&Default::default(), &object)
                 .await
                 .unwrap_or_else(|e| panic!("pod {} not admitted: {e}", pod.name));
+            self.created.insert(pod.name.clone(), created.clone());
             let spec = created.spec.unwrap();
             let file = match pod.workload.strip_prefix("Deployment/") {
                 Some(deployment) => format!("{deployment}.env"),
@@ -285,6 +304,8 @@ impl Scenario {
             previous: BTreeMap::new(),
             webhook: None,
             admitted: BTreeMap::new(),
+            created: BTreeMap::new(),
+            placement: None,
             _turn: turn,
         }
     }
@@ -321,14 +342,44 @@ impl Scenario {
     /// Run every pod; print the env files and what the stand-ins did (`--nocapture` shows it).
     pub fn simulate(&self, label: &str) -> Outcome {
         let pods = pods::pods_admitted(&self.manifest, &self.ns, &self.admitted);
-        let dns = pods::dns(&self.manifest, &pods, &self.ns);
+        self.simulate_pods(label, &pods, |pods, dns, configmaps| {
+            run::run(pods, dns, configmaps, TIMEOUT)
+        })
+    }
+
+    /// The same, each pod on the node it was created on (`nodes`: each node's network and
+    /// address) and in its cgroup there (`cgroups`, by pod name).
+    pub fn simulate_on(
+        &self,
+        label: &str,
+        nodes: &netns::NodeNetworks,
+        addresses: &BTreeMap<String, std::net::Ipv4Addr>,
+        cgroups: &BTreeMap<String, PathBuf>,
+    ) -> Outcome {
+        let pods = pods::pods_placed(&self.manifest, &self.ns, &self.admitted, addresses);
+        self.simulate_pods(label, &pods, |pods, dns, configmaps| {
+            run::run_on_nodes_in_cgroups(pods, dns, configmaps, nodes, cgroups, TIMEOUT)
+        })
+    }
+
+    fn simulate_pods(
+        &self,
+        label: &str,
+        pods: &[pods::Pod],
+        run: impl FnOnce(
+            &[pods::Pod],
+            &BTreeMap<String, BTreeSet<String>>,
+            &BTreeMap<String, BTreeMap<String, String>>,
+        ) -> Outcome,
+    ) -> Outcome {
+        let dns = pods::dns(&self.manifest, pods, &self.ns);
         // The webhook form mounts no ConfigMap: its env files stand for the admitted env.
         let configmaps = if self.webhook.is_some() {
             BTreeMap::new()
         } else {
             BTreeMap::from([(self.configmap_name(), self.configmap.clone())])
         };
-        let outcome = run::run(&pods, &dns, &configmaps, TIMEOUT);
+        let outcome = run(pods, &dns, &configmaps);
         let mut files = String::new();
         for (key, text) in &self.configmap {
             files.push_str(&format!(
@@ -343,6 +394,15 @@ impl Scenario {
         );
         outcome.assert_clean();
         outcome
+    }
+
+    /// The example's PortPool (renamed, with the simulation's range).
+    fn pool_doc(&mut self) -> &mut Value {
+        self.manifest
+            .docs
+            .iter_mut()
+            .find(|d| d["kind"] == "PortPool")
+            .expect("the example has a PortPool")
     }
 
     fn allocation_doc(&mut self) -> &mut Value {

@@ -95,11 +95,27 @@ pub fn pods_admitted(
     ns: &str,
     admitted: &BTreeMap<String, Value>,
 ) -> Vec<Pod> {
+    pods_placed(manifest, ns, admitted, &BTreeMap::new())
+}
+
+/// The same, each pod whose admitted spec names a node of `nodes` (`spec.nodeName`) on that
+/// node, at its address; every other pod on [`NODE`].
+pub fn pods_placed(
+    manifest: &Manifest,
+    ns: &str,
+    admitted: &BTreeMap<String, Value>,
+    nodes: &BTreeMap<String, std::net::Ipv4Addr>,
+) -> Vec<Pod> {
     let chosen = |name: &str, template: &Value| -> Value {
         match admitted.get(name) {
             Some(spec) => serde_json::json!({"metadata": template["metadata"], "spec": spec}),
             None => template.clone(),
         }
+    };
+    let placed = |template: &Value| -> Option<(String, String)> {
+        let node = template["spec"]["nodeName"].as_str()?;
+        let address = nodes.get(node)?;
+        Some((node.to_string(), address.to_string()))
     };
     let mut pods = Vec::new();
     for sts in manifest.of_kind("StatefulSet") {
@@ -125,7 +141,7 @@ pub fn pods_admitted(
                 extra,
                 service.clone(),
                 Vec::new(),
-                None,
+                placed(&template),
             ));
         }
     }
@@ -177,7 +193,7 @@ pub fn pods_admitted(
                     extra,
                     Some(subdomain.clone()),
                     injected,
-                    None,
+                    placed(&template),
                 ));
             }
         }
@@ -203,7 +219,7 @@ pub fn pods_admitted(
                 extra,
                 subdomain,
                 Vec::new(),
-                None,
+                placed(&template),
             ));
         }
     }

@@ -302,7 +302,7 @@ pub fn run(
     configmaps: &BTreeMap<String, BTreeMap<String, String>>,
     timeout: Duration,
 ) -> Outcome {
-    run_in(pods, dns, configmaps, None, timeout)
+    run_in(pods, dns, configmaps, None, &BTreeMap::new(), timeout)
 }
 
 /// The same, each pod in the network namespace of its node (`pod.node`), where the stand-ins
@@ -315,7 +315,29 @@ pub fn run_on_nodes(
     nodes: &NodeNetworks,
     timeout: Duration,
 ) -> Outcome {
-    run_in(pods, dns, configmaps, Some(nodes), timeout)
+    run_in(
+        pods,
+        dns,
+        configmaps,
+        Some(nodes),
+        &BTreeMap::new(),
+        timeout,
+    )
+}
+
+/// The same, each pod named in `cgroups` started inside that cgroup (a directory of a cgroup v2
+/// tree, as kubelet and the runtime make a container's): its container's first process enters
+/// it before anything else runs, so the pod's every process (daemons `ray start` leaves
+/// included) is the pod's, as a node agent's bind guard judges pods.
+pub fn run_on_nodes_in_cgroups(
+    pods: &[Pod],
+    dns: &BTreeMap<String, BTreeSet<String>>,
+    configmaps: &BTreeMap<String, BTreeMap<String, String>>,
+    nodes: &NodeNetworks,
+    cgroups: &BTreeMap<String, PathBuf>,
+    timeout: Duration,
+) -> Outcome {
+    run_in(pods, dns, configmaps, Some(nodes), cgroups, timeout)
 }
 
 fn run_in(
@@ -323,6 +345,7 @@ fn run_in(
     dns: &BTreeMap<String, BTreeSet<String>>,
     configmaps: &BTreeMap<String, BTreeMap<String, String>>,
     nodes: Option<&NodeNetworks>,
+    cgroups: &BTreeMap<String, PathBuf>,
     timeout: Duration,
 ) -> Outcome {
     let dir = run_dir();
@@ -386,6 +409,11 @@ fn run_in(
             // checkout in /tmp), and it is gone from view once /tmp is replaced.
             mounts.push((tmp.clone(), "/tmp".to_string()));
             let mut script = String::from("set -e\n");
+            if let Some(cgroup) = cgroups.get(&pod.name) {
+                // This shell execs the container's command: same process, same cgroup.
+                let procs = quote(cgroup.join("cgroup.procs").to_str().unwrap());
+                writeln!(script, "echo $$ > {procs}").unwrap();
+            }
             for (source, target) in &mounts {
                 let (source, target) = (quote(source.to_str().unwrap()), quote(target));
                 writeln!(script, "mkdir -p {target}\nmount --bind {source} {target}").unwrap();

@@ -68,6 +68,12 @@ fn check_groups(
     size: u32,
 ) -> super::Outcome {
     let outcome = scenario.simulate(&format!("{label}, groups={groups}, size={size}"));
+    assert_groups(&outcome, lws, groups, size);
+    outcome
+}
+
+/// [`check_groups`]' checks of an outcome.
+fn assert_groups(outcome: &super::Outcome, lws: &str, groups: u32, size: u32) {
     assert_eq!(outcome.runs.len() as u32, groups * size);
     for g in 0..groups {
         let leader = format!("{lws}-{g}");
@@ -80,7 +86,6 @@ fn check_groups(
             );
         }
     }
-    outcome
 }
 
 #[tokio::test]
@@ -174,4 +179,148 @@ async fn vllm_ray_lws_with_the_pod_webhook_then_scaled() {
     scenario.scale_groups(3).await;
     scenario.assert_kept(&[]);
     check_groups(&scenario, label, "vllm-ray", 3, 3);
+}
+
+/// The node each rank of a group runs on: the leaders on one, each worker index on one (each
+/// rank needs a whole node's GPUs), so every node holds one pod of every group.
+fn node_of_rank(pod: &super::pods::Pod) -> String {
+    let rank = &pod.labels["leaderworkerset.sigs.k8s.io/worker-index"];
+    format!("guarded-rank-{rank}")
+}
+
+/// The webhook form with a node agent on every node and the pool's guard on (`Enforce`): the
+/// pods created on their nodes through the webhook, each container started in its pod's
+/// cgroup (kubelet's layout) in its node's network namespace once the node's agent has seen
+/// the pod. The example's own `ray start` lines still run: every Ray node binds its whole
+/// worker-port block, nothing is refused, the agents report no bind of these pods; and the
+/// guard was on: a pod binding another pod's port on its node gets EPERM, reported as an
+/// Event naming the holder.
+#[tokio::test]
+async fn vllm_ray_lws_with_the_guard_on() {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{Api, ListParams};
+    use std::time::{Duration, Instant};
+
+    if !crate::support::cluster().local {
+        eprintln!("skipped: the node agents reach the API server through a loopback relay");
+        return;
+    }
+    let example = "vllm-ray-lws-webhook.yaml";
+    let mut scenario = Scenario::prepare(example, "llm").await;
+    scenario.pool_doc()["spec"]["guard"] = "Enforce".into();
+    let pool = scenario.pool_doc()["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    scenario.placement = Some(node_of_rank);
+    let nodes = super::guarded::GuardedNodes::start(
+        &["guarded-rank-0", "guarded-rank-1", "guarded-rank-2"],
+        &scenario.ns,
+    );
+    scenario.apply_admitted().await;
+    let cgroups = nodes.pod_cgroups(&scenario);
+    let admitted = Instant::now();
+    nodes.wait_until_guarding(&pool);
+    let guarding = admitted.elapsed();
+    nodes.wait_until_seen(&scenario, "RAY_NODE_MANAGER_PORT");
+    eprintln!(
+        "pods admitted and their cgroups made; every agent guards the pool {:.1}s later, and \
+         has seen every pod {:.1}s later (a probe's bind of each pod's port included)",
+        guarding.as_secs_f64(),
+        admitted.elapsed().as_secs_f64()
+    );
+
+    let outcome = scenario.simulate_on(
+        &format!("{example} with the guard on, groups=2, size=3, a node per rank"),
+        &nodes.networks,
+        &nodes.addresses,
+        &cgroups,
+    );
+    assert_groups(&outcome, "vllm-ray", 2, 3);
+    assert_every_ray_node_binds_its_worker_block(&outcome);
+    for run in &outcome.runs {
+        let node = node_of_rank(&run.pod);
+        assert_eq!(run.pod.node, node, "{} runs on its node", run.pod.name);
+    }
+    assert_eq!(outcome.refused_binds(), Vec::<String>::new());
+    // A few of the agents' rounds: a verdict of the run would be reported by now.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(nodes.verdicts_on(&scenario), Vec::<String>::new());
+    let events: Api<Event> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let guard_events = |list: Vec<Event>| -> Vec<(String, String, String)> {
+        list.into_iter()
+            .filter(|e| {
+                e.reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("PortBind") || r.starts_with("PortTaken"))
+            })
+            .map(|e| {
+                let pod = e.regarding.and_then(|r| r.name).unwrap_or_default();
+                (pod, e.reason.unwrap(), e.note.unwrap_or_default())
+            })
+            .collect()
+    };
+    let list = events.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(guard_events(list), Vec::new(), "the agents' Events");
+
+    // The guard was on all along: on every node, one pod binding the other's port (the run
+    // is over, so the port is free) gets EPERM, and its own port binds.
+    let mut intruders = Vec::new();
+    for (node, agent) in &nodes.agents {
+        let on_node: Vec<&String> = scenario
+            .created
+            .iter()
+            .filter(|(_, p)| p.spec.as_ref().unwrap().node_name.as_deref() == Some(node))
+            .map(|(name, _)| name)
+            .collect();
+        let [intruder, holder] = on_node[..] else {
+            panic!("{node}: pods {on_node:?}, not one of each group");
+        };
+        let port: u16 = scenario
+            .env(holder, "RAY_NODE_MANAGER_PORT")
+            .parse()
+            .unwrap();
+        let own: u16 = scenario
+            .env(intruder, "RAY_NODE_MANAGER_PORT")
+            .parse()
+            .unwrap();
+        let cgroup = &cgroups[intruder];
+        assert_eq!(
+            agent.bind(Some(cgroup), port),
+            "EPERM",
+            "{intruder} binding {holder}'s port {port} on {node}"
+        );
+        assert_eq!(agent.bind(Some(cgroup), own), "ok", "{intruder}'s own port");
+        intruders.push((intruder.clone(), holder.clone(), port));
+    }
+    // Each refusal is an Event on the pod that tried, naming the port, the pool and the holder.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let list = events.list(&ListParams::default()).await.unwrap().items;
+        let seen = guard_events(list);
+        let reported = |(intruder, holder, port): &(String, String, u16)| {
+            seen.iter().any(|(pod, reason, note)| {
+                pod == intruder
+                    && reason == "PortBindRefused"
+                    && note.contains(&format!("port {port}/TCP"))
+                    && note.contains(&format!("PortPool {pool} (guard Enforce)"))
+                    && note.contains(&format!("pod {}/{holder}", scenario.ns))
+            })
+        };
+        if intruders.iter().all(reported) {
+            assert_eq!(seen.len(), intruders.len(), "{seen:#?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every refusal became an Event: {seen:#?}\n{}",
+            nodes.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The agents' logs name them too (so their silence about the run above meant something).
+    let logged = nodes.verdicts_on(&scenario);
+    assert_eq!(logged.len(), intruders.len(), "{logged:#?}");
+    drop(outcome);
+    drop(nodes);
 }
