@@ -18,7 +18,9 @@ use kube::api::{Api, PostParams};
 use portalloc::api::{PoolHolder, PortAllocation, PortPool, PortPoolShard, PortPoolShardStatus};
 use portalloc::core::Holdings;
 use portalloc::k8s::ShardStore;
-use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardKey, new_shard, shard_name};
+use portalloc::ledger::{
+    Anomaly, CopyRecord, PoolSnapshot, ShardAnomaly, ShardKey, new_shard, shard_name,
+};
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::invariants::assert_consistent;
@@ -313,6 +315,106 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     }
     assert_eq!(owners(&root, 91).await, with_b, "nothing changed");
 
+    // Nor may the tenant list another tenant's port in its own entries: the pod webhook denies a
+    // port two entries list to the pods of both owners. A port, a block over it, a new entry.
+    for (uid, owner, ports) in [
+        ("ua", "tenant-a/a", "web.http=23301 web.grpc=23310,23302"),
+        (
+            "ua",
+            "tenant-a/a",
+            "web.http=23301 web.grpc=23310 web.nixl=23300-23303",
+        ),
+        ("ua3", "tenant-a/a3", "x.y=23302"),
+    ] {
+        let err = set_holdings(&tenant, uid, owner, ports)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ValidatingAdmissionPolicy 'portalloc-pool-holders'")
+                && err.contains(&format!(
+                    "PortPoolShard {gpu91}: this update lists port 23302 of PortAllocation \
+                     {owner}, which PortAllocation tenant-b/b holds"
+                ))
+                && err.contains("kubectl portalloc repair --pool gpu"),
+            "{ports}: {err}"
+        );
+    }
+    // Nor write an entry under another entry's UID (the allocator and the webhook find an
+    // owner's entry by UID), or one the allocator cannot read (it would take that entry to hold
+    // nothing and could hand its ports to another tenant, whose write the rule above refuses).
+    let raw = |uid: &str, owner: &str, ports: &str| PoolHolder {
+        uid: uid.into(),
+        owner: owner.into(),
+        ports: ports.into(),
+    };
+    for (holder, expected) in [
+        (
+            raw("ub", "tenant-a/spoof", ""),
+            "the entry of tenant-a/spoof has UID ub, as the entry of tenant-b/b does",
+        ),
+        (
+            raw("ua9", "tenant-a/a9", "x.y=23400 x.y=23401"),
+            "the entry of tenant-a/a9 does not read as holdings",
+        ),
+        (
+            raw("ua9", "tenant-a/a9", "x.y=23400,23405-23401"),
+            "the entry of tenant-a/a9 does not read as holdings",
+        ),
+        (
+            raw("ua9", "tenant-a/a9", "x.y=023302"),
+            "this update lists port 23302 of PortAllocation tenant-a/a9",
+        ),
+    ] {
+        let mut shard = shards_as_tenant.get(&gpu91).await.unwrap();
+        let status = shard.status.get_or_insert_with(Default::default);
+        status.holders.push(holder.clone());
+        let err = shards_as_tenant
+            .replace_status(&gpu91, &PostParams::default(), &shard)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("'portalloc-pool-holders'") && err.contains(expected),
+            "{holder:?}: {err}"
+        );
+    }
+    assert_eq!(owners(&root, 91).await, with_b, "nothing changed");
+    let a_holds = read(&root).await.holdings_of("ua").encode();
+    assert_eq!(a_holds, "web.grpc=23310 web.http=23301");
+    // A pool administrator may list a port twice (repair writes any entry); the record then
+    // reports it, and the tenant may still remove its own entry.
+    let admin_shards = Api::<PortPoolShard>::all(admin.clone());
+    let mut shard = admin_shards.get(&gpu91).await.unwrap();
+    let status = shard.status.get_or_insert_with(Default::default);
+    status.holders.push(raw("ua3", "tenant-a/a3", "x.y=23302"));
+    admin_shards
+        .replace_status(&gpu91, &PostParams::default(), &shard)
+        .await
+        .expect("a pool administrator lists a port twice");
+    let pool = Api::<PortPool>::all(root.clone()).get(POOL).await.unwrap();
+    let shards = ShardStore::new(root.clone()).list(POOL).await.unwrap();
+    let twice = CopyRecord::load(PoolSnapshot::of_pool(&pool), shards).unwrap();
+    assert!(
+        twice.anomalies.iter().any(|a| matches!(
+            a,
+            ShardAnomaly::InShard {
+                anomaly: Anomaly::Duplicate { port: 23302, .. },
+                ..
+            }
+        )),
+        "{:?}",
+        twice.anomalies
+    );
+    let mut shard = shards_as_tenant.get(&gpu91).await.unwrap();
+    let status = shard.status.get_or_insert_with(Default::default);
+    status.holders.retain(|h| h.uid != "ua3");
+    shards_as_tenant
+        .replace_status(&gpu91, &PostParams::default(), &shard)
+        .await
+        .expect("a tenant removes its own entry that lists a port twice");
+    assert_eq!(owners(&root, 91).await, with_b);
+
     // A new shard: its spec must be its window's; the status of a create is dropped by the
     // API server, so a foreign entry in it is no way around the policy: the status write that
     // follows is what is checked.
@@ -482,6 +584,47 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         assert!(run.ok(), "{run}");
     }
     assert!(assert_consistent(&root, "solo").await.is_empty());
+
+    // The heaviest record a window holds, 256 one-port entries (what the policy's rules cost
+    // grows with the entries and values of the shard written): a tenant's allocation in it
+    // passes within the API server's CEL cost limits, and a clash there is refused by the rule,
+    // not by an exhausted budget.
+    let gpu92 = shard_name(POOL, ShardKey::first(92));
+    let mut full = shards_as_admin.get(&gpu92).await.unwrap();
+    full.status.get_or_insert_with(Default::default).holders = (0..255u16)
+        .map(|i| PoolHolder {
+            uid: format!("ub-{i}"),
+            owner: format!("tenant-b/b{i}"),
+            ports: format!("web.http={}", 23552 + i),
+        })
+        .collect();
+    shards_as_admin
+        .replace_status(&gpu92, &PostParams::default(), &full)
+        .await
+        .unwrap();
+    set_holdings(&tenant, "ua-last", "tenant-a/last", "web.http=23807")
+        .await
+        .expect("the last free port of a full window");
+    let err = set_holdings(&tenant, "ua-last", "tenant-a/last", "web.http=23807,23700")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "PortPoolShard {gpu92}: this update lists port 23700 of PortAllocation \
+             tenant-a/last, which PortAllocation tenant-b/b148 holds"
+        )),
+        "{err}"
+    );
+    set_holdings(&tenant, "ua-last", "tenant-a/last", "")
+        .await
+        .expect("a tenant removes its own entry from a full window");
+    let mut emptied = shards_as_admin.get(&gpu92).await.unwrap();
+    emptied.status.get_or_insert_with(Default::default).holders = vec![];
+    shards_as_admin
+        .replace_status(&gpu92, &PostParams::default(), &emptied)
+        .await
+        .unwrap();
 
     // The watcher's ServiceAccount has on shards what an allocating user has, update (an
     // administrator to the tenancy policy: it carries specs and frees leaks) and delete (its

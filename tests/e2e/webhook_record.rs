@@ -2,8 +2,9 @@
 //! real identities under rbac/ and the tenancy policy: tenant A (`portalloc-user`, namespace
 //! tenant-a) and tenant B (`portalloc-user2`, tenant-b). A tenant may write its own
 //! PortAllocation's status (client-side allocation needs it) and its own shard entries, so A can
-//! write B's port into its status, or into its entry as well; the policy stops A from touching
-//! B's entry. The real kube-apiserver calls the webhook (run as the watcher's ServiceAccount)
+//! write B's port into its status; the policy stops A from touching B's entry and from listing
+//! B's port in its own (only an administrator can write a port held twice, which then denies it to
+//! both). The real kube-apiserver calls the webhook (run as the watcher's ServiceAccount)
 //! for every labelled pod, created as a workload controller would. Then the admission latency of
 //! one burst of B's pods, with the check off and on, alternately.
 //!
@@ -470,38 +471,95 @@ async fn a_pod_gets_only_ports_the_record_gives_its_allocation() {
         webhook.record_checks("tenant-a/a").last()
     );
 
-    // The tenancy policy lets A write its own entries, so A can put B's port in its own entry
-    // too (a port held twice) and in its status: neither pod gets that port now.
+    // A may write its own entries, but not B's port into them: a port two entries list is denied
+    // to the pods of both owners, so A would block B's pods. The write is refused, naming the
+    // port and its holder, and the record stays as it was.
     let pool = Api::<PortPool>::all(tenant_a.clone())
         .get(POOL)
         .await
         .unwrap();
-    let shards = ShardStore::new(tenant_a.clone());
-    let record = CopyRecord::load(
-        PoolSnapshot::of_pool(&pool),
-        shards.list(POOL).await.unwrap(),
-    )
-    .unwrap();
+    let record_as = |client: &Client| {
+        let shards = ShardStore::new(client.clone());
+        let snapshot = PoolSnapshot::of_pool(&pool);
+        async move { CopyRecord::load(snapshot, shards.list(POOL).await.unwrap()).unwrap() }
+    };
+    let record = record_as(&tenant_a).await;
+    let entries_before = record.shards[&b_key.window].record.entries().to_vec();
     let uid = a.metadata.uid.clone().unwrap();
     let mut holdings: Holdings = record.holdings_of(&uid);
     holdings.insert(SlotKey::new("web", "http", 0), b_port);
+    let writes = record.writes_for(&uid, "tenant-a/a", &holdings);
+    assert!(!writes.is_empty());
+    let shards_a = ShardStore::new(tenant_a.clone());
+    let mut refusals = Vec::new();
+    for write in &writes {
+        if let Err((e, _)) = shards_a.commit(&record.pool, write).await {
+            refusals.push(e.to_string());
+        }
+    }
+    eprintln!("A lists B's port in its own entry: {refusals:?}");
+    assert!(
+        refusals
+            .iter()
+            .any(|r| r.contains("'portalloc-pool-holders'")
+                && r.contains(&format!(
+                    "PortPoolShard {b_shard}: this update lists port {b_port} of PortAllocation \
+                 tenant-a/a, which PortAllocation tenant-b/b holds"
+                ))
+                && r.contains("only pool administrators may write one")
+                && r.contains(&format!("kubectl portalloc repair --pool {POOL}"))),
+        "{refusals:?}"
+    );
+    let record = record_as(&root).await;
+    assert!(record.anomalies.is_empty(), "{:?}", record.anomalies);
+    assert_eq!(
+        record.shards[&b_key.window].record.entries(),
+        entries_before,
+        "the refused write changed nothing"
+    );
+    assert!(!record.holdings_of(&uid).ports().any(|p| p == b_port));
+    // A can still write B's port into its own status: A's pod is denied it, B's pods get it.
+    let forge = || async {
+        let mut forged = a_allocations.get("a").await.unwrap();
+        let status = forged.status.as_mut().unwrap();
+        status.assignments[0].values[0] = i32::from(b_port);
+        if !status.shards.contains(&b_key.to_status()) {
+            status.shards.push(b_key.to_status());
+        }
+        a_allocations
+            .replace_status("a", &PostParams::default(), &forged)
+            .await
+            .unwrap();
+    };
+    forge().await;
+    delete_and_wait(&a_pods, &["web-0".into()]).await;
+    let message = admit(&a_pods, &pod("tenant-a", "web-0", "a"))
+        .await
+        .expect_err("A's pod with B's port");
+    assert!(
+        message.contains(&format!(
+            "gives pod web[0] port {b_port} (web.http), but pool gpu's record (PortPoolShard \
+             {b_shard}) gives that port to PortAllocation tenant-b/b:"
+        )),
+        "{message}"
+    );
+    let admitted = admit(&b_pods, &pod("tenant-b", "web-0", "b"))
+        .await
+        .unwrap();
+    assert_eq!(env_of(&admitted)["HTTP_PORT"], b_port.to_string());
+    delete_and_wait(&b_pods, &["web-0".into()]).await;
+
+    // An administrator may list it twice (repair writes any entry): then neither pod gets that
+    // port until a person decides which owner gives it up.
+    let shards = ShardStore::new(root.clone());
+    let record = record_as(&root).await;
     for write in record.writes_for(&uid, "tenant-a/a", &holdings) {
         shards
             .commit(&record.pool, &write)
             .await
-            .expect("the policy lets a tenant write its own entries");
+            .expect("an administrator writes any entry");
     }
-    let mut forged = a.clone();
-    let status = forged.status.as_mut().unwrap();
-    status.assignments[0].values[0] = i32::from(b_port);
-    if !status.shards.contains(&b_key.to_status()) {
-        status.shards.push(b_key.to_status());
-    }
-    a_allocations
-        .replace_status("a", &PostParams::default(), &forged)
-        .await
-        .unwrap();
-    delete_and_wait(&a_pods, &["web-0".into()]).await;
+    forge().await;
     let message = admit(&a_pods, &pod("tenant-a", "web-0", "a"))
         .await
         .expect_err("A's pod: a port held twice");
