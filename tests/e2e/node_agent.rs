@@ -260,3 +260,86 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     let _ = webhook.kill();
     let _ = webhook.wait();
 }
+
+/// A node without cgroup v2 (here: a cgroup root that is a plain directory) gets one line
+/// saying so and keeps reserving; a pool port a process on the node already listens on is
+/// reported, in the agent's log and in `pool describe`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_ports() {
+    let Some(cluster) = PrivateCluster::start("node-agent-plain", true) else {
+        return;
+    };
+    let client = cluster.client().await;
+    crate::support::create_namespace(&client, "portalloc-system").await;
+    let node = AgentNode::start(&cluster.kubeconfig, "agent-plain");
+    // Something of the node's own listens on a port the pool will cover.
+    let pid = node.sh(&format!(
+        "python3 '{}' 46003 tcp 4 120 >/dev/null 2>&1 & echo $!",
+        script("binder.py")
+    ));
+    let run = cluster.run(&[
+        "pool",
+        "create",
+        "plain",
+        "--range",
+        "46000-46009",
+        "--guard",
+        "Audit",
+    ]);
+    assert!(run.ok(), "{run}");
+    let plain_root = tempfile::tempdir().unwrap();
+    let log_path = plain_root.path().join("agent.log");
+    let mut agent = node
+        .nsenter()
+        .arg(env!("CARGO_BIN_EXE_kubectl-portalloc"))
+        .args([
+            "node-agent",
+            "-v",
+            "1",
+            "--node-name",
+            "node-plain",
+            "--round",
+            "100ms",
+        ])
+        .args(["--report-every", "1s"])
+        .arg("--cgroup-root")
+        .arg(plain_root.path())
+        .arg("--state-dir")
+        .arg(plain_root.path().join("state"))
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    eventually(
+        Duration::from_secs(15),
+        "reserving the pool without a guard",
+        || node.sh("cat /proc/sys/net/ipv4/ip_local_reserved_ports") == "46000-46009",
+        log,
+    );
+    let said = log();
+    assert_eq!(
+        said.matches("binds are not guarded on this node").count(),
+        1,
+        "one line, not one per round:\n{said}"
+    );
+    assert!(said.contains("no cgroup v2 hierarchy at"), "{said}");
+    assert!(
+        said.contains("port 46003/TCP of PortPool plain is already listened on"),
+        "{said}"
+    );
+    eventually(
+        Duration::from_secs(15),
+        "pool describe naming the node without a guard and the listener",
+        || {
+            let out = cluster.run(&["pool", "describe", "plain"]).stdout;
+            out.contains("reserve its ports, no guard: node-plain (no cgroup v2 hierarchy at")
+                && out.contains("warning: node-plain: port 46003/TCP of PortPool plain")
+        },
+        log,
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let _ = node.sh(&format!("kill {pid}"));
+}
