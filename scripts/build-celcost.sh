@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Build celcost (tests/tools/celcost), which prints the API server's own estimated CEL cost of
-# every x-kubernetes-validations rule in CRDs against its limits, and print the binary's path:
+# every x-kubernetes-validations rule in CRDs against its limits (or, with --policy, the runtime
+# cost of the tenancy ValidatingAdmissionPolicy on synthetic shard writes), and print the
+# binary's path:
 #
 #   "$(scripts/build-celcost.sh)" crds/portalloc-crds.yaml
+#   "$(scripts/build-celcost.sh)" --policy rbac/portalloc-tenancy-policy.yaml
 #
 # It is built once and cached under $PORTALLOC_CACHE_DIR (default ~/.cache/kubectl-portalloc),
 # keyed by its k8s.io/apiextensions-apiserver pin and a hash of its module's go.mod, go.sum and

@@ -25,7 +25,7 @@ use portalloc::ledger::{
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::invariants::assert_consistent;
 use crate::support::private_cluster::{PrivateCluster, client_from};
-use crate::support::{self, USER_CONTEXT};
+use crate::support::{self, USER_CONTEXT, tools};
 
 const ADMIN_CONTEXT: &str = "portalloc-local-user2";
 const ADMIN_NAME: &str = "portalloc-user2";
@@ -659,6 +659,34 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         }
     }
     eprintln!("shard tenancy: {denial}\n{copy_denial}\n{name_denial}");
+}
+
+/// The API server estimates no cost when a ValidatingAdmissionPolicy is written, and enforces
+/// while admitting: 1,000,000 per expression, 10,000,000 per request. `celcost --policy` runs the
+/// tenancy policy with its admission code on the heaviest writes a 256-port shard takes (every
+/// entry changing at once, two owners of 128 ports swapping them, entries of thousands of
+/// indices) and on writes it must refuse: all within the limits, each decided as expected.
+#[test]
+fn the_tenancy_policy_is_within_the_cel_cost_limits() {
+    let policy = support::repo_root().join("rbac/portalloc-tenancy-policy.yaml");
+    let out = std::process::Command::new(tools::celcost())
+        .arg("--policy")
+        .arg(&policy)
+        .output()
+        .expect("run celcost");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let totals: Vec<&str> = text.lines().filter(|l| l.starts_with("  total ")).collect();
+    assert_eq!(totals.len(), 12, "one total per write: {text}");
+    assert!(
+        text.contains("all 256 entries of a full window change") && !text.contains("ERROR"),
+        "{text}"
+    );
 }
 
 /// Whether `user` may `verb` portpoolshards (`subresource`), by the API server's authorizer.

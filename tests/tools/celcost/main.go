@@ -26,6 +26,11 @@
 //
 // Exit status: 0 all within limits, 1 a cost over a limit, a rule that does not compile or a CRD
 // the apiserver would refuse, 2 unreadable input.
+//
+//	celcost --policy FILE
+//
+// instead runs the tenancy ValidatingAdmissionPolicy of FILE on synthetic writes and prints its
+// runtime costs (policy.go).
 package main
 
 import (
@@ -78,6 +83,10 @@ func main() {
 	compat := environment.DefaultCompatibilityVersion()
 	envSet = environment.MustBaseEnvSet(compat)
 
+	if len(os.Args) == 3 && os.Args[1] == "--policy" {
+		runPolicy(os.Args[2])
+		return
+	}
 	files := os.Args[1:]
 	if len(files) == 0 {
 		files = []string{"-"}
