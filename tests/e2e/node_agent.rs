@@ -77,7 +77,16 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         .unwrap();
 
     let mut node = AgentNode::start(&cluster.kubeconfig, "agent-e2e");
-    let agent_args = ["-v", "1", "--node-name", NODE, "--round", "100ms"];
+    let agent_args = [
+        "-v",
+        "1",
+        "--node-name",
+        NODE,
+        "--round",
+        "100ms",
+        "--metrics-address",
+        "127.0.0.1:19464",
+    ];
     node.start_agent(&agent_args);
     // Every pool's ports leave the kernel's ephemeral choice within a second or so.
     eventually(
@@ -183,6 +192,14 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         described.stdout.contains("guard it (Enforce): node-a"),
         "{described}"
     );
+
+    // And a series of the agent's metrics, scraped where Prometheus would (the node's address).
+    let metrics = node.sh("curl -sf http://127.0.0.1:19464/metrics");
+    assert!(
+        metrics.contains(r#"portalloc_node_guard_binds_total{pool="guarded",verdict="refused"}"#),
+        "{metrics}"
+    );
+    assert_eq!(node.sh("curl -sf http://127.0.0.1:19464/readyz"), "ok");
 
     // Outgoing connections in a namespace whose ephemeral range covers the pool take none of
     // its ports.

@@ -85,7 +85,7 @@ pub async fn run_node_agent(
         client: client.clone(),
         shards: ShardStore::new(client.clone()),
         reports: Reports::new(client, &node),
-        reserved: ReservedPorts::at(&options.reserved_ports_file, &options.state_dir),
+        reserved_ports: ReservedPorts::at(&options.reserved_ports_file, &options.state_dir),
         options,
         guard: None,
         guard_failure: None,
@@ -94,6 +94,8 @@ pub async fn run_node_agent(
         first_seen: HashMap::new(),
         written_pods: None,
         written_owners: None,
+        written_modes: None,
+        reserved: None,
         metrics,
         published: None,
     };
@@ -137,7 +139,7 @@ struct Agent {
     client: kube::Client,
     shards: ShardStore,
     reports: Reports,
-    reserved: ReservedPorts,
+    reserved_ports: ReservedPorts,
     options: NodeAgentOptions,
     guard: Option<BindGuard>,
     /// Why the guard is not attached, said once.
@@ -149,6 +151,9 @@ struct Agent {
     first_seen: HashMap<String, Instant>,
     written_pods: Option<BTreeMap<u64, u32>>,
     written_owners: Option<BTreeMap<u32, u64>>,
+    written_modes: Option<BTreeMap<u32, u32>>,
+    /// The ports last reserved.
+    reserved: Option<BTreeSet<u16>>,
     metrics: Metrics,
     /// The report last written to the Lease, and when.
     published: Option<(NodeReport, Instant)>,
@@ -166,49 +171,61 @@ impl Agent {
             .collect();
         let plan = node_plan(&pools.values().cloned().collect::<Vec<_>>());
         let plan_changed = self.plan.as_ref() != Some(&plan);
-        if plan_changed {
-            self.apply_plan(&plan)?;
-        }
-        self.plan = Some(plan);
+        self.plan = Some(plan.clone());
         if self.guard.is_none() {
             self.attach_guard();
         }
-        self.publish_report(&pools, plan_changed).await;
-        let Some(guard) = &self.guard else {
-            return Ok(());
-        };
-        if plan_changed {
-            let plan = self.plan.as_ref().expect("set above");
-            let modes = plan
-                .modes
-                .iter()
-                .map(|(&slot, &mode)| {
-                    (
-                        slot,
-                        if mode == GuardMode::Enforce {
-                            MODE_ENFORCE
-                        } else {
-                            MODE_AUDIT
-                        },
-                    )
-                })
-                .collect();
-            guard.set_modes(&modes)?;
+        // The guard's modes before the reservation: a deleted pool is unguarded before its
+        // ports go back to the kernel's choice. Each is retried next round if it failed, and a
+        // setting that cannot be written never keeps the guard from following the pools.
+        let guarded = self.set_modes(&plan);
+        if self.reserved.as_ref() != Some(&plan.reserved) {
+            match self.apply_plan(&plan) {
+                Ok(()) => self.reserved = Some(plan.reserved.clone()),
+                Err(e) => tracing::warn!(node = %self.options.node_name, "{e:#}"),
+            }
         }
+        let guarded = match guarded {
+            Ok(true) => self.guard_round(pods, &pools).await,
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.publish_report(&pools, plan_changed).await;
+        guarded
+    }
+
+    /// The guard's modes for `plan`, where they changed; `false` when no guard is attached.
+    fn set_modes(&mut self, plan: &NodePlan) -> anyhow::Result<bool> {
+        let Some(guard) = &self.guard else {
+            return Ok(false);
+        };
+        let modes = guard_modes(plan);
+        if self.written_modes.as_ref() != Some(&modes) {
+            guard.set_modes(&modes)?;
+            self.written_modes = Some(modes);
+        }
+        Ok(true)
+    }
+
+    /// The guard's pods and owners brought up to date, then what it saw, reported.
+    async fn guard_round(
+        &mut self,
+        pods: &[std::sync::Arc<Pod>],
+        pools: &BTreeMap<String, PortPool>,
+    ) -> anyhow::Result<()> {
         let kubepods = self.kubepods();
         let found = cgroups::scan(&kubepods, self.driver())?;
         let by_uid = pods_by_cgroup_uid(pods);
-        self.learn_holdings(&found, &by_uid, &pools).await;
+        self.learn_holdings(&found, &by_uid, pools).await;
         self.sync_maps(&found, &by_uid)?;
-        self.report(&found, &by_uid).await?;
-        Ok(())
+        self.report(&found, &by_uid).await
     }
 
     fn apply_plan(&mut self, plan: &NodePlan) -> anyhow::Result<()> {
         for (pool, why) in &plan.unusable {
             tracing::warn!(pool = %pool, "PortPool {pool:?} names no usable ports ({why}); nothing of it is reserved or guarded");
         }
-        let reservation = self.reserved.apply(&plan.reserved).map_err(|e| {
+        let reservation = self.reserved_ports.apply(&plan.reserved).map_err(|e| {
             anyhow::anyhow!(
                 "writing {}: {e} (the agent needs CAP_NET_ADMIN and a writable file there)",
                 self.options.reserved_ports_file.display()
@@ -329,6 +346,7 @@ impl Agent {
                 self.guard_failure = None;
                 self.written_pods = None;
                 self.written_owners = None;
+                self.written_modes = None;
             }
             Err(why) => {
                 if self.guard_failure.as_ref() != Some(&why) {
@@ -495,6 +513,18 @@ impl Agent {
         }
         Ok(())
     }
+}
+
+/// The guard's map values for the plan's guarded ports.
+fn guard_modes(plan: &NodePlan) -> BTreeMap<u32, u32> {
+    let value = |mode| match mode {
+        GuardMode::Enforce => MODE_ENFORCE,
+        _ => MODE_AUDIT,
+    };
+    plan.modes
+        .iter()
+        .map(|(&slot, &mode)| (slot, value(mode)))
+        .collect()
 }
 
 /// The UID kubelet names a pod's cgroup after: a static pod's own, which its mirror pod in the
