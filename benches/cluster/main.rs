@@ -66,6 +66,8 @@ mod fleet_workload;
 mod full_pool;
 mod group_commit;
 mod levers;
+// The machine and the source measured (shared with benches/node).
+mod machine;
 mod metrics;
 #[path = "../../tests/common/nodes.rs"]
 mod nodes;
@@ -197,7 +199,7 @@ fn main() -> anyhow::Result<()> {
         || !args.iter().any(|a| a == "--bench");
     let scale = Scale::new(quick);
     let started = Instant::now();
-    let load_before = load_average();
+    let load_before = machine::load_average();
     eprintln!(
         "cluster bench ({} mode): starting a local control plane",
         if quick { "quick" } else { "full" }
@@ -222,7 +224,7 @@ fn main() -> anyhow::Result<()> {
     let (mut rows, version) = measured?;
     stopped?;
     rows.sort_by_key(|r| r.id);
-    let load_after = load_average();
+    let load_after = machine::load_average();
     print!(
         "{}",
         table(
@@ -934,67 +936,6 @@ fn median_ms(times: &[Duration]) -> f64 {
 
 // ---- the table --------------------------------------------------------------------------------
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let memory_kib: f64 = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0.0);
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!(
-        "{cores} cores (nproc), {:.1} GiB memory, {cpu}",
-        memory_kib / 1024.0 / 1024.0
-    )
-}
-
-/// The commit measured, and whether the working tree differed from it in what gets compiled.
-fn tree_state() -> String {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
-    let dirty = git(&[
-        "status",
-        "--porcelain",
-        "--",
-        "src",
-        "Cargo.toml",
-        "Cargo.lock",
-    ])
-    .map(|s| s.lines().count())
-    .unwrap_or(0);
-    if dirty == 0 {
-        format!("commit {head}")
-    } else {
-        format!("commit {head} plus uncommitted changes to {dirty} file(s) under src/ or Cargo.*")
-    }
-}
-
 fn etcd_version() -> String {
     let go_mod = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -1037,8 +978,8 @@ fn table(
         },
         elapsed.as_secs_f64()
     );
-    let _ = writeln!(out, "machine: {}  ", machine());
-    let _ = writeln!(out, "source: {}  ", tree_state());
+    let _ = writeln!(out, "machine: {}  ", machine::machine());
+    let _ = writeln!(out, "source: {}  ", machine::tree_state());
     let _ = writeln!(out, "pool record: PortPoolShards of 256 ports  ");
     if let Some(cells) = &scale.cells {
         let _ = writeln!(
