@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 
 // The cgroup tree (tests/node/support.rs, the kernel-level tests' own).
 #[path = "../node/support.rs"]
-mod node_support;
+pub mod node_support;
 pub use node_support::NodeCgroups;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
