@@ -23,16 +23,20 @@
 //! - [`node_guard`]: what the node agent makes the kernel hold: every pool's ports reserved,
 //!   the guarded ports' modes, which pod on the node holds each.
 //! - [`node_report`]: what a node agent reports (its Lease) and what `pool describe` makes of it.
+//! - [`leader_lease`]: one worker among the watcher's replicas, elected through a Lease.
+//! - [`event_notice`]: what the watcher says on the objects it acts on (Kubernetes Events).
 //!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
 mod allocation_status;
 mod copy_record;
 mod decision;
+pub mod event_notice;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod free_runs;
 mod known;
+pub mod leader_lease;
 pub mod node_guard;
 pub mod node_report;
 mod pieces;
