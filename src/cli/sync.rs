@@ -12,6 +12,7 @@ use super::output::{OutputFormat, print_names, print_objects};
 use super::report::{print_report, take_configmap_error};
 use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
 use crate::k8s::{self, Readiness, WatchOptions, get_allocation, list_allocations};
+use crate::ledger::leader_lease::lease_name;
 
 /// With --all: how many PortAllocation statuses are written at once after the pool write.
 const STATUS_WRITES: usize = 16;
@@ -32,7 +33,10 @@ const STATUS_WRITES: usize = 16;
   kubectl portalloc sync --watch -A --probe-address 0.0.0.0:8080
 
   # Also inject ports into labelled pods as env vars (the pod webhook; see deploy/webhook.yaml)
-  kubectl portalloc sync --watch -A --probe-address 0.0.0.0:8080 --webhook-address 0.0.0.0:9443")]
+  kubectl portalloc sync --watch -A --probe-address 0.0.0.0:8080 --webhook-address 0.0.0.0:9443
+
+  # One of several replicas: work only while holding Lease portalloc-system/portalloc-watcher
+  kubectl portalloc sync --watch -A --leader-elect --webhook-address 0.0.0.0:9443")]
 #[command(group = clap::ArgGroup::new("mode").args(["all", "watch"]))]
 pub struct SyncArgs {
     /// The PortAllocation to sync.
@@ -58,6 +62,19 @@ pub struct SyncArgs {
     /// 0.0.0.0:8080).
     #[arg(long, value_name = "HOST:PORT", requires = "watch")]
     pub probe_address: Option<SocketAddr>,
+    /// With --watch: sync, repair and count pools only while this replica holds the watcher's
+    /// Lease, so that of several replicas one works and the others stand by (each serves the
+    /// webhook either way). The chart's replicas run with it.
+    #[arg(long, requires = "watch")]
+    pub leader_elect: bool,
+    /// With --leader-elect: the namespace of the Lease (portalloc-watcher, or
+    /// portalloc-watcher-NAMESPACE with -n) [default: --webhook-namespace, the pod's own].
+    #[arg(long, value_name = "NAMESPACE", requires = "leader_elect")]
+    pub leader_election_namespace: Option<String>,
+    /// With --watch: this replica's name, as the Lease's holder and on its Events [default:
+    /// HOSTNAME_PID].
+    #[arg(long, value_name = "NAME", env = "POD_NAME", requires = "watch")]
+    pub replica_name: Option<String>,
     #[arg(short = 'o', long, value_enum, conflicts_with = "watch")]
     pub output: Option<OutputFormat>,
     #[command(flatten)]
@@ -172,6 +189,18 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
     let signals = listen_for_signals()?;
     let namespace = (!args.all_namespaces).then(|| session.namespace.clone());
     k8s::check_access(&session.client, namespace.as_deref()).await?;
+    let lease = args.leader_elect.then(|| k8s::LeaseRef {
+        namespace: (args.leader_election_namespace.clone())
+            .unwrap_or_else(|| args.webhook.webhook_namespace.clone()),
+        name: lease_name(namespace.as_deref()),
+    });
+    if let Some(lease) = &lease {
+        k8s::check_leader_access(&session.client, lease).await?;
+    }
+    let replica = k8s::Replica {
+        identity: (args.replica_name.clone()).unwrap_or_else(k8s::default_identity),
+        lease,
+    };
     let readiness = Readiness::default();
     let metrics = k8s::Metrics::default();
     if let Some(address) = args.probe_address {
@@ -197,17 +226,21 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
         metrics.clone(),
     )
     .await?;
+    let scope = match options.namespace.as_deref() {
+        None => "every namespace".to_string(),
+        Some(ns) => format!("namespace {ns}"),
+    };
+    let election = match &replica.lease {
+        Some(lease) => format!(" while {} holds Lease {lease}", replica.identity),
+        None => String::new(),
+    };
     eprintln!(
-        "watching PortAllocations in {} (resync every {:?}); stop with SIGTERM or Ctrl-C",
-        options
-            .namespace
-            .as_deref()
-            .map_or("every namespace".to_string(), |ns| format!(
-                "namespace {ns}"
-            )),
+        "watching PortAllocations in {scope} (resync every {:?}){election}; stop with SIGTERM \
+         or Ctrl-C",
         options.resync
     );
-    let watcher = k8s::watch(
+    let watcher = k8s::watch_as(
+        replica,
         session.client,
         allocator,
         options,

@@ -6,7 +6,10 @@
 //! - [`allocate`]: client-side allocation (one, many, dry runs) and what follows it (the
 //!   PortAllocation objects, the env-file ConfigMaps);
 //! - `repair`: rebuilding a pool's record from the live PortAllocations;
-//! - [`watch`]: `sync --watch`, the same allocation driven by watches, and its metrics;
+//! - [`watch`]: `sync --watch`, the same allocation driven by watches, and its metrics; with
+//!   `--leader-elect`, only while this replica holds the watcher's Lease (`leader`);
+//! - `events`: Kubernetes Events on what the watcher did (allocated, released, refused,
+//!   repaired);
 //! - [`webhook`]: the pod webhook and its TLS;
 //! - [`node_agent`]: `node-agent`, keeping a node's kernel ([`crate::node`]) in step with the
 //!   pools and the pods bound to the node.
@@ -18,6 +21,8 @@ pub mod allocate;
 mod client;
 mod crds;
 mod error;
+mod events;
+mod leader;
 pub mod names;
 pub mod node_agent;
 pub mod node_ports;
@@ -37,6 +42,8 @@ pub use allocate::{
 pub use client::{ClientOptions, Connection, connect};
 pub use crds::install_crds;
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
+pub use events::Events;
+pub use leader::{LeaderElection, LeaseRef, Lost, default_identity};
 pub use record::{
     Applied, DeletedPool, PoolError, PoolView, ShardStore, apply_pool, carry_spec, create_pool,
     delete_pool, get_pool, list_pools, pool_ports, pool_view,
@@ -44,7 +51,10 @@ pub use record::{
 pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
-pub use watch::{Metrics, Readiness, SyncResult, WatchOptions, check_access, watch};
+pub use watch::{
+    Metrics, Readiness, Replica, SyncResult, WatchOptions, check_access, check_leader_access,
+    watch, watch_as,
+};
 pub use webhook::{
     ClientConfig, PodWebhook, ServingCert, WEBHOOK_TIMEOUT, WebhookCa, WebhookTlsError,
     register_webhook, repair_registration, serving_cert, webhook_ca,

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use super::pool_usage::{Count, CountedPool};
@@ -119,6 +120,7 @@ struct Families {
     watch_restarts: IntCounterVec,
     pool_refresh_errors: IntCounter,
     guard_binds: IntCounterVec,
+    leader: IntGauge,
 }
 
 impl Families {
@@ -233,6 +235,17 @@ impl Families {
                     .expect(WELL_FORMED);
                 family
             },
+            leader: {
+                let gauge = IntGauge::new(
+                    "portalloc_leader",
+                    "1 while this replica does the watcher's work (syncs, repair, usage count): it holds the Lease (--leader-elect), or runs without election; 0 while it only serves the webhook.",
+                )
+                .expect(WELL_FORMED);
+                registry
+                    .register(Box::new(gauge.clone()))
+                    .expect(WELL_FORMED);
+                gauge
+            },
             registry,
         }
     }
@@ -335,6 +348,26 @@ impl Metrics {
         m.pool_refresh_errors.inc_by(count.unreadable);
     }
 
+    /// Whether this replica does the watcher's work now. One that stops drops the gauges that
+    /// work kept (pools, PortAllocations by phase, stalled ones), so a scrape never mixes its
+    /// stale figures with the new leader's.
+    pub fn set_leader(&self, leading: bool) {
+        let m = &self.0;
+        m.leader.set(i64::from(leading));
+        if !leading {
+            for family in [
+                &m.pool_ports,
+                &m.pool_allocated,
+                &m.pool_free,
+                &m.pool_largest_free_run,
+                &m.allocations,
+                &m.stalled,
+            ] {
+                family.replace(BTreeMap::new());
+            }
+        }
+    }
+
     /// The pools could not be listed: the gauges keep their last values.
     pub fn record_pool_list_error(&self) {
         self.0.pool_refresh_errors.inc();
@@ -380,6 +413,21 @@ mod tests {
                 "missing {line:?} in\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn a_replica_that_stops_leading_drops_the_gauges_its_work_kept() {
+        let metrics = Metrics::default();
+        metrics.set_leader(true);
+        metrics.set_allocations([&allocation("llm", "big", Some("PoolFull"))]);
+        let text = metrics.render();
+        assert!(text.lines().any(|l| l == "portalloc_leader 1"), "{text}");
+        assert!(text.contains("portalloc_allocation_stalled{"), "{text}");
+        metrics.set_leader(false);
+        let text = metrics.render();
+        assert!(text.lines().any(|l| l == "portalloc_leader 0"), "{text}");
+        assert!(!text.contains("portalloc_allocation_stalled{"), "{text}");
+        assert!(!text.contains("portalloc_allocations{"), "{text}");
     }
 
     fn allocation(namespace: &str, name: &str, stalled: Option<&str>) -> PortAllocation {

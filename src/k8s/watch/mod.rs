@@ -15,22 +15,27 @@
 //! in view and where this identity may write pools' status, each PortPool's usage summary
 //! ([`pool_usage`]).
 //!
+//! Each sync, release and repair is said on its object as a Kubernetes Event
+//! ([`Events`]).
+//!
 //! No leader election is needed for safety: every write is a compare-and-swap on the pool's
 //! resourceVersion, so two watchers (or a watcher and any number of CLI clients) at once never
-//! hand out a port twice. They only cost each other conflicts.
+//! hand out a port twice. They only cost each other conflicts and the API server twice the
+//! reads. So with a [`Replica`]'s Lease (`--leader-elect`) all of the above runs only while this
+//! replica holds it ([`watch_as`]); the pod webhook (served beside, `cli/webhook_server.rs`)
+//! never depends on it.
 
+mod access;
 pub mod metrics;
 pub mod pool_usage;
 
+pub use access::{check_access, check_leader_access};
 pub use metrics::{Metrics, SyncResult};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-};
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{
@@ -39,13 +44,16 @@ use kube::runtime::controller::{
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
+use tokio::task::JoinHandle;
 
 use super::allocate::{AllocateError, Allocator, Combiner};
 use super::allocate::{Change, ConfigMapError, EnvConfigMap};
 use crate::api::PortAllocation;
-use crate::k8s::error::{ApiErrorKind, KubeError, Target};
+use crate::k8s::events::Events;
+use crate::k8s::leader::{LeaderElection, LeaseRef, default_identity};
 use crate::k8s::repair::Repairer;
-use crate::ledger::{CONDITION_READY, owner_of};
+use crate::ledger::leader_lease::LeaseTiming;
+use crate::ledger::{CONDITION_READY, RepairPlan, owner_of};
 
 /// How the watcher runs.
 #[derive(Clone, Debug)]
@@ -60,6 +68,28 @@ pub struct WatchOptions {
     /// (when `/metrics` is served). A watcher of every namespace reads them anyway where its
     /// identity may keep the pools' usage summary ([`pool_usage`]).
     pub pool_metrics: bool,
+}
+
+/// Who this watcher is among its replicas.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    /// Its name in the Lease (`holderIdentity`) and on its Events (`reportingInstance`): the
+    /// pod's name in a pod, else `hostname_pid`.
+    pub identity: String,
+    /// `--leader-elect`: sync, repair and count only while holding this Lease (the webhook is
+    /// served either way). `None`: do them at once, as one of any number of watchers that all
+    /// do.
+    pub lease: Option<LeaseRef>,
+}
+
+impl Replica {
+    /// A watcher without election, named after this process.
+    pub fn alone() -> Replica {
+        Replica {
+            identity: default_identity(),
+            lease: None,
+        }
+    }
 }
 
 /// Whether the watcher has read every PortAllocation once, and is not shutting down: a
@@ -105,6 +135,7 @@ struct Context {
     combiner: Combiner,
     resync: Duration,
     metrics: Metrics,
+    events: Events,
 }
 
 /// Why one reconciliation failed in a way worth retrying soon (transport trouble, conflicts
@@ -117,108 +148,116 @@ enum Retriable {
     ConfigMap(Box<ConfigMapError>),
 }
 
-const PORTALLOC: &str = crate::api::GROUP;
-
-/// What the watcher needs to be allowed: (verb, API group, resource, subresource).
-const NEEDED: [(&str, &str, &str, &str); 14] = [
-    ("list", PORTALLOC, "portallocations", ""),
-    ("watch", PORTALLOC, "portallocations", ""),
-    ("update", PORTALLOC, "portallocations", "status"),
-    ("get", PORTALLOC, "portpools", ""),
-    ("list", PORTALLOC, "portpools", ""),
-    // Pools' shards are read, created when missing and written; the repair pass deletes the
-    // shards of an earlier pool of the same name.
-    ("get", PORTALLOC, "portpoolshards", ""),
-    ("list", PORTALLOC, "portpoolshards", ""),
-    ("create", PORTALLOC, "portpoolshards", ""),
-    ("delete", PORTALLOC, "portpoolshards", ""),
-    ("update", PORTALLOC, "portpoolshards", "status"),
-    // The tenancy policy lets a holder entry change only for those who may update
-    // PortAllocations in its namespace.
-    ("update", PORTALLOC, "portallocations", ""),
-    // The ConfigMaps named by spec.configMap: read to compare, then server-side applied (an
-    // apply that creates the object needs create as well as patch).
-    ("get", "", "configmaps", ""),
-    ("create", "", "configmaps", ""),
-    ("patch", "", "configmaps", ""),
-];
-
-/// Ask the API server (SelfSubjectAccessReview) whether this identity may do everything the
-/// watcher does, so a missing binding is one clear error at start, not retries forever.
-pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), KubeError> {
-    for (verb, group, resource, subresource) in NEEDED {
-        if !allowed(client, verb, group, resource, subresource, namespace).await? {
-            let qualified = match group {
-                "" => resource.to_string(),
-                group => format!("{resource}.{group}"),
-            };
-            let plural = match subresource {
-                "" => qualified,
-                sub => format!("{qualified}/{sub}"),
-            };
-            let kind = match resource {
-                "configmaps" => "ConfigMap",
-                "portpools" => "PortPool",
-                _ => "PortAllocation",
-            };
-            return Err(KubeError::new(
-                ApiErrorKind::Forbidden,
-                Target {
-                    verb,
-                    resource: plural,
-                    kind,
-                    name: None,
-                    namespace: namespace.map(str::to_string),
-                },
-                "the watcher needs it (see deploy/watcher.yaml for its ClusterRole)",
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Whether this identity may do `verb` on `resource/subresource` (in `namespace`, or everywhere),
-/// by the API server's answer to a SelfSubjectAccessReview.
-async fn allowed(
-    client: &Client,
-    verb: &str,
-    group: &str,
-    resource: &str,
-    subresource: &str,
-    namespace: Option<&str>,
-) -> Result<bool, KubeError> {
-    let review = SelfSubjectAccessReview {
-        spec: SelfSubjectAccessReviewSpec {
-            resource_attributes: Some(ResourceAttributes {
-                group: Some(group.to_string()),
-                resource: Some(resource.to_string()),
-                subresource: (!subresource.is_empty()).then(|| subresource.to_string()),
-                verb: Some(verb.to_string()),
-                namespace: namespace.map(str::to_string),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let target = crate::k8s::resources::Resource {
-        plural: "selfsubjectaccessreviews.authorization.k8s.io",
-        kind: "SelfSubjectAccessReview",
-    }
-    .all("create", None);
-    let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
-        .create(&crate::k8s::write_params(), &review)
-        .await
-        .map_err(|e| KubeError::from_kube(e, target))?;
-    Ok(answer.status.is_some_and(|s| s.allowed))
-}
-
-/// Run until `shutdown` completes; in-flight syncs finish first.
+/// Run until `shutdown` completes, with no election; in-flight syncs finish first.
 pub async fn watch(
     client: Client,
     allocator: Allocator,
     options: WatchOptions,
     readiness: Readiness,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let replica = Replica::alone();
+    watch_as(
+        replica, client, allocator, options, readiness, metrics, shutdown,
+    )
+    .await;
+}
+
+/// Run as `replica` until `shutdown` completes. Without a Lease: the work at once, ready once
+/// the first list is in. With one: ready at once (every replica serves the webhook), and the
+/// work only while this replica holds the Lease; a replica that loses it stops the work at
+/// once (syncs in flight are dropped: each write is a compare-and-swap, so a dropped sync is
+/// one a restart would redo), and one that stops leading by `shutdown` lets syncs in flight
+/// finish, then releases the Lease so another replica takes over within a retry period.
+pub async fn watch_as(
+    replica: Replica,
+    client: Client,
+    allocator: Allocator,
+    options: WatchOptions,
+    readiness: Readiness,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let events = Events::new(
+        client.clone(),
+        &replica.identity,
+        options.namespace.is_none(),
+    );
+    let Some(lease) = replica.lease else {
+        metrics.set_leader(true);
+        let readiness = Some(readiness);
+        work(
+            client, allocator, &options, events, readiness, metrics, shutdown,
+        )
+        .await;
+        tracing::info!("watcher stopped");
+        return;
+    };
+    readiness.mark_ready();
+    metrics.set_leader(false);
+    let shutdown = shutdown.shared();
+    let timing = LeaseTiming::default();
+    let mut election = LeaderElection::new(client.clone(), lease, &replica.identity, timing);
+    loop {
+        tokio::select! {
+            () = shutdown.clone() => break,
+            () = election.acquire() => {}
+        }
+        tracing::info!(
+            lease = %election.lease(),
+            identity = %replica.identity,
+            "leading: syncing, repairing and counting pools"
+        );
+        metrics.set_leader(true);
+        let term = work(
+            client.clone(),
+            allocator.clone(),
+            &options,
+            events.clone(),
+            None,
+            metrics.clone(),
+            shutdown.clone(),
+        );
+        let lost = tokio::select! {
+            lost = election.hold() => Some(lost),
+            () = term => None,
+        };
+        metrics.set_leader(false);
+        match lost {
+            Some(lost) => tracing::warn!(
+                lease = %election.lease(),
+                "no longer leading ({lost}): stopped syncing, repairing and counting; still \
+                 serving the webhook, and trying to lead again"
+            ),
+            None => break,
+        }
+    }
+    // Held only if it stopped by `shutdown` while leading (or as it took the Lease).
+    election.release().await;
+    tracing::info!("watcher stopped");
+}
+
+/// Tasks of one term of work, aborted when the work is dropped (leadership lost) rather than
+/// finished.
+struct Tasks(Vec<JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// The watcher's work until `shutdown`: the controller, the deletion watch with the repair
+/// pass, the gauges and the pools' usage. `readiness`: set once the first list is in.
+async fn work(
+    client: Client,
+    allocator: Allocator,
+    options: &WatchOptions,
+    events: Events,
+    readiness: Option<Readiness>,
     metrics: Metrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -231,14 +270,15 @@ pub async fn watch(
         .is_none()
         .then(|| Repairer::new(client.clone(), allocator.clone()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let deletions = tokio::spawn(free_deleted(
+    let mut tasks = Tasks(Vec::new());
+    tasks.0.push(tokio::spawn(free_deleted(
         api.clone(),
         allocator.clone(),
-        repairer,
+        (repairer, events.clone()),
         options.resync,
         metrics.clone(),
         stop_rx.clone(),
-    ));
+    )));
 
     // The controller's cache holds every PortAllocation; without their managedFields (nothing
     // here reads them, and a status write that omits them leaves the stored ones alone) it
@@ -255,14 +295,14 @@ pub async fn watch(
     // Pools are cluster-wide: their usage is kept by the watcher of every namespace, as the
     // repair pass is, not by one confined to a namespace (a tenant's, or a webhook's).
     let cluster_wide = options.namespace.is_none();
-    tokio::spawn(refresh_gauges(
+    tasks.0.push(tokio::spawn(refresh_gauges(
         client.clone(),
         store.clone(),
         metrics.clone(),
         (options.pool_metrics, cluster_wide),
         stop_rx,
-    ));
-    tokio::spawn(async move {
+    )));
+    tasks.0.push(tokio::spawn(async move {
         // Polled rather than awaited: the controller waits on the same store, and only one of
         // two concurrent waiters was ever woken.
         loop {
@@ -272,14 +312,17 @@ pub async fn watch(
                 None => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
-        readiness.set();
+        if let Some(readiness) = readiness {
+            readiness.set();
+        }
         tracing::info!("watching PortAllocations: initial list complete");
-    });
+    }));
     let context = Arc::new(Context {
         combiner: Combiner::new(allocator.clone(), usize::from(options.concurrency)),
         allocator,
         resync: options.resync,
         metrics: metrics.clone(),
+        events,
     });
     controller
         .graceful_shutdown_on(shutdown)
@@ -296,8 +339,8 @@ pub async fn watch(
         })
         .await;
     let _ = stop_tx.send(true);
+    let deletions = tasks.0.remove(0);
     let _ = deletions.await;
-    tracing::info!("watcher stopped");
 }
 
 async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action, Retriable> {
@@ -340,10 +383,12 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
                 conflicts = report.conflicts,
                 "synced"
             );
+            ctx.events.synced(&pa, &report).await;
             configmap_outcome(&owner, report.configmap.take(), requeue)
         }
         Err(AllocateError::Refused(refusal)) => {
             tracing::warn!(allocation = %owner, reason = %refusal.reason(), "{refusal}");
+            ctx.events.refused(&pa, &refusal).await;
             Ok(requeue)
         }
         Err(e) => Err(Retriable::Allocate(e)),
@@ -396,21 +441,21 @@ pub(crate) fn is_current(pa: &PortAllocation) -> bool {
 async fn free_deleted(
     api: Api<PortAllocation>,
     allocator: Allocator,
-    repairer: Option<Repairer>,
+    (repairer, events): (Option<Repairer>, Events),
     resync: Duration,
     metrics: Metrics,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut events = watcher(api).boxed();
+    let mut deletions = watcher(api).boxed();
     let mut ticker = tokio::time::interval(resync);
     ticker.tick().await;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
-            _ = ticker.tick() => repair(repairer.as_ref()).await,
-            event = events.try_next() => match event {
-                Ok(Some(Event::Delete(pa))) => free(&allocator, &pa).await,
-                Ok(Some(Event::InitDone)) => repair(repairer.as_ref()).await,
+            _ = ticker.tick() => repair(repairer.as_ref(), &events).await,
+            event = deletions.try_next() => match event {
+                Ok(Some(Event::Delete(pa))) => free(&allocator, &pa, &events).await,
+                Ok(Some(Event::InitDone)) => repair(repairer.as_ref(), &events).await,
                 Ok(Some(_)) => {}
                 Ok(None) => return,
                 Err(e) => {
@@ -432,7 +477,7 @@ async fn refresh_gauges(
     (pool_metrics, cluster_wide): (bool, bool),
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let keep_usage = cluster_wide && may_keep_usage(&client).await;
+    let keep_usage = cluster_wide && access::may_keep_usage(&client).await;
     let mut ticker = tokio::time::interval(metrics::REFRESH);
     loop {
         tokio::select! {
@@ -459,33 +504,13 @@ async fn refresh_gauges(
     }
 }
 
-/// Whether this identity may write pools' status, for their usage summary. Not required (the
-/// watcher allocates without it, as an allocating user may run it): said once when missing.
-async fn may_keep_usage(client: &Client) -> bool {
-    let (verb, resource, subresource) = ("update", "portpools", "status");
-    match allowed(client, verb, PORTALLOC, resource, subresource, None).await {
-        Ok(true) => true,
-        Ok(false) => {
-            tracing::info!(
-                "not keeping the PortPools' usage summary (status.usage): this identity may not \
-                 update portpools/status (deploy/watcher.yaml's ClusterRole may)"
-            );
-            false
-        }
-        Err(e) => {
-            tracing::warn!("not keeping the PortPools' usage summary: {e}");
-            false
-        }
-    }
-}
-
 fn watcher(
     api: Api<PortAllocation>,
 ) -> impl futures::Stream<Item = Result<Event<PortAllocation>, watcher::Error>> + Send {
     watcher::watcher(api, watcher::Config::default()).default_backoff()
 }
 
-async fn free(allocator: &Allocator, pa: &PortAllocation) {
+async fn free(allocator: &Allocator, pa: &PortAllocation, events: &Events) {
     let owner = owner_of(pa);
     let uid = pa.uid().unwrap_or_default();
     match allocator
@@ -493,7 +518,8 @@ async fn free(allocator: &Allocator, pa: &PortAllocation) {
         .await
     {
         Ok(freed) => {
-            tracing::info!(allocation = %owner, pool = %pa.spec.pool, freed, "deleted: ports freed")
+            tracing::info!(allocation = %owner, pool = %pa.spec.pool, freed, "deleted: ports freed");
+            events.deleted(pa, freed).await;
         }
         Err(e) => tracing::warn!(
             allocation = %owner,
@@ -502,10 +528,11 @@ async fn free(allocator: &Allocator, pa: &PortAllocation) {
     }
 }
 
-async fn repair(repairer: Option<&Repairer>) {
+async fn repair(repairer: Option<&Repairer>, events: &Events) {
     let Some(repairer) = repairer else {
         return;
     };
+    let mut written: Vec<RepairPlan> = Vec::new();
     let outcome = repairer
         .repair(None, true, |repair| {
             if repair.applied {
@@ -521,9 +548,13 @@ async fn repair(repairer: Option<&Repairer>) {
                         .collect::<Vec<_>>()
                         .join("; ")
                 );
+                written.push(repair.plan);
             }
         })
         .await;
+    for plan in &written {
+        events.repaired(plan).await;
+    }
     if let Err(e) = outcome {
         tracing::warn!("repair pass failed (tried again at the next resync): {e}");
     }
