@@ -30,6 +30,25 @@ app.kubernetes.io/component: watcher
   verbs: [get, update]
 {{- end }}
 
+{{/* Events on what the watcher did (allocated, released, refused, repaired): kube-runtime's
+recorder creates them through events.k8s.io/v1 and patches a repeated one into a series; core
+"" for the same objects through the older API. A watcher of every namespace also says repairs
+and full pools on the PortPools, whose Events go to namespace default. */}}
+{{- define "portalloc.eventRules" -}}
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
+
+{{/* The watcher's Lease (--leader-elect), per watched scope as the watcher names it. */}}
+{{- define "portalloc.leaseName" -}}
+{{- if .Values.watchNamespace -}}
+portalloc-watcher-{{ .Values.watchNamespace }}
+{{- else -}}
+portalloc-watcher
+{{- end -}}
+{{- end }}
+
 {{- define "portalloc.configMapRules" -}}
 - apiGroups: [""]
   resources: [configmaps]

@@ -109,8 +109,12 @@ impl Replica {
                 (Some(value), _) => value,
                 (None, Some(from)) => {
                     let path = from.field_ref.expect("only fieldRef env").field_path;
-                    assert_eq!(path, "metadata.namespace", "env {}", env.name);
-                    namespace.clone()
+                    match path.as_str() {
+                        "metadata.namespace" => namespace.clone(),
+                        // The replica's pod name.
+                        "metadata.name" => name.to_string(),
+                        other => panic!("env {}: fieldRef {other}", env.name),
+                    }
                 }
                 _ => String::new(),
             };

@@ -210,6 +210,60 @@ fn by_default_two_replicas_spread_over_nodes_with_a_disruption_budget_and_surge_
     assert_eq!(spread["labelSelector"]["matchLabels"], *selector);
 }
 
+/// Leader election: on by default, with the Lease rights and nothing more (a create cannot be
+/// limited by name; get and update are, to the one Lease); off, neither flag nor Role.
+#[test]
+fn the_replicas_elect_one_worker_through_a_lease_with_exactly_its_rights() {
+    let objects = template(&[]);
+    let container = &get(&objects, "Deployment", "portalloc-watcher")["spec"]["template"]["spec"]["containers"]
+        [0];
+    assert!(strings(&container["args"]).contains(&"--leader-elect".to_string()));
+    let env = container["env"].as_array().unwrap();
+    let pod_name = env.iter().find(|e| e["name"] == "POD_NAME").unwrap();
+    assert_eq!(
+        pod_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    let role = get(&objects, "Role", "portalloc-watcher-leader");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": ["portalloc-watcher"], "verbs": ["get", "update"]},
+        ])
+    );
+    let binding = get(&objects, "RoleBinding", "portalloc-watcher-leader");
+    assert_eq!(binding["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(binding["roleRef"]["name"], "portalloc-watcher-leader");
+    assert_eq!(binding["subjects"][0]["name"], "portalloc-watcher");
+    // No Lease right anywhere else.
+    for object in &objects {
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        if !["Role", "ClusterRole"].contains(&kind) || name == "portalloc-watcher-leader" {
+            continue;
+        }
+        let rules = object["rules"].as_array().cloned().unwrap_or_default();
+        assert!(
+            !rules
+                .iter()
+                .any(|r| strings(&r["resources"]).contains(&"leases".to_string())),
+            "{kind} {name} grants leases"
+        );
+    }
+
+    let off = template(&["watcher.leaderElect=false"]);
+    let args = strings(
+        &get(&off, "Deployment", "portalloc-watcher")["spec"]["template"]["spec"]["containers"][0]
+            ["args"],
+    );
+    assert!(!args.contains(&"--leader-elect".to_string()), "{args:?}");
+    assert!(find(&off, "Role", "portalloc-watcher-leader").is_none());
+    assert!(find(&off, "RoleBinding", "portalloc-watcher-leader").is_none());
+}
+
 #[test]
 fn values_reach_the_watcher_container_and_its_rights() {
     let objects = template(&[
@@ -238,6 +292,7 @@ fn values_reach_the_watcher_container_and_its_rights() {
             "1m",
             "--concurrency",
             "4",
+            "--leader-elect",
             "--probe-address",
             "0.0.0.0:18080",
             "--webhook-address",
@@ -274,10 +329,21 @@ fn values_reach_the_watcher_container_and_its_rights() {
     assert_eq!(role["metadata"]["namespace"], "apps");
     assert_eq!(
         resources(role),
-        ["portallocations", "portallocations/status", "configmaps"]
+        [
+            "portallocations",
+            "portallocations/status",
+            "configmaps",
+            "events"
+        ]
     );
     let binding = get(&objects, "RoleBinding", "portalloc-watcher");
     assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+    // The Lease of the watchers of that namespace, by name.
+    let leader = get(&objects, "Role", "portalloc-watcher-leader");
+    assert_eq!(
+        strings(&leader["rules"][1]["resourceNames"]),
+        ["portalloc-watcher-apps"]
+    );
 
     // Every namespace (the default): one ClusterRole with all of it, as deploy/ has, and the
     // pools' status, whose usage summary only a watcher of every namespace keeps.
@@ -291,10 +357,20 @@ fn values_reach_the_watcher_container_and_its_rights() {
             "portpools/status",
             "portpoolshards",
             "portpoolshards/status",
-            "configmaps"
+            "configmaps",
+            "events"
         ]
     );
     assert!(find(&all, "Role", "portalloc-watcher").is_none());
+    // Events through both APIs, create and patch only (the recorder never reads them).
+    let events = get(&all, "ClusterRole", "portalloc-watcher")["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| strings(&r["resources"]) == ["events"])
+        .unwrap();
+    assert_eq!(strings(&events["apiGroups"]), ["", "events.k8s.io"]);
+    assert_eq!(strings(&events["verbs"]), ["create", "patch"]);
     let args = strings(
         &get(&all, "Deployment", "portalloc-watcher")["spec"]["template"]["spec"]["containers"][0]
             ["args"],
