@@ -65,6 +65,9 @@ impl Replica {
             .args(["--probe-address", &format!("127.0.0.1:{probes}")])
             .args(["--webhook-address", &format!("{ip}:{port}")])
             .args(["--webhook-namespace", SYSTEM, "--webhook-service", SERVICE])
+            // As the chart runs them: one leads, and both serve the webhook.
+            .arg("--leader-elect")
+            .env("POD_NAME", name)
             .env("KUBECONFIG", kubeconfig)
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
@@ -125,6 +128,18 @@ impl Replica {
             .sum()
     }
 
+    /// Whether it holds the watcher's Lease (`portalloc_leader`).
+    fn leading(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.probes)) else {
+            return false;
+        };
+        let _ = stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut text = String::new();
+        let _ = stream.read_to_string(&mut text);
+        text.lines().any(|l| l == "portalloc_leader 1")
+    }
+
     fn kill_9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -136,6 +151,19 @@ impl Drop for Replica {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The chart's leader Role and its binding for watchers of `namespace` alone (the Lease
+/// `portalloc-watcher-<namespace>`), as `helm template --set watchNamespace=<namespace>`
+/// renders them.
+fn yaml_of_leader_role(namespace: &str) -> String {
+    let rendered = crate::helm::template_text(&[&format!("watchNamespace={namespace}")], &[]);
+    crate::helm::documents(&rendered)
+        .into_iter()
+        .filter(|d| d["metadata"]["name"] == "portalloc-watcher-leader")
+        .map(|d| serde_yaml::to_string(&d).unwrap())
+        .collect::<Vec<_>>()
+        .join("---\n")
 }
 
 /// A labelled pod `worker-<index>` of PortAllocation `w`.
@@ -344,6 +372,10 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
         let yaml = std::fs::read_to_string(support::repo_root().join(file)).unwrap();
         apply_yaml(&client, &yaml, None).await;
     }
+    // The replicas watch the empty namespace `quiet`: the chart with watchNamespace=quiet would
+    // grant its Lease, portalloc-watcher-quiet.
+    let chart_lease_role = yaml_of_leader_role("quiet");
+    apply_yaml(&client, &chart_lease_role, None).await;
     let dir = tempfile::tempdir().unwrap();
     let account = dir.path().join("watcher");
     service_account_kubeconfig(
@@ -374,6 +406,16 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
     }
     for name in ["a", "b"] {
         endpoints.wait_ready(name).await;
+    }
+    // One leads, the other stands by; both are ready, and both answer admissions (checked
+    // below, as each is stopped).
+    let started = Instant::now();
+    while replicas.iter().filter(|r| r.leading()).count() != 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not exactly one leader"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), "apps");
     // One pod first: the configuration and the route work at all.
