@@ -36,6 +36,17 @@ fn eventually(
     }
 }
 
+/// A child process killed when the test ends, failed or not: a webhook left running would
+/// outlive its control plane.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn pod(name: &str, labels: serde_json::Value) -> Pod {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": labels},
@@ -72,9 +83,11 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     std::fs::write(file.path(), manifest).unwrap();
     let run = cluster.run(&["create", "-n", "team", "-f", file.path().to_str().unwrap()]);
     assert!(run.ok(), "{run}");
-    let mut webhook = start_webhook(&cluster.kubeconfig, &client, "portalloc-system")
-        .await
-        .unwrap();
+    let _webhook = KillOnDrop(
+        start_webhook(&cluster.kubeconfig, &client, "portalloc-system")
+            .await
+            .unwrap(),
+    );
 
     let mut node = AgentNode::start(&cluster.kubeconfig, "agent-e2e");
     let agent_args = [
@@ -274,8 +287,6 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     );
 
     drop(node);
-    let _ = webhook.kill();
-    let _ = webhook.wait();
 }
 
 /// A node without cgroup v2 (here: a cgroup root that is a plain directory) gets one line
@@ -306,28 +317,29 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
     assert!(run.ok(), "{run}");
     let plain_root = tempfile::tempdir().unwrap();
     let log_path = plain_root.path().join("agent.log");
-    let mut agent = node
-        .nsenter()
-        .arg(env!("CARGO_BIN_EXE_kubectl-portalloc"))
-        .args([
-            "node-agent",
-            "-v",
-            "1",
-            "--node-name",
-            "node-plain",
-            "--round",
-            "100ms",
-        ])
-        .args(["--report-every", "1s"])
-        .arg("--cgroup-root")
-        .arg(plain_root.path())
-        .arg("--state-dir")
-        .arg(plain_root.path().join("state"))
-        .env("KUBECONFIG", &cluster.kubeconfig)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
+    let _agent = KillOnDrop(
+        node.nsenter()
+            .arg(env!("CARGO_BIN_EXE_kubectl-portalloc"))
+            .args([
+                "node-agent",
+                "-v",
+                "1",
+                "--node-name",
+                "node-plain",
+                "--round",
+                "100ms",
+            ])
+            .args(["--report-every", "1s"])
+            .arg("--cgroup-root")
+            .arg(plain_root.path())
+            .arg("--state-dir")
+            .arg(plain_root.path().join("state"))
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     eventually(
         Duration::from_secs(15),
@@ -356,7 +368,5 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
         },
         log,
     );
-    let _ = agent.kill();
-    let _ = agent.wait();
     let _ = node.sh(&format!("kill {pid}"));
 }
