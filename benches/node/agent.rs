@@ -237,6 +237,8 @@ struct Setup {
     /// Each pod's port, by index.
     ports: Vec<u16>,
     version: String,
+    /// The agent's VmRSS and VmHWM with no pod on its node.
+    idle: (u64, u64),
 }
 
 fn set_up(runtime: &Runtime, scale: &Scale) -> anyhow::Result<Setup> {
@@ -298,6 +300,8 @@ fn set_up(runtime: &Runtime, scale: &Scale) -> anyhow::Result<Setup> {
         "the agent never attached the guard; its log:\n{}",
         node.log()
     );
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = agent_memory(&node)?;
     let probe = Probe::start(&node)?;
     Ok(Setup {
         probe,
@@ -306,6 +310,7 @@ fn set_up(runtime: &Runtime, scale: &Scale) -> anyhow::Result<Setup> {
         client,
         ports,
         version,
+        idle,
     })
 }
 
@@ -370,8 +375,102 @@ fn memory(runtime: &Runtime, setup: &mut Setup, scale: &Scale) -> anyhow::Result
             .try_collect::<Vec<u64>>(),
     )?;
     let created = started.elapsed();
+    let running = catch_up(setup, started)?;
+    eprintln!(
+        "  {} pods created in {:.1} s; {running}",
+        scale.pods - existing,
+        created.as_secs_f64(),
+    );
+
+    // A fresh agent on the full node, as after a first install: no guard there yet.
+    setup.node.kill_agent();
+    portalloc::node::bind_guard::BindGuard::detach(&setup.node.cgroups.kubepods())?;
+    let restarted = Instant::now();
+    setup.node.start_agent(&["--node-name", NODE, "-v", "1"]);
+    let fresh = catch_up(setup, restarted)?;
+    eprintln!("  fresh agent: {fresh}");
+    let met = |hwm: u64| {
+        if scale.quick {
+            dash()
+        } else {
+            yes_no(hwm < 50_000_000)
+        }
+    };
+    let (idle_rss, idle_hwm) = setup.idle;
+    Ok(vec![
+        Row {
+            id: "rss",
+            what: format!(
+                "agent memory, {} pods on its node (each holding a port of a guarded pool, each \
+                 with its cgroup), created while it ran ({} at a time, in {:.1} s; all guarded \
+                 {:.1} s after the first create): VmRSS / VmHWM; with no pod: {:.1} / {:.1} MiB",
+                scale.pods,
+                CREATE_CONCURRENCY,
+                created.as_secs_f64(),
+                running.ready.as_secs_f64(),
+                mib(idle_rss),
+                mib(idle_hwm)
+            ),
+            figure: format!(
+                "**{:.1} MiB** / {:.1} MiB; {} sockets open",
+                mib(running.rss),
+                mib(running.hwm),
+                running.sockets
+            ),
+            target: "< 50 MB".into(),
+            met: met(running.hwm),
+        },
+        Row {
+            id: "rss",
+            what: format!(
+                "a fresh agent started on that node ({} pods, guard detached first): VmRSS / \
+                 VmHWM; every pod guarded {:.1} s after its start",
+                scale.pods,
+                fresh.ready.as_secs_f64()
+            ),
+            figure: format!(
+                "**{:.1} MiB** / {:.1} MiB; {} sockets open",
+                mib(fresh.rss),
+                mib(fresh.hwm),
+                fresh.sockets
+            ),
+            target: "< 50 MB".into(),
+            met: met(fresh.hwm),
+        },
+    ])
+}
+
+/// The agent once it guards every pod of the node.
+struct CaughtUp {
+    /// Since `since`.
+    ready: Duration,
+    rss: u64,
+    hwm: u64,
+    /// Its sockets, most seen while it caught up and a second after (the API connections it
+    /// opened stay in its pool while idle).
+    sockets: usize,
+}
+
+impl std::fmt::Display for CaughtUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "all guarded after {:.1} s; VmRSS {:.1} MiB, VmHWM {:.1} MiB, up to {} sockets",
+            self.ready.as_secs_f64(),
+            mib(self.rss),
+            mib(self.hwm),
+            self.sockets
+        )
+    }
+}
+
+/// Wait until the agent guards every pod's port (each refused to an unseen pod), then a
+/// second (five rounds) more, and read its memory.
+fn catch_up(setup: &mut Setup, since: Instant) -> anyhow::Result<CaughtUp> {
     let all = setup.ports.clone();
+    let mut sockets = 0;
     let caught_up = eventually(Duration::from_secs(120), || {
+        sockets = sockets.max(agent_sockets(&setup.node));
         Ok(setup.probe.refused(&setup.node, &all)? == all.len())
     })?;
     ensure!(
@@ -380,78 +479,33 @@ fn memory(runtime: &Runtime, setup: &mut Setup, scale: &Scale) -> anyhow::Result
         all.len(),
         setup.node.log()
     );
-    let behind = started.elapsed();
-    // A few rounds more, then read it.
+    let ready = since.elapsed();
     std::thread::sleep(Duration::from_secs(1));
+    sockets = sockets.max(agent_sockets(&setup.node));
     let (rss, hwm) = agent_memory(&setup.node)?;
-    eprintln!(
-        "  {} pods created in {:.1} s, all guarded after {:.1} s; agent VmRSS {:.1} MiB, VmHWM {:.1} MiB",
-        scale.pods - existing,
-        created.as_secs_f64(),
-        behind.as_secs_f64(),
-        mib(rss),
-        mib(hwm)
-    );
+    Ok(CaughtUp {
+        ready,
+        rss,
+        hwm,
+        sockets,
+    })
+}
 
-    // A fresh agent on the full node, as after a first install: no guard there yet.
-    setup.node.kill_agent();
-    portalloc::node::bind_guard::BindGuard::detach(&setup.node.cgroups.kubepods())?;
-    let restarted = Instant::now();
-    setup.node.start_agent(&["--node-name", NODE, "-v", "1"]);
-    let caught_up = eventually(Duration::from_secs(120), || {
-        Ok(setup.probe.refused(&setup.node, &all)? == all.len())
-    })?;
-    ensure!(
-        caught_up,
-        "the fresh agent did not guard all {} pods within 120 s; its log:\n{}",
-        all.len(),
-        setup.node.log()
-    );
-    let fresh_ready = restarted.elapsed();
-    std::thread::sleep(Duration::from_secs(1));
-    let (fresh_rss, fresh_hwm) = agent_memory(&setup.node)?;
-    eprintln!(
-        "  fresh agent: all guarded after {:.1} s; VmRSS {:.1} MiB, VmHWM {:.1} MiB",
-        fresh_ready.as_secs_f64(),
-        mib(fresh_rss),
-        mib(fresh_hwm)
-    );
-    let met = |hwm: u64| {
-        if scale.quick {
-            dash()
-        } else {
-            yes_no(hwm < 50_000_000)
-        }
+/// How many sockets the agent has open (0 if it cannot be read).
+fn agent_sockets(node: &AgentNode) -> usize {
+    let Some(pid) = node.agent_pid() else {
+        return 0;
     };
-    Ok(vec![
-        Row {
-            id: "rss",
-            what: format!(
-                "agent memory, {} pods on its node (each holding a port of a guarded pool, each \
-                 with its cgroup), created while it ran ({} at a time, in {:.1} s; all guarded \
-                 {:.1} s after the first create): VmRSS / VmHWM",
-                scale.pods,
-                CREATE_CONCURRENCY,
-                created.as_secs_f64(),
-                behind.as_secs_f64()
-            ),
-            figure: format!("**{:.1} MiB** / {:.1} MiB", mib(rss), mib(hwm)),
-            target: "< 50 MB".into(),
-            met: met(hwm),
-        },
-        Row {
-            id: "rss",
-            what: format!(
-                "a fresh agent started on that node ({} pods, guard detached first): VmRSS / \
-                 VmHWM; every pod guarded {:.1} s after its start",
-                scale.pods,
-                fresh_ready.as_secs_f64()
-            ),
-            figure: format!("**{:.1} MiB** / {:.1} MiB", mib(fresh_rss), mib(fresh_hwm)),
-            target: "< 50 MB".into(),
-            met: met(fresh_hwm),
-        },
-    ])
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"))
+        })
+        .count()
 }
 
 /// The `ready` and `rss` cells (whichever `scale` wants), on one control plane and node.
