@@ -20,6 +20,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+// Its own copy of the one source, so every crate including this file builds as it is.
+#[allow(clippy::duplicate_mod)]
+#[path = "ports.rs"]
+mod ports;
+use ports::free_port;
+
 /// The controllers kube-controller-manager runs unless told otherwise (see the file's comment).
 pub const DEFAULT_CONTROLLERS: &[&str] = &[
     "statefulset-controller",
@@ -131,13 +137,13 @@ impl Controllers {
                 "--v=2".to_string(),
             ]
         };
-        let scheduler_port = free_port()?;
+        let scheduler_port = free_port();
         let mut args = common(scheduler_port);
         args.extend(options.scheduler_args.iter().cloned());
         let scheduler = controllers.spawn(&bin.join("kube-scheduler"), &args, "kube-scheduler")?;
         controllers.scheduler = Some(scheduler);
 
-        let manager_port = free_port()?;
+        let manager_port = free_port();
         let mut args = common(manager_port);
         args.push(format!("--controllers={}", options.controllers.join(",")));
         args.extend(options.controller_manager_args.iter().cloned());
@@ -296,12 +302,6 @@ pub fn unschedulable(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
 
 fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A loopback port free now (the kernel's choice), for a component's --secure-port.
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free loopback port")?;
-    Ok(listener.local_addr()?.port())
 }
 
 fn unique() -> u32 {

@@ -16,6 +16,12 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, PostParams};
 
+// Its own copy of the one source, so every crate including this file builds as it is.
+#[allow(clippy::duplicate_mod)]
+#[path = "ports.rs"]
+mod ports;
+use ports::free_port;
+
 const BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
 /// How long the webhook may take to register itself.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,10 +37,7 @@ pub async fn start_webhook(
     client: &Client,
     namespace: &str,
 ) -> anyhow::Result<Child> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .context("no free loopback port for the webhook")?
-        .local_addr()?
-        .port();
+    let port = free_port();
     let quiet = format!("{namespace}-quiet");
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let object: Namespace =

@@ -26,6 +26,7 @@ use portalloc::api::PortAllocation;
 
 use crate::support::apply::apply_yaml;
 use crate::support::cli::BIN;
+use crate::support::ports::free_port;
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self, simple_allocation};
 use crate::watch::service_account_kubeconfig;
@@ -44,11 +45,7 @@ impl Watcher {
     /// Start `sync --watch ARGS` with probes on a free loopback port, in the pod's namespace
     /// `portalloc-system`, and wait until it is ready.
     pub(crate) fn start(kubeconfig: &Path, name: &str, args: &[&str], dir: &Path) -> Watcher {
-        let probes = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let probes = free_port();
         let log = dir.join(format!("{name}.log"));
         let child = Command::new(BIN)
             .args(["sync", "--watch"])

@@ -21,6 +21,7 @@ use portalloc::ledger::{WindowRecord, recorded_holdings};
 use crate::configmap::{assert_own_ports, files};
 use crate::support::apply::{apply_value, apply_yaml};
 use crate::support::cli::BIN;
+use crate::support::ports::free_port;
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self};
 
@@ -165,14 +166,6 @@ impl Drop for WatcherProcess {
 unsafe extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, signal: i32) -> i32;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn allocation(name: &str, pool: &str, replicas: u32) -> PortAllocation {

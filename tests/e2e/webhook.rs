@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +18,7 @@ use kube::api::{Api, PostParams};
 use portalloc::api::PortAllocation;
 
 use crate::support::cli::BIN;
+use crate::support::ports::free_port;
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self, tools};
 use crate::watch::service_account_kubeconfig;
@@ -63,14 +63,6 @@ spec:
     references:
     - {env: DIST_INIT_ADDR, from: leader, format: "{address}:{dist}"}
 "#;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A webhook process (`sync --watch` of an empty namespace, so only admission syncs `apps`).
 struct Webhook {

@@ -30,7 +30,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use portalloc::api::PortAllocation;
 
 use crate::support::cli::BIN;
-use crate::support::endpoints::{Endpoints, free_port, routable_address};
+use crate::support::endpoints::{Endpoints, routable_address};
+use crate::support::ports::{free_port, free_port_on};
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::{self, apply::apply_yaml};
 use crate::watch::service_account_kubeconfig;
@@ -59,7 +60,7 @@ struct Replica {
 
 impl Replica {
     fn start(name: &str, ip: Ipv4Addr, kubeconfig: &Path) -> Replica {
-        let (port, probes) = (free_port(ip), free_port(Ipv4Addr::LOCALHOST));
+        let (port, probes) = (free_port_on(ip), free_port());
         let child = Command::new(BIN)
             .args(["sync", "--watch", "-n", "quiet", "-v", "1"])
             .args(["--probe-address", &format!("127.0.0.1:{probes}")])

@@ -11,7 +11,6 @@
 //! A control plane of its own: the webhook's configuration and the policies are cluster-wide.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,6 +25,7 @@ use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardKey, shard_name, window_o
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::cli::{BIN, Run};
+use crate::support::ports::free_port;
 use crate::support::private_cluster::{PrivateCluster, client_from};
 use crate::support::{self, USER_CONTEXT, USER_NAME, tools};
 use crate::watch::service_account_kubeconfig;
@@ -94,14 +94,6 @@ struct Webhook {
     port: u16,
     probes: u16,
     log: PathBuf,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl Webhook {

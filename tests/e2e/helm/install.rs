@@ -31,17 +31,10 @@ use super::{
     NAMESPACE, RELEASE, chart, deploy_with_node_agent, documents, helm, show, template_text,
 };
 use crate::support::cli::BIN;
+use crate::support::ports::free_port;
 use crate::support::private_cluster::{PrivateCluster, client_from};
 use crate::support::{self, tools};
 use crate::watch::service_account_kubeconfig;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
     Command::new(tools::kubectl())

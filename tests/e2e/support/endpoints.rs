@@ -49,15 +49,6 @@ pub fn routable_address() -> Option<Ipv4Addr> {
     found
 }
 
-/// A port nobody listens on at `ip`.
-pub fn free_port(ip: Ipv4Addr) -> u16 {
-    std::net::TcpListener::bind((ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The stand-in kubelet and EndpointSlice controller of one Service.
 #[derive(Clone)]
 pub struct Endpoints {

@@ -19,6 +19,9 @@ pub mod fault_proxy;
 pub mod invariants;
 #[path = "../../common/nodes.rs"]
 pub mod nodes;
+#[allow(clippy::duplicate_mod)] // controllers.rs and webhook.rs include it too
+#[path = "../../common/ports.rs"]
+pub mod ports;
 pub mod private_cluster;
 pub mod tools;
 #[path = "../../common/webhook.rs"]
