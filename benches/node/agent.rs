@@ -38,6 +38,8 @@ const NAMESPACE: &str = "bench";
 const POOL_RANGE: &str = "46000-47999";
 /// Pods created at once while filling the node.
 const CREATE_CONCURRENCY: usize = 16;
+/// The agent's round (its default `--round`, which the bench keeps).
+const AGENT_ROUND_MS: u64 = 200;
 /// How long one pod may take to be guarded (an unseen pod stays unseen for 10 s).
 const READY_TIMEOUT_MS: u64 = 9_000;
 
@@ -330,6 +332,9 @@ fn ready(runtime: &Runtime, setup: &mut Setup, scale: &Scale) -> anyhow::Result<
     // Pod 0 warms the agent up (its first holding read, the connections) and is not counted.
     for index in 0..=scale.ready_pods {
         setup.probe.become_unseen(&setup.node)?;
+        // The last pod was guarded just after one of the agent's rounds: without a pause of
+        // its own, every pod would come the same few ms into a round and wait one round.
+        std::thread::sleep(Duration::from_millis(rand::random_range(0..AGENT_ROUND_MS)));
         let created = runtime.block_on(create_pod(&setup.node, &pods, index))?;
         let (first, refused) = setup.probe.wait_refused(setup.ports[index])?;
         ensure!(
@@ -348,8 +353,8 @@ fn ready(runtime: &Runtime, setup: &mut Setup, scale: &Scale) -> anyhow::Result<
         id: "ready",
         what: format!(
             "a pod created (the API server answered; its cgroup made at once) until its port is \
-             refused to another pod: {} pods one after another, agent round 200 ms, polled every \
-             1 ms",
+             refused to another pod: {} pods one after another, each at a random point of the \
+             agent's {AGENT_ROUND_MS} ms round; polled every 1 ms",
             scale.ready_pods
         ),
         figure: format!("p50 **{p50:.0} ms**, p99 **{p99:.0} ms** (min {min:.0}, max {max:.0})"),
