@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::refusal::{Reason, Refusal};
-use crate::api::{Phase, PortAllocation, PortAllocationStatus, PortAssignment};
+use crate::api::{Phase, PortAllocation, PortAllocationStatus, PortAssignment, PortRequest, Role};
 use crate::core::{Holdings, SlotKey};
 
 pub const CONDITION_ALLOCATED: &str = "Allocated";
@@ -40,95 +40,16 @@ pub fn allocation_status(
     let mut desired = 0usize;
     for role in &pa.spec.roles {
         for port in &role.ports {
-            // PodScoped: one per pod (G x replicas, flat index); RoleScoped: one per group.
-            let slots = pa.spec.slot_count(role, port);
-            desired += slots as usize;
-            // Values in flat order (group-major), up to the first slot not held.
-            let groups = pa.spec.group_count();
-            let group_size = slots / groups.max(1);
-            let values: Vec<i32> = (0..slots)
-                .map_while(|flat| {
-                    let (group, index) = (flat / group_size, flat % group_size);
-                    holdings.get(&SlotKey::in_group(
-                        &role.name,
-                        port.name.clone(),
-                        group,
-                        index,
-                    ))
-                })
-                .map(i32::from)
-                .collect();
-            // One count per port: a count change moves every slot of the port in one plan, so
-            // the blocks a port holds share a size.
-            let first_slot = SlotKey::new(role.name.clone(), port.name.clone(), 0);
-            let count = holdings.block(&first_slot).map_or(1, |b| b.count);
-            if !values.is_empty() {
-                assignments.push(PortAssignment {
-                    role: role.name.clone(),
-                    port: port.name.clone(),
-                    scope: port.scope,
-                    env: port.env.clone(),
-                    values,
-                    count: (count > 1).then_some(i32::from(count)),
-                    group_size: (groups > 1).then_some(group_size as i32),
-                });
-            }
+            desired += pa.spec.slot_count(role, port) as usize;
+            assignments.extend(assignment(pa, role, port, holdings));
         }
     }
     let allocated: usize = assignments.iter().map(|a| a.values.len()).sum();
-    let (phase, condition_status, reason, message) = match outcome {
-        Outcome::Released => (
-            Phase::Pending,
-            "False",
-            Reason::Released,
-            "ports released with `kubectl portalloc release`; run `kubectl portalloc sync` to allocate again"
-                .to_string(),
-        ),
-        Outcome::Refused(refusal) => (Phase::Failed, "False", refusal.reason(), refusal.to_string()),
-        Outcome::Converged if allocated == desired => (
-            Phase::Allocated,
-            "True",
-            Reason::Allocated,
-            format!("{allocated} ports allocated"),
-        ),
-        Outcome::Converged => (
-            Phase::Pending,
-            "False",
-            Reason::Pending,
-            format!("{allocated} of {desired} ports allocated: run `kubectl portalloc sync`"),
-        ),
-    };
+    let verdict = Verdict::of(outcome, allocated, desired);
     let generation = pa.metadata.generation;
-    let condition = |type_: &str, status: &str, reason: Reason, message: &str| Condition {
-        type_: type_.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message: message.to_string(),
-        observed_generation: generation,
-        last_transition_time: Time(Timestamp::now()),
-    };
-    // kstatus' rules, which Flux, Argo CD (with our health check) and `kubectl wait` follow:
-    // Ready says whether the object is usable; the abnormal-true conditions Reconciling (work
-    // left for a sync) and Stalled (a refusal nobody can retry away) appear only while true.
-    // `Allocated` is the condition earlier versions wrote; it stays for existing readers.
-    let mut conditions = vec![
-        condition(CONDITION_ALLOCATED, condition_status, reason, &message),
-        condition(CONDITION_READY, condition_status, reason, &message),
-    ];
-    match phase {
-        Phase::Pending => {
-            conditions.push(condition(CONDITION_RECONCILING, "True", reason, &message))
-        }
-        Phase::Failed => conditions.push(condition(CONDITION_STALLED, "True", reason, &message)),
-        Phase::Allocated => {}
-    }
-    let conditions = conditions
-        .into_iter()
-        .map(|c| keep_transition_time(c, &previous.conditions))
-        .collect();
     PortAllocationStatus {
         observed_generation: generation,
-        phase: Some(phase),
+        phase: Some(verdict.phase),
         pool_uid: pool_uid.map(str::to_string).or(previous.pool_uid),
         // Only the sharded allocator changes it, around its shard writes.
         shards: previous.shards,
@@ -142,7 +63,120 @@ pub fn allocation_status(
         ),
         ports: Some(format!("{allocated}/{desired}")),
         assignments,
-        conditions,
+        conditions: verdict.conditions(generation, &previous.conditions),
+    }
+}
+
+/// What `port` of `role` holds, in flat order (group-major), up to the first slot not held;
+/// `None` when it holds nothing.
+fn assignment(
+    pa: &PortAllocation,
+    role: &Role,
+    port: &PortRequest,
+    holdings: &Holdings,
+) -> Option<PortAssignment> {
+    // PodScoped: one per pod (G x replicas, flat index); RoleScoped: one per group.
+    let slots = pa.spec.slot_count(role, port);
+    let groups = pa.spec.group_count();
+    let group_size = slots / groups.max(1);
+    let values: Vec<i32> = (0..slots)
+        .map_while(|flat| {
+            let (group, index) = (flat / group_size, flat % group_size);
+            holdings.get(&SlotKey::in_group(
+                &role.name,
+                port.name.clone(),
+                group,
+                index,
+            ))
+        })
+        .map(i32::from)
+        .collect();
+    // One count per port: a count change moves every slot of the port in one plan, so
+    // the blocks a port holds share a size.
+    let first_slot = SlotKey::new(role.name.clone(), port.name.clone(), 0);
+    let count = holdings.block(&first_slot).map_or(1, |b| b.count);
+    (!values.is_empty()).then(|| PortAssignment {
+        role: role.name.clone(),
+        port: port.name.clone(),
+        scope: port.scope,
+        env: port.env.clone(),
+        values,
+        count: (count > 1).then_some(i32::from(count)),
+        group_size: (groups > 1).then_some(group_size as i32),
+    })
+}
+
+/// The phase, and what every condition says of it.
+struct Verdict {
+    phase: Phase,
+    status: &'static str,
+    reason: Reason,
+    message: String,
+}
+
+impl Verdict {
+    fn of(outcome: Outcome<'_>, allocated: usize, desired: usize) -> Self {
+        let (phase, status, reason, message) = match outcome {
+            Outcome::Released => (
+                Phase::Pending,
+                "False",
+                Reason::Released,
+                "ports released with `kubectl portalloc release`; run `kubectl portalloc sync` to allocate again"
+                    .to_string(),
+            ),
+            Outcome::Refused(refusal) => {
+                (Phase::Failed, "False", refusal.reason(), refusal.to_string())
+            }
+            Outcome::Converged if allocated == desired => (
+                Phase::Allocated,
+                "True",
+                Reason::Allocated,
+                format!("{allocated} ports allocated"),
+            ),
+            Outcome::Converged => (
+                Phase::Pending,
+                "False",
+                Reason::Pending,
+                format!("{allocated} of {desired} ports allocated: run `kubectl portalloc sync`"),
+            ),
+        };
+        Verdict {
+            phase,
+            status,
+            reason,
+            message,
+        }
+    }
+
+    /// The conditions, each keeping its transition time from `previous` when its status is
+    /// the same.
+    fn conditions(&self, generation: Option<i64>, previous: &[Condition]) -> Vec<Condition> {
+        let (reason, message) = (self.reason, self.message.as_str());
+        let condition = |type_: &str, status: &str| Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message: message.to_string(),
+            observed_generation: generation,
+            last_transition_time: Time(Timestamp::now()),
+        };
+        // kstatus' rules, which Flux, Argo CD (with our health check) and `kubectl wait` follow:
+        // Ready says whether the object is usable; the abnormal-true conditions Reconciling (work
+        // left for a sync) and Stalled (a refusal nobody can retry away) appear only while true.
+        // `Allocated` is the condition earlier versions wrote; it stays for existing readers.
+        let mut conditions = vec![
+            condition(CONDITION_ALLOCATED, self.status),
+            condition(CONDITION_READY, self.status),
+        ];
+        match self.phase {
+            Phase::Pending => conditions.push(condition(CONDITION_RECONCILING, "True")),
+            Phase::Failed => conditions.push(condition(CONDITION_STALLED, "True")),
+            Phase::Allocated => {}
+        }
+        conditions
+            .into_iter()
+            .map(|c| keep_transition_time(c, previous))
+            .collect()
     }
 }
 

@@ -172,101 +172,169 @@ fn decide_item(
     pass: Pass,
     rng: &mut impl Rng,
 ) -> Option<(ItemOutcome, Option<BTreeSet<ShardKey>>)> {
-    let (uid, owner) = (item.uid.as_str(), item.owner.as_str());
     let operation = match &item.operation {
         Ok(operation) => operation,
         Err(refusal) => {
-            let holdings = work.holdings_of(uid);
+            let holdings = work.holdings_of(&item.uid);
             return Some((refused(refusal.clone(), holdings), None));
         }
     };
-    let present = work.shards_of(uid);
-    let copies = work.copies_of(uid);
-    let before = work.holdings_of(uid);
+    let seen = Seen::read(work, item, operation);
     if matches!(operation, Operation::Remove) {
-        // Its object is gone: every entry goes, wherever it is (undecodable ones too).
-        if present.is_empty() {
-            return Some((ItemOutcome::Unchanged(before), None));
-        }
-        let released = drop_entries(work, uid, owner, &copies);
-        let outcome = ItemOutcome::Changed {
-            holdings: Holdings::new(),
-            allocated: 0,
-            released,
-        };
-        return Some((outcome, None));
+        return Some((remove_everywhere(work, seen), None));
     }
-    // Another copy may take what this one refuses, while the owner holds nothing anywhere.
-    let movable = copies.is_empty() && work.reuse() > 1;
-    // Alone in its one known shard.
-    if let Some(key) = single_shard(&item.known, operation)
-        && present.iter().all(|&k| k == key)
-    {
-        let decision = {
-            let fresh: WindowRecord;
-            let record = match work.copy(key.copy).and_then(|c| c.shards.get(&key.window)) {
-                Some(shard) => &shard.record,
-                None => {
-                    fresh = work.copy_or_empty(key.copy).shard_record(key.window);
-                    &fresh
-                }
-            };
-            decide(record, uid, owner, operation, rng)
-        };
-        match decision {
-            Err(Refusal::Core { .. }) => {}
-            Err(Refusal::PortHeld { .. }) if movable => {}
-            Err(refusal) => return Some((refused(refusal, before), None)),
-            Ok(decision) => {
-                if let Some(refusal) = beyond_reuse(work, key.copy, &decision, owner) {
-                    return Some((refused(refusal, before), None));
-                }
-                return Some((apply(work.copy_mut(key.copy), uid, owner, decision), None));
-            }
-        }
+    match decide_in_known_shard(work, item, &seen, rng) {
+        Some(Ok(outcome)) => return Some((outcome, None)),
+        Some(Err(refusal)) => return Some((refused(refusal, seen.before), None)),
+        None => {}
     }
     if pass == Pass::WithinKnown {
         return None;
     }
-    // The copy it is in, else every copy in order: the first that takes it whole.
-    let candidates: Vec<u16> = match copies.first() {
+    let (copy, decision) = match choose_copy(work, &seen, rng) {
+        Ok(chosen) => chosen,
+        Err(refusal) => return Some((refused(refusal, seen.before), None)),
+    };
+    if let Some(refusal) = beyond_reuse(work, copy, &decision, seen.owner) {
+        return Some((refused(refusal, seen.before), None));
+    }
+    Some(apply_in_copy(work, item, seen, copy, decision))
+}
+
+/// Where an item's entries are before it is decided, read once: the decision paths below ask
+/// the same of `work` and must see it as it was.
+struct Seen<'a> {
+    uid: &'a str,
+    owner: &'a str,
+    operation: &'a Operation,
+    /// The shards holding its entries.
+    present: BTreeSet<ShardKey>,
+    /// The copies holding its entries.
+    copies: BTreeSet<u16>,
+    /// What it holds.
+    before: Holdings,
+    /// Another copy may take what this one refuses, while the owner holds nothing anywhere.
+    movable: bool,
+}
+
+impl<'a> Seen<'a> {
+    fn read(work: &PoolRecord, item: &'a BatchItem, operation: &'a Operation) -> Self {
+        let copies = work.copies_of(&item.uid);
+        Seen {
+            uid: &item.uid,
+            owner: &item.owner,
+            operation,
+            present: work.shards_of(&item.uid),
+            movable: copies.is_empty() && work.reuse() > 1,
+            before: work.holdings_of(&item.uid),
+            copies,
+        }
+    }
+}
+
+/// Its object is gone: every entry goes, wherever it is (undecodable ones too).
+fn remove_everywhere(work: &mut PoolRecord, seen: Seen) -> ItemOutcome {
+    if seen.present.is_empty() {
+        return ItemOutcome::Unchanged(seen.before);
+    }
+    let released = drop_entries(work, seen.uid, seen.owner, &seen.copies);
+    ItemOutcome::Changed {
+        holdings: Holdings::new(),
+        allocated: 0,
+        released,
+    }
+}
+
+/// The owner decided alone in its one known shard, the common case whose write touches one
+/// small object. `None` when that shard cannot serve it (no room, a port held there by
+/// someone else while another copy may take it, or no single known shard): it is decided
+/// elsewhere. A refusal the other paths would give too is the answer.
+fn decide_in_known_shard(
+    work: &mut PoolRecord,
+    item: &BatchItem,
+    seen: &Seen,
+    rng: &mut impl Rng,
+) -> Option<Result<ItemOutcome, Refusal>> {
+    let key = single_shard(&item.known, seen.operation)?;
+    if !seen.present.iter().all(|&k| k == key) {
+        return None;
+    }
+    let decision = {
+        let fresh: WindowRecord;
+        let record = match work.copy(key.copy).and_then(|c| c.shards.get(&key.window)) {
+            Some(shard) => &shard.record,
+            None => {
+                fresh = work.copy_or_empty(key.copy).shard_record(key.window);
+                &fresh
+            }
+        };
+        decide(record, seen.uid, seen.owner, seen.operation, rng)
+    };
+    match decision {
+        Err(Refusal::Core { .. }) => None,
+        Err(Refusal::PortHeld { .. }) if seen.movable => None,
+        Err(refusal) => Some(Err(refusal)),
+        Ok(decision) => Some(match beyond_reuse(work, key.copy, &decision, seen.owner) {
+            Some(refusal) => Err(refusal),
+            None => Ok(apply(
+                work.copy_mut(key.copy),
+                seen.uid,
+                seen.owner,
+                decision,
+            )),
+        }),
+    }
+}
+
+/// The copy it is in, else every copy in order: the first that takes it whole, and the
+/// decision there. A new owner refused by every copy is refused as such.
+fn choose_copy(
+    work: &mut PoolRecord,
+    seen: &Seen,
+    rng: &mut impl Rng,
+) -> Result<(u16, Decision), Refusal> {
+    let candidates: Vec<u16> = match seen.copies.first() {
         Some(&copy) => vec![copy],
         None => (0..work.reuse()).collect(),
     };
     let mut first_refusal: Option<Refusal> = None;
-    let mut chosen: Option<(u16, Decision)> = None;
     for copy in candidates {
-        let windows: BTreeSet<u16> = present
+        let windows: BTreeSet<u16> = seen
+            .present
             .iter()
             .filter(|k| k.copy == copy)
             .map(|k| k.window)
             .collect();
         let record = work.copy_mut(copy);
-        match elsewhere(record, &windows, uid, owner, operation, rng) {
-            Ok(decision) => {
-                chosen = Some((copy, decision));
-                break;
-            }
-            Err(refusal @ (Refusal::Core { .. } | Refusal::PortHeld { .. })) if movable => {
+        match elsewhere(record, &windows, seen.uid, seen.owner, seen.operation, rng) {
+            Ok(decision) => return Ok((copy, decision)),
+            Err(refusal @ (Refusal::Core { .. } | Refusal::PortHeld { .. })) if seen.movable => {
                 first_refusal.get_or_insert(refusal);
             }
-            Err(refusal) => return Some((refused(refusal, before), None)),
+            Err(refusal) => return Err(refusal),
         }
     }
-    let Some((copy, decision)) = chosen else {
-        let refusal = first_refusal.expect("a refusal for every copy tried");
-        return Some((refused(refusal.in_every_copy(work.reuse()), before), None));
-    };
-    if let Some(refusal) = beyond_reuse(work, copy, &decision, owner) {
-        return Some((refused(refusal, before), None));
-    }
+    let refusal = first_refusal.expect("a refusal for every copy tried");
+    Err(refusal.in_every_copy(work.reuse()))
+}
+
+/// Applies the decision in `copy`, drops the owner's entries in any other copy, and names the
+/// known shards to widen to when the writes reach beyond them.
+fn apply_in_copy(
+    work: &mut PoolRecord,
+    item: &BatchItem,
+    seen: Seen,
+    copy: u16,
+    decision: Decision,
+) -> (ItemOutcome, Option<BTreeSet<ShardKey>>) {
+    let (uid, owner) = (seen.uid, seen.owner);
     let mut touched: BTreeSet<ShardKey> = touched_by(&work.copies[&copy], uid, decision.holdings())
         .into_iter()
         .map(|window| ShardKey::new(copy, window))
         .collect();
     // Entries in another copy (two clients raced on one new object): they go.
-    let strays: BTreeSet<u16> = copies.iter().copied().filter(|&c| c != copy).collect();
-    touched.extend(present.iter().filter(|k| strays.contains(&k.copy)));
+    let strays: BTreeSet<u16> = seen.copies.iter().copied().filter(|&c| c != copy).collect();
+    touched.extend(seen.present.iter().filter(|k| strays.contains(&k.copy)));
     let dropped = drop_entries(work, uid, owner, &strays);
     let outcome = match apply(work.copy_mut(copy), uid, owner, decision) {
         ItemOutcome::Unchanged(holdings) if dropped > 0 => ItemOutcome::Changed {
@@ -288,10 +356,10 @@ fn decide_item(
     let widened = (!touched.is_subset(&item.known)).then(|| {
         let mut all = item.known.clone();
         all.extend(touched);
-        all.extend(present);
+        all.extend(seen.present);
         all
     });
-    Some((outcome, widened))
+    (outcome, widened)
 }
 
 /// Remove `uid`'s entries from the given copies; how many ports that frees.

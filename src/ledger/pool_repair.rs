@@ -131,12 +131,53 @@ fn plan_copy_repair(
     allocations: &[PortAllocation],
     replace: &[StaleShard],
 ) -> PoolRepairPlan {
-    let pool_name = sharded.name().to_string();
-    let pool_uid = sharded.pool.uid.clone();
-    let key = |window: u16| ShardKey::new(sharded.copy, window);
+    let missing = missing_windows(sharded, listed, allocations, replace);
+    let mut tally = CopyTally {
+        changes: stale_shard_removals(sharded, listed, replace),
+        ..CopyTally::default()
+    };
+    let windows: BTreeSet<u16> = sharded.shards.keys().copied().chain(missing).collect();
+    for k in windows {
+        tally.repair_window(sharded, allocations, k);
+    }
+    let CopyTally {
+        changes,
+        mut findings,
+        writes,
+        restored,
+        freed,
+        freed_uids,
+        holders_after,
+        held_after,
+    } = tally;
+    findings.extend(cross_shard_findings(sharded, &freed, &freed_uids, replace));
+    PoolRepairPlan {
+        plan: RepairPlan {
+            pool: sharded.name().to_string(),
+            pool_uid: sharded.pool.uid.clone(),
+            resource_version: String::new(),
+            changes,
+            findings,
+            holders: holders_after.len(),
+            holders_after,
+            held_ports: held_after,
+            status: None,
+            restored,
+        },
+        writes,
+        replace: replace.to_vec(),
+    }
+}
 
-    // Windows without a loaded shard where a live PortAllocation of the pool records ports in
-    // this copy.
+/// Windows without a loaded shard where a live PortAllocation of the pool records ports in
+/// this copy: their shards were lost, and repair recreates them with those holdings.
+fn missing_windows(
+    sharded: &CopyRecord,
+    listed: &[PortPoolShard],
+    allocations: &[PortAllocation],
+    replace: &[StaleShard],
+) -> BTreeSet<u16> {
+    let pool_name = sharded.name();
     let mut missing: BTreeSet<u16> = BTreeSet::new();
     for pa in allocations.iter().filter(|pa| pa.spec.pool == pool_name) {
         let Some(status) = pa.status.as_ref() else {
@@ -153,15 +194,23 @@ fn plan_copy_repair(
         );
     }
     missing.retain(|&k| {
-        let name = shard_name(&pool_name, key(k));
+        let name = shard_name(pool_name, ShardKey::new(sharded.copy, k));
         // Something else holds the name (reported as not loaded): leave the window alone.
         !listed
             .iter()
             .any(|s| s.name_any() == name && !replace.iter().any(|r| r.name == name))
     });
+    missing
+}
 
-    // Each stale shard is removed once, by the repair of the copy it was listed in.
-    let mut changes: Vec<Change> = replace
+/// The removal of each stale shard listed in this copy: a stale shard is removed once, by the
+/// repair of the copy it was listed in.
+fn stale_shard_removals(
+    sharded: &CopyRecord,
+    listed: &[PortPoolShard],
+    replace: &[StaleShard],
+) -> Vec<Change> {
+    replace
         .iter()
         .filter(|r| {
             listed
@@ -172,17 +221,28 @@ fn plan_copy_repair(
             shard: r.name.clone(),
             pool_uid: r.pool_uid.clone(),
         })
-        .collect();
-    let mut findings = Vec::new();
-    let mut writes = Vec::new();
-    let mut restored: Vec<Restored> = Vec::new();
-    let mut freed: BTreeSet<(u16, String)> = BTreeSet::new();
-    let mut freed_uids: BTreeSet<String> = BTreeSet::new();
-    let mut holders_after: BTreeSet<String> = BTreeSet::new();
-    let mut held_after: u32 = 0;
+        .collect()
+}
 
-    let windows: BTreeSet<u16> = sharded.shards.keys().copied().chain(missing).collect();
-    for k in windows {
+/// What the windows of one copy add up to, gathered window by window.
+#[derive(Default)]
+struct CopyTally {
+    changes: Vec<Change>,
+    findings: Vec<Finding>,
+    writes: Vec<ShardWrite>,
+    restored: Vec<Restored>,
+    /// The (window, owner) of every freed entry: the cross-shard anomalies they resolve are
+    /// not reported.
+    freed: BTreeSet<(u16, String)>,
+    freed_uids: BTreeSet<String>,
+    holders_after: BTreeSet<String>,
+    held_after: u32,
+}
+
+impl CopyTally {
+    /// Plans window `k` of this copy as one record and adds its changes, findings and write.
+    fn repair_window(&mut self, sharded: &CopyRecord, allocations: &[PortAllocation], k: u16) {
+        let key = ShardKey::new(sharded.copy, k);
         let loaded = sharded.shards.get(&k);
         let record = match loaded {
             Some(shard) => shard.record.clone(),
@@ -190,7 +250,7 @@ fn plan_copy_repair(
                 &sharded.pool,
                 &sharded.layout,
                 k,
-                new_shard(&sharded.pool, key(k)),
+                new_shard(&sharded.pool, key),
             ),
         };
         let name = record.name().to_string();
@@ -209,32 +269,20 @@ fn plan_copy_repair(
         }
         for change in &plan.changes {
             if let Change::Free { uid, owner, .. } = change {
-                freed.insert((k, owner.clone()));
-                freed_uids.insert(uid.clone());
+                self.freed.insert((k, owner.clone()));
+                self.freed_uids.insert(uid.clone());
             }
         }
-        for finding in plan.findings {
-            findings.push(match finding {
-                Finding::OutsidePool {
-                    uid,
-                    owner,
-                    slot,
-                    port,
-                } if sharded.ports.contains(port) => Finding::WrongShard {
-                    shard: name.clone(),
-                    uid,
-                    owner,
-                    slot,
-                    port,
-                },
-                other => other,
-            });
-        }
+        self.findings.extend(
+            plan.findings
+                .into_iter()
+                .map(|finding| in_wrong_shard(sharded, &name, finding)),
+        );
         let after = match plan.status.take().filter(|_| !plan.changes.is_empty()) {
             Some(status) => {
-                writes.push(ShardWrite {
-                    key: key(k),
-                    name: name.clone(),
+                self.writes.push(ShardWrite {
+                    key,
+                    name,
                     resource_version,
                     status: status.clone(),
                 });
@@ -243,33 +291,36 @@ fn plan_copy_repair(
             None => loaded.map(|_| record.current_status()),
         };
         if let Some(after) = after {
-            holders_after.extend(after.holders.iter().map(|h| h.uid.clone()));
-            held_after += after.allocated.max(0) as u32;
+            self.holders_after
+                .extend(after.holders.iter().map(|h| h.uid.clone()));
+            self.held_after += after.allocated.max(0) as u32;
         }
-        changes.append(&mut plan.changes);
+        self.changes.append(&mut plan.changes);
         for r in plan.restored {
-            if !restored.iter().any(|seen| seen.uid == r.uid) {
-                restored.push(r);
+            if !self.restored.iter().any(|seen| seen.uid == r.uid) {
+                self.restored.push(r);
             }
         }
     }
+}
 
-    findings.extend(cross_shard_findings(sharded, &freed, &freed_uids, replace));
-    PoolRepairPlan {
-        plan: RepairPlan {
-            pool: pool_name,
-            pool_uid,
-            resource_version: String::new(),
-            changes,
-            findings,
-            holders: holders_after.len(),
-            holders_after,
-            held_ports: held_after,
-            status: None,
-            restored,
+/// A port outside the shard's window but inside the pool is in the wrong shard, not outside
+/// the pool: the shard alone cannot tell the two apart.
+fn in_wrong_shard(sharded: &CopyRecord, shard: &str, finding: Finding) -> Finding {
+    match finding {
+        Finding::OutsidePool {
+            uid,
+            owner,
+            slot,
+            port,
+        } if sharded.ports.contains(port) => Finding::WrongShard {
+            shard: shard.to_string(),
+            uid,
+            owner,
+            slot,
+            port,
         },
-        writes,
-        replace: replace.to_vec(),
+        other => other,
     }
 }
 

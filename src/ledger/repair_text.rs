@@ -120,27 +120,10 @@ impl fmt::Display for Finding {
                 port,
                 first,
                 second,
-            } => {
-                let (name, ns) = name_and_namespace(second);
-                write!(
-                    f,
-                    "port {port} is held by both {first} and {second}: repair never moves a live \
-                     workload's port; to move one, `kubectl portalloc release {name} -n {ns} --role ROLE` \
-                     then `kubectl portalloc sync {name} -n {ns}`"
-                )
-            }
+            } => held_twice(f, *port, first, second),
             Finding::OutsidePool {
                 owner, slot, port, ..
-            } => {
-                let (name, ns) = name_and_namespace(owner);
-                write!(
-                    f,
-                    "{owner} holds port {port} ({slot}), which is outside the pool's ranges or \
-                     excluded; it stays held until moved: `kubectl portalloc release {name} -n {ns} \
-                     --role {}` then `kubectl portalloc sync {name} -n {ns}`",
-                    role_of(slot)
-                )
-            }
+            } => outside_pool(f, owner, slot, *port),
             Finding::Undecodable { uid, owner, error } => write!(
                 f,
                 "{owner} (uid {uid}) has an unreadable entry ({error}); it is kept because the \
@@ -186,32 +169,14 @@ impl fmt::Display for Finding {
                 slot,
                 port,
                 ..
-            } => {
-                let (name, ns) = name_and_namespace(owner);
-                write!(
-                    f,
-                    "{owner} holds port {port} ({slot}) in shard {shard}, whose window does not \
-                     contain it; it stays held there until moved: `kubectl portalloc release {name} \
-                     -n {ns} --role {}` then `kubectl portalloc sync {name} -n {ns}`",
-                    role_of(slot)
-                )
-            }
+            } => in_wrong_shard(f, shard, owner, slot, *port),
             Finding::HeldInTwoShards {
                 port,
                 first,
                 first_shard,
                 second,
                 second_shard,
-            } => {
-                let (name, ns) = name_and_namespace(second);
-                write!(
-                    f,
-                    "port {port} is held by {first} in shard {first_shard} and by {second} in shard \
-                     {second_shard}: repair never moves a live workload's port; to move one, \
-                     `kubectl portalloc release {name} -n {ns} --role ROLE` then \
-                     `kubectl portalloc sync {name} -n {ns}`"
-                )
-            }
+            } => held_in_two_shards(f, *port, (first, first_shard), (second, second_shard)),
             Finding::SlotApart { uid, slot, shards } => write!(
                 f,
                 "uid {uid} holds {slot} in pieces that do not join, in shards {}; \
@@ -225,4 +190,65 @@ impl fmt::Display for Finding {
             ),
         }
     }
+}
+
+// The ports below stay where they are: repair never moves a live workload's port, so each line
+// names the commands with which a person moves one.
+
+/// A port two owners hold in one record; the younger holder, `second`, is the one to move.
+fn held_twice(f: &mut fmt::Formatter<'_>, port: u16, first: &str, second: &str) -> fmt::Result {
+    let (name, ns) = name_and_namespace(second);
+    write!(
+        f,
+        "port {port} is held by both {first} and {second}: repair never moves a live \
+         workload's port; to move one, `kubectl portalloc release {name} -n {ns} --role ROLE` \
+         then `kubectl portalloc sync {name} -n {ns}`"
+    )
+}
+
+/// A port two owners hold in two shards (`(owner, shard)` each).
+fn held_in_two_shards(
+    f: &mut fmt::Formatter<'_>,
+    port: u16,
+    (first, first_shard): (&str, &str),
+    (second, second_shard): (&str, &str),
+) -> fmt::Result {
+    let (name, ns) = name_and_namespace(second);
+    write!(
+        f,
+        "port {port} is held by {first} in shard {first_shard} and by {second} in shard \
+         {second_shard}: repair never moves a live workload's port; to move one, \
+         `kubectl portalloc release {name} -n {ns} --role ROLE` then \
+         `kubectl portalloc sync {name} -n {ns}`"
+    )
+}
+
+/// A port the pool's ranges no longer contain (or now exclude).
+fn outside_pool(f: &mut fmt::Formatter<'_>, owner: &str, slot: &str, port: u16) -> fmt::Result {
+    let (name, ns) = name_and_namespace(owner);
+    write!(
+        f,
+        "{owner} holds port {port} ({slot}), which is outside the pool's ranges or \
+         excluded; it stays held until moved: `kubectl portalloc release {name} -n {ns} \
+         --role {}` then `kubectl portalloc sync {name} -n {ns}`",
+        role_of(slot)
+    )
+}
+
+/// A port of the pool recorded in a shard whose window does not contain it.
+fn in_wrong_shard(
+    f: &mut fmt::Formatter<'_>,
+    shard: &str,
+    owner: &str,
+    slot: &str,
+    port: u16,
+) -> fmt::Result {
+    let (name, ns) = name_and_namespace(owner);
+    write!(
+        f,
+        "{owner} holds port {port} ({slot}) in shard {shard}, whose window does not \
+         contain it; it stays held there until moved: `kubectl portalloc release {name} \
+         -n {ns} --role {}` then `kubectl portalloc sync {name} -n {ns}`",
+        role_of(slot)
+    )
 }
