@@ -130,118 +130,152 @@ impl PortAllocationSpec {
                 format!("{groups} is outside 1..{}", super::MAX_REPLICAS),
             ));
         }
+        // Role names and requested ports are unique across the roles, so both are gathered
+        // over all of them.
         let mut role_names = BTreeSet::new();
         let mut requested: BTreeMap<i32, String> = BTreeMap::new();
         for (r, role) in self.roles.iter().enumerate() {
-            let at = format!("spec.roles[{r}]");
-            check_name(&format!("{at}.name"), &role.name)?;
-            if !role_names.insert(role.name.as_str()) {
+            self.check_role(r, role, &mut role_names, &mut requested)?;
+        }
+        self.check_pod_names()
+    }
+
+    /// One role: its name, replicas, workload, ports and references. An env name is set once
+    /// per role, whether by a port or a reference.
+    fn check_role<'a>(
+        &self,
+        r: usize,
+        role: &'a Role,
+        role_names: &mut BTreeSet<&'a str>,
+        requested: &mut BTreeMap<i32, String>,
+    ) -> Result<(), SpecError> {
+        let at = format!("spec.roles[{r}]");
+        check_name(&format!("{at}.name"), &role.name)?;
+        if !role_names.insert(role.name.as_str()) {
+            return Err(spec_error(
+                format!("{at}.name"),
+                format!("role {:?} is listed twice", role.name),
+            ));
+        }
+        if !(0..=super::MAX_REPLICAS).contains(&role.replicas) {
+            return Err(spec_error(
+                format!("{at}.replicas"),
+                format!("{} is outside 0..{}", role.replicas, super::MAX_REPLICAS),
+            ));
+        }
+        self.check_workload(&at, role)?;
+        let mut port_names = BTreeSet::new();
+        let mut envs = BTreeMap::new();
+        for (p, port) in role.ports.iter().enumerate() {
+            let at = format!("{at}.ports[{p}]");
+            check_name(&format!("{at}.name"), &port.name)?;
+            if !port_names.insert(port.name.as_str()) {
                 return Err(spec_error(
                     format!("{at}.name"),
-                    format!("role {:?} is listed twice", role.name),
+                    format!(
+                        "port {:?} is listed twice in role {:?}",
+                        port.name, role.name
+                    ),
                 ));
             }
-            if !(0..=super::MAX_REPLICAS).contains(&role.replicas) {
-                return Err(spec_error(
-                    format!("{at}.replicas"),
-                    format!("{} is outside 0..{}", role.replicas, super::MAX_REPLICAS),
-                ));
-            }
-            self.check_workload(&at, role)?;
-            let mut port_names = BTreeSet::new();
-            let mut envs = BTreeMap::new();
-            for (p, port) in role.ports.iter().enumerate() {
-                let at = format!("{at}.ports[{p}]");
-                check_name(&format!("{at}.name"), &port.name)?;
-                if !port_names.insert(port.name.as_str()) {
-                    return Err(spec_error(
-                        format!("{at}.name"),
-                        format!(
-                            "port {:?} is listed twice in role {:?}",
-                            port.name, role.name
-                        ),
-                    ));
-                }
-                let named = [
-                    ("env", Some(&port.env)),
-                    ("lastEnv", port.last_env.as_ref()),
-                    ("rangeEnv", port.range_env.as_ref()),
-                ];
-                for (key, env) in named {
-                    if let Some(env) = env {
-                        claim_env(&mut envs, format!("{at}.{key}"), env, &role.name)?;
-                    }
-                }
-                let count = port.count.unwrap_or(1);
-                if !(1..=i32::from(core::MAX_BLOCK)).contains(&count) {
-                    return Err(spec_error(
-                        format!("{at}.count"),
-                        format!("{count} is outside 1..{}", core::MAX_BLOCK),
-                    ));
-                }
-                if let Some(value) = port.port {
-                    if (1..=65535).contains(&value) && value + count - 1 > 65535 {
-                        return Err(spec_error(
-                            format!("{at}.count"),
-                            format!(
-                                "a block of {count} ports from port {value} would run past 65535: request a lower first port"
-                            ),
-                        ));
-                    }
-                    if !(1..=65535).contains(&value) {
-                        return Err(spec_error(
-                            format!("{at}.port"),
-                            format!("{value} is outside 1..65535"),
-                        ));
-                    }
-                    if port.scope == Scope::PodScoped {
-                        return Err(spec_error(
-                            format!("{at}.port"),
-                            "a requested port must be RoleScoped: one fixed port cannot be unique per pod",
-                        ));
-                    }
-                    if self.group_count() > 1 {
-                        return Err(spec_error(
-                            format!("{at}.port"),
-                            format!(
-                                "a requested port cannot serve {} groups: each group holds its own port",
-                                self.group_count()
-                            ),
-                        ));
-                    }
-                    let here = format!("{}.{}", role.name, port.name);
-                    if let Some(other) = requested.insert(value, here.clone()) {
-                        return Err(spec_error(
-                            format!("{at}.port"),
-                            format!(
-                                "port {value} is requested by both {other} and {here}: a port can be held once"
-                            ),
-                        ));
-                    }
+            let named = [
+                ("env", Some(&port.env)),
+                ("lastEnv", port.last_env.as_ref()),
+                ("rangeEnv", port.range_env.as_ref()),
+            ];
+            for (key, env) in named {
+                if let Some(env) = env {
+                    claim_env(&mut envs, format!("{at}.{key}"), env, &role.name)?;
                 }
             }
-            for (i, reference) in role.references.iter().enumerate() {
-                let at = format!("{at}.references[{i}]");
-                claim_env(&mut envs, format!("{at}.env"), &reference.env, &role.name)?;
-                self.check_reference(&at, reference)?;
-            }
+            self.check_port_numbers(&at, role, port, requested)?;
         }
-        if let Some((r, pod, first)) = super::pods::colliding_pod(self) {
-            let role = &self.roles[r];
-            let field = if role.workload.is_some() {
-                format!("spec.roles[{r}].workload.name")
-            } else {
-                format!("spec.roles[{r}].name")
-            };
+        for (i, reference) in role.references.iter().enumerate() {
+            let at = format!("{at}.references[{i}]");
+            claim_env(&mut envs, format!("{at}.env"), &reference.env, &role.name)?;
+            self.check_reference(&at, reference)?;
+        }
+        Ok(())
+    }
+
+    /// A port's block size, and its requested first port if any: in range, RoleScoped, one
+    /// group only, and not requested by another port.
+    fn check_port_numbers(
+        &self,
+        at: &str,
+        role: &Role,
+        port: &PortRequest,
+        requested: &mut BTreeMap<i32, String>,
+    ) -> Result<(), SpecError> {
+        let count = port.count.unwrap_or(1);
+        if !(1..=i32::from(core::MAX_BLOCK)).contains(&count) {
             return Err(spec_error(
-                field,
+                format!("{at}.count"),
+                format!("{count} is outside 1..{}", core::MAX_BLOCK),
+            ));
+        }
+        let Some(value) = port.port else {
+            return Ok(());
+        };
+        if (1..=65535).contains(&value) && value + count - 1 > 65535 {
+            return Err(spec_error(
+                format!("{at}.count"),
                 format!(
-                    "pod {pod} of role {} is also a pod of role {}: their env files ({pod}.env) would be one",
-                    role.name, self.roles[first].name
+                    "a block of {count} ports from port {value} would run past 65535: request a lower first port"
+                ),
+            ));
+        }
+        if !(1..=65535).contains(&value) {
+            return Err(spec_error(
+                format!("{at}.port"),
+                format!("{value} is outside 1..65535"),
+            ));
+        }
+        if port.scope == Scope::PodScoped {
+            return Err(spec_error(
+                format!("{at}.port"),
+                "a requested port must be RoleScoped: one fixed port cannot be unique per pod",
+            ));
+        }
+        if self.group_count() > 1 {
+            return Err(spec_error(
+                format!("{at}.port"),
+                format!(
+                    "a requested port cannot serve {} groups: each group holds its own port",
+                    self.group_count()
+                ),
+            ));
+        }
+        let here = format!("{}.{}", role.name, port.name);
+        if let Some(other) = requested.insert(value, here.clone()) {
+            return Err(spec_error(
+                format!("{at}.port"),
+                format!(
+                    "port {value} is requested by both {other} and {here}: a port can be held once"
                 ),
             ));
         }
         Ok(())
+    }
+
+    /// Each pod's env file is named after the pod, so two roles must not name the same pod.
+    fn check_pod_names(&self) -> Result<(), SpecError> {
+        let Some((r, pod, first)) = super::pods::colliding_pod(self) else {
+            return Ok(());
+        };
+        let role = &self.roles[r];
+        let field = if role.workload.is_some() {
+            format!("spec.roles[{r}].workload.name")
+        } else {
+            format!("spec.roles[{r}].name")
+        };
+        Err(spec_error(
+            field,
+            format!(
+                "pod {pod} of role {} is also a pod of role {}: their env files ({pod}.env) would be one",
+                role.name, self.roles[first].name
+            ),
+        ))
     }
 
     /// What a role's workload allows: pod names a per-pod file can be found by, one leader per

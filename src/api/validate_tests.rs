@@ -103,54 +103,74 @@ fn every_placeholder_is_accepted_where_it_means_something() {
     assert_eq!(formatted("prefill[1]", "{pod}").validate(), Ok(()));
 }
 
+/// What an error message must say: a part of it, or all of it.
+enum Says {
+    Part(&'static str),
+    All(&'static str),
+}
+
 #[test]
 fn bad_formats_name_the_format_field() {
-    let cases = [
-        (
-            "prefill[*]",
-            "{grpc}",
-            "unknown placeholder {grpc}: role \"prefill\" has no such port (ports: bootstrap;",
-        ),
-        ("prefill[*]", "{addr}", "unknown placeholder {addr}"),
-        (
-            "prefill[*]",
-            "{bootstrap.first}",
-            "unknown placeholder {bootstrap.first}",
-        ),
-        ("prefill[*]", "http://{address", "without its"),
-        (
-            "decode[*]",
-            "{address}",
-            "role decode has no workload, so its pods have no address",
-        ),
-        (
-            "router.http",
-            "{address}",
-            "format applies to pod references",
-        ),
-    ];
-    for (from, format, expected) in cases {
-        let err = formatted(from, format).validate().unwrap_err();
-        assert_eq!(err.field, "spec.roles[0].references[0].format", "{format}");
-        assert!(err.message.contains(expected), "{format}: {err}");
-        assert!(!err.to_string().contains('\n'));
-    }
+    let at = "spec.roles[0].references[0]";
     // A StatefulSet without its Service has names but no addresses.
-    let mut s = formatted("prefill[0]", "{address}");
-    s.roles[1].workload.as_mut().unwrap().service = None;
-    let err = s.validate().unwrap_err();
-    assert!(err.message.contains("names no service"), "{err}");
+    let mut no_service = formatted("prefill[0]", "{address}");
+    no_service.roles[1].workload.as_mut().unwrap().service = None;
     // The default format is {address}: its error names `from`.
-    let mut s = with_workloads();
-    s.roles[0].references.push(PortReference {
+    let mut default_format = with_workloads();
+    default_format.roles[0].references.push(PortReference {
         env: "REF".into(),
         from: "decode".into(),
         ..Default::default()
     });
-    assert_eq!(
-        s.validate().unwrap_err().to_string(),
-        "spec.roles[0].references[0].from: role decode has no workload, so its pods have no address"
-    );
+    let cases = [
+        (
+            formatted("prefill[*]", "{grpc}"),
+            "format",
+            Says::Part(
+                "unknown placeholder {grpc}: role \"prefill\" has no such port (ports: bootstrap;",
+            ),
+        ),
+        (
+            formatted("prefill[*]", "{addr}"),
+            "format",
+            Says::Part("unknown placeholder {addr}"),
+        ),
+        (
+            formatted("prefill[*]", "{bootstrap.first}"),
+            "format",
+            Says::Part("unknown placeholder {bootstrap.first}"),
+        ),
+        (
+            formatted("prefill[*]", "http://{address"),
+            "format",
+            Says::Part("without its"),
+        ),
+        (
+            formatted("decode[*]", "{address}"),
+            "format",
+            Says::Part("role decode has no workload, so its pods have no address"),
+        ),
+        (
+            formatted("router.http", "{address}"),
+            "format",
+            Says::Part("format applies to pod references"),
+        ),
+        (no_service, "format", Says::Part("names no service")),
+        (
+            default_format,
+            "from",
+            Says::All("role decode has no workload, so its pods have no address"),
+        ),
+    ];
+    for (spec, field, says) in cases {
+        let err = spec.validate().unwrap_err();
+        assert_eq!(err.field, format!("{at}.{field}"), "{err}");
+        match says {
+            Says::Part(part) => assert!(err.message.contains(part), "{err}"),
+            Says::All(all) => assert_eq!(err.message, all),
+        }
+        assert!(!err.to_string().contains('\n'));
+    }
 }
 
 fn lws_spec(groups: i32, leader_replicas: i32) -> PortAllocationSpec {

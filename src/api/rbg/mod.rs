@@ -23,7 +23,7 @@ use thiserror::Error;
 
 use super::{PortAllocation, PortAllocationSpec, PortReference, PortRequest, Role, Scope};
 use config::{ComponentRef, parse_allocator, parse_discovery};
-use shape::{Pattern, RbgRole};
+use shape::{Annotation, Pattern, RbgRole};
 
 pub const RBG_ANNOTATION: &str = "rolebasedgroup.workloads.x-k8s.io/port-allocator";
 pub const RBG_DISCOVERY_ANNOTATION: &str = "rolebasedgroup.workloads.x-k8s.io/component-discovery";
@@ -125,21 +125,20 @@ pub fn import_rbg(object: &Value, pool: &str) -> Result<Imported, ImportError> {
 
 fn translate(object: &Value) -> Result<(Vec<Role>, Vec<String>), Failure> {
     let shape = shape::read(object)?;
-    let mut notes: Vec<String> = shape
-        .untranslated
-        .iter()
-        .map(|(key, field)| {
-            format!("{field}: annotation {key:?} is not translated (no equivalent here)")
-        })
-        .collect();
-    let mut roles = Vec::new();
-    // (RBG role, component) of each of our roles.
-    let mut origin = Vec::new();
-    let mut pending = Vec::new();
+    let mut done = Translation {
+        notes: shape
+            .untranslated
+            .iter()
+            .map(|(key, field)| {
+                format!("{field}: annotation {key:?} is not translated (no equivalent here)")
+            })
+            .collect(),
+        ..Translation::default()
+    };
     for (r, rbg_role) in shape.roles.iter().enumerate() {
         if rbg_role.pattern == Pattern::LeaderWorker {
             let workers = rbg_role.components.get(1).map_or(0, |c| c.size);
-            notes.push(format!(
+            done.notes.push(format!(
                 "{}: leaderWorkerPattern with {} group(s) of {} pod(s) becomes roles {}-leader and {}-worker \
                  (pods numbered group by group); RBG's per-group leader address (RBG_LWP_LEADER_ADDRESS) is not expressible yet",
                 rbg_role.at,
@@ -149,102 +148,149 @@ fn translate(object: &Value) -> Result<(Vec<Role>, Vec<String>), Failure> {
                 rbg_role.name
             ));
         }
-        for (c, component) in rbg_role.components.iter().enumerate() {
-            let pods = i64::from(rbg_role.replicas) * i64::from(component.size);
-            if pods > i64::from(super::MAX_REPLICAS) {
-                return Err(Failure::new(
-                    format!("{}.replicas", rbg_role.at),
-                    format!(
-                        "{} replicas × {} pods of component {:?} = {pods} pods, more than {}",
-                        rbg_role.replicas,
-                        component.size,
-                        component.name,
-                        super::MAX_REPLICAS
-                    ),
-                ));
-            }
-            let mut role = Role {
-                name: component.role.clone(),
-                replicas: pods as i32,
-                ports: Vec::new(),
-                references: Vec::new(),
-                ..Default::default()
-            };
-            for (key, annotation) in &component.annotations {
-                let field = &annotation.field;
-                if key == RBG_ANNOTATION {
-                    let config = parse_allocator(&annotation.value, field)?;
-                    for allocation in config.allocations {
-                        if let Some(key) = allocation.annotation_key {
-                            notes.push(format!(
-                                "{}.{}: annotationKey {key:?} is not carried over; pods read their ports from env \
-                                 (`kubectl portalloc resolve`) or the ConfigMap (`resolve --all -o configmap`)",
-                                role.name, allocation.name
-                            ));
-                        }
-                        role.ports.push(PortRequest {
-                            name: allocation.name,
-                            scope: allocation.scope,
-                            env: allocation.env,
-                            port: None,
-                            ..Default::default()
-                        });
-                    }
-                    for reference in config.references {
-                        pending.push(Pending {
-                            role: roles.len(),
-                            rbg_role: r,
-                            env: reference.env,
-                            target: Target::From(reference.from),
-                            field: reference.field,
-                        });
-                    }
-                } else if key == RBG_DISCOVERY_ANNOTATION {
-                    if rbg_role.pattern != Pattern::Custom {
-                        notes.push(format!(
-                            "{field}: RBG applies component-discovery to customComponentsPattern roles only; not translated"
-                        ));
-                        continue;
-                    }
-                    let discovery = parse_discovery(&annotation.value, field)?;
-                    for address in &discovery.address_refs {
-                        let target = find_component(rbg_role, address)?;
-                        notes.push(format!(
-                            "{}: addressRef {} (address of pod {} of component {:?}, {}) is not carried over: \
-                             references carry ports only",
-                            address.field,
-                            address.env,
-                            address.index,
-                            address.component,
-                            target.role
-                        ));
-                    }
-                    for port_ref in discovery.port_refs {
-                        find_component(rbg_role, &port_ref)?;
-                        pending.push(Pending {
-                            role: roles.len(),
-                            rbg_role: r,
-                            env: port_ref.env,
-                            target: Target::PortRef {
-                                component: port_ref.component,
-                                port: port_ref.port_name,
-                                index: port_ref.index,
-                            },
-                            field: port_ref.field,
-                        });
-                    }
-                } else if is_rbg_key(key) {
-                    notes.push(format!(
-                        "{field}: annotation {key:?} is not translated (no equivalent here)"
-                    ));
-                }
-            }
-            roles.push(role);
-            origin.push((r, c));
+        for c in 0..rbg_role.components.len() {
+            done.add_component(r, rbg_role, c)?;
         }
     }
+    let Translation {
+        mut roles,
+        origin,
+        pending,
+        mut notes,
+    } = done;
     resolve_references(&shape, &mut roles, &origin, pending, &mut notes)?;
     Ok((roles, notes))
+}
+
+/// What the translation gathers, component by component. References wait in `pending` until
+/// every role's ports are known, since they may name a role translated later.
+#[derive(Default)]
+struct Translation {
+    roles: Vec<Role>,
+    /// (RBG role, component) of each of our roles.
+    origin: Vec<(usize, usize)>,
+    pending: Vec<Pending>,
+    notes: Vec<String>,
+}
+
+impl Translation {
+    /// Component `c` of RBG role `r` as one of our roles, from its pod-template annotations.
+    fn add_component(&mut self, r: usize, rbg_role: &RbgRole, c: usize) -> Result<(), Failure> {
+        let component = &rbg_role.components[c];
+        let pods = i64::from(rbg_role.replicas) * i64::from(component.size);
+        if pods > i64::from(super::MAX_REPLICAS) {
+            return Err(Failure::new(
+                format!("{}.replicas", rbg_role.at),
+                format!(
+                    "{} replicas × {} pods of component {:?} = {pods} pods, more than {}",
+                    rbg_role.replicas,
+                    component.size,
+                    component.name,
+                    super::MAX_REPLICAS
+                ),
+            ));
+        }
+        let mut role = Role {
+            name: component.role.clone(),
+            replicas: pods as i32,
+            ports: Vec::new(),
+            references: Vec::new(),
+            ..Default::default()
+        };
+        for (key, annotation) in &component.annotations {
+            let field = &annotation.field;
+            if key == RBG_ANNOTATION {
+                self.add_allocator(r, &mut role, annotation)?;
+            } else if key == RBG_DISCOVERY_ANNOTATION {
+                self.add_discovery(r, rbg_role, annotation)?;
+            } else if is_rbg_key(key) {
+                self.notes.push(format!(
+                    "{field}: annotation {key:?} is not translated (no equivalent here)"
+                ));
+            }
+        }
+        self.roles.push(role);
+        self.origin.push((r, c));
+        Ok(())
+    }
+
+    /// The port-allocator annotation: its allocations become `role`'s ports, its references
+    /// wait for every role.
+    fn add_allocator(
+        &mut self,
+        r: usize,
+        role: &mut Role,
+        annotation: &Annotation,
+    ) -> Result<(), Failure> {
+        let config = parse_allocator(&annotation.value, &annotation.field)?;
+        for allocation in config.allocations {
+            if let Some(key) = allocation.annotation_key {
+                self.notes.push(format!(
+                    "{}.{}: annotationKey {key:?} is not carried over; pods read their ports from env \
+                     (`kubectl portalloc resolve`) or the ConfigMap (`resolve --all -o configmap`)",
+                    role.name, allocation.name
+                ));
+            }
+            role.ports.push(PortRequest {
+                name: allocation.name,
+                scope: allocation.scope,
+                env: allocation.env,
+                port: None,
+                ..Default::default()
+            });
+        }
+        for reference in config.references {
+            self.pending.push(Pending {
+                role: self.roles.len(),
+                rbg_role: r,
+                env: reference.env,
+                target: Target::From(reference.from),
+                field: reference.field,
+            });
+        }
+        Ok(())
+    }
+
+    /// The component-discovery annotation: its portRefs become references, waiting for every
+    /// role; its addressRefs are checked and named in a note, since references carry ports.
+    fn add_discovery(
+        &mut self,
+        r: usize,
+        rbg_role: &RbgRole,
+        annotation: &Annotation,
+    ) -> Result<(), Failure> {
+        let field = &annotation.field;
+        if rbg_role.pattern != Pattern::Custom {
+            self.notes.push(format!(
+                "{field}: RBG applies component-discovery to customComponentsPattern roles only; not translated"
+            ));
+            return Ok(());
+        }
+        let discovery = parse_discovery(&annotation.value, field)?;
+        for address in &discovery.address_refs {
+            let target = find_component(rbg_role, address)?;
+            self.notes.push(format!(
+                "{}: addressRef {} (address of pod {} of component {:?}, {}) is not carried over: \
+                 references carry ports only",
+                address.field, address.env, address.index, address.component, target.role
+            ));
+        }
+        for port_ref in discovery.port_refs {
+            find_component(rbg_role, &port_ref)?;
+            self.pending.push(Pending {
+                role: self.roles.len(),
+                rbg_role: r,
+                env: port_ref.env,
+                target: Target::PortRef {
+                    component: port_ref.component,
+                    port: port_ref.port_name,
+                    index: port_ref.index,
+                },
+                field: port_ref.field,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The component a portRef or addressRef names, in the same role, with the pod in range.

@@ -53,30 +53,35 @@ fn converts_roles_scopes_and_references() {
     );
 }
 
+/// `rbg()` with the worker role's port-allocator annotation set to `value`.
+fn rbg_with_worker_annotation(value: Value) -> Value {
+    let mut object = rbg();
+    object["spec"]["roles"][1]["template"]["metadata"]["annotations"][RBG_ANNOTATION] = value;
+    object
+}
+
 #[test]
 fn bad_annotations_name_the_field() {
-    let mut object = rbg();
-    object["spec"]["roles"][1]["template"]["metadata"]["annotations"][RBG_ANNOTATION] =
-        json!("{not json");
-    let err = import_rbg(&object, "p").unwrap_err();
-    assert!(
-        err.field
-            .starts_with("spec.roles[1].template.metadata.annotations"),
-        "{err}"
-    );
-
-    let mut object = rbg();
-    object["spec"]["roles"][1]["template"]["metadata"]["annotations"][RBG_ANNOTATION] =
-        json!(json!({"references": [{"env": "X", "from": "nobody.port"}]}).to_string());
-    let err = import_rbg(&object, "p").unwrap_err();
-    assert!(err.message.contains("names role \"nobody\""), "{err}");
-
-    let err = import_rbg(
-        &json!({"kind": "Pod", "metadata": {"name": "x"}, "spec": {}}),
-        "p",
-    )
-    .unwrap_err();
-    assert!(err.message.contains("is this a RoleBasedGroup"), "{err}");
+    let at = format!("spec.roles[1].template.metadata.annotations[{RBG_ANNOTATION}]");
+    let nobody = json!({"references": [{"env": "X", "from": "nobody.port"}]});
+    let cases = [
+        (
+            rbg_with_worker_annotation(json!("{not json")),
+            at.clone(),
+            "not valid port-allocator JSON",
+        ),
+        (
+            rbg_with_worker_annotation(json!(nobody.to_string())),
+            format!("{at}.references[0].from"),
+            "names role \"nobody\"",
+        ),
+        (
+            json!({"kind": "Pod", "metadata": {"name": "x"}, "spec": {}}),
+            "spec.roles".into(),
+            "is this a RoleBasedGroup",
+        ),
+    ];
+    check_bad(cases);
 }
 
 fn fixture(name: &str) -> Value {
@@ -240,114 +245,124 @@ fn bad(object: &Value) -> ImportError {
     err
 }
 
+/// Each object is refused on one line, naming the field and saying the fragment.
+fn check_bad<const N: usize>(cases: [(Value, String, &str); N]) {
+    for (object, field, says) in cases {
+        let err = bad(&object);
+        assert_eq!(err.field, field, "{err}");
+        assert!(err.message.contains(says), "{err}");
+    }
+}
+
 fn set_worker_annotation(object: &mut Value, key: &str, value: Value) {
     object["spec"]["roles"][1]["customComponentsPattern"]["components"][1]["annotations"][key] =
         json!(value.to_string());
 }
 
+/// `v1alpha2-pd.yaml` with `edit` applied.
+fn pd_with(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut object = fixture("v1alpha2-pd.yaml");
+    edit(&mut object);
+    object
+}
+
+/// `v1alpha2-pd.yaml` with the worker component's annotation `key` set to `value` (as JSON
+/// text).
+fn pd_worker_annotation(key: &str, value: Value) -> Value {
+    pd_with(|object| set_worker_annotation(object, key, value))
+}
+
 #[test]
 fn v1alpha2_bad_inputs_name_the_field_path() {
-    let err = bad(&fixture("v1alpha2-bad-reference.yaml"));
-    assert_eq!(
-        err.field,
-        format!(
-            "spec.roles[0].customComponentsPattern.components[1].annotations[{RBG_ANNOTATION}].references[0].from"
-        )
-    );
-    assert!(err.message.contains("names component \"head\""), "{err}");
-
     let worker_at = "spec.roles[1].customComponentsPattern.components[1].annotations";
-    let mut object = fixture("v1alpha2-pd.yaml");
-    object["spec"]["roles"][1]["customComponentsPattern"]["components"][1]["annotations"]
-        [RBG_ANNOTATION] = json!("{\"allocations\": [");
-    let err = bad(&object);
-    assert_eq!(err.field, format!("{worker_at}[{RBG_ANNOTATION}]"));
-    assert!(
-        err.message.contains("not valid port-allocator JSON"),
-        "{err}"
-    );
-
-    let mut object = fixture("v1alpha2-pd.yaml");
-    set_worker_annotation(
-        &mut object,
-        RBG_ANNOTATION,
-        json!({"allocations": [{"name": "a", "env": "A"}, {"name": "b", "env": "B"}, {"name": "c", "env": "C", "scope": "Cluster"}]}),
-    );
-    let err = bad(&object);
-    assert_eq!(
-        err.field,
-        format!("{worker_at}[{RBG_ANNOTATION}].allocations[2].scope")
-    );
-
-    let mut object = fixture("v1alpha2-pd.yaml");
-    set_worker_annotation(
-        &mut object,
-        RBG_ANNOTATION,
-        json!({"allocations": [{"name": "grpc", "env": "WORKER_GRPC_PORT"}], "references": [{"env": "X", "from": "nobody.leader.grpc"}]}),
-    );
-    let err = bad(&object);
-    assert!(err.message.contains("names role \"nobody\""), "{err}");
-
-    let mut object = fixture("v1alpha2-pd.yaml");
-    set_worker_annotation(
-        &mut object,
-        RBG_ANNOTATION,
-        json!({"allocations": [{"name": "grpc", "env": "WORKER_GRPC_PORT"}], "references": [{"env": "X", "from": "leader.grpc"}]}),
-    );
-    let err = bad(&object);
-    assert!(err.message.contains("<role>.<component>.<port>"), "{err}");
-
-    let discovery = RBG_DISCOVERY_ANNOTATION;
-    let mut object = fixture("v1alpha2-pd.yaml");
-    set_worker_annotation(
-        &mut object,
-        discovery,
-        json!({"portRefs": [{"env": "X", "component": "leader", "portName": "grpc", "index": 1}]}),
-    );
-    let err = bad(&object);
-    assert_eq!(
-        err.field,
-        format!("{worker_at}[{discovery}].portRefs[0].index")
-    );
-
-    let mut object = fixture("v1alpha2-pd.yaml");
-    set_worker_annotation(
-        &mut object,
-        discovery,
-        json!({"addressRefs": [{"env": "X", "component": "ghost"}]}),
-    );
-    let err = bad(&object);
-    assert_eq!(
-        err.field,
-        format!("{worker_at}[{discovery}].addressRefs[0].component")
-    );
-
-    let mut object = fixture("v1alpha2-pd.yaml");
-    set_worker_annotation(
-        &mut object,
-        discovery,
-        json!({"portRefs": [{"env": "X", "component": "leader", "portName": "nope"}]}),
-    );
-    let err = bad(&object);
-    assert_eq!(err.field, format!("{worker_at}[{discovery}].portRefs[0]"));
-    assert!(err.message.contains("names port \"nope\""), "{err}");
-
-    let mut object = fixture("v1alpha2-pd.yaml");
-    object["spec"]["roles"][2]["leaderWorkerPattern"]["size"] = json!(0);
-    assert_eq!(bad(&object).field, "spec.roles[2].leaderWorkerPattern.size");
-
-    let mut object = fixture("v1alpha2-pd.yaml");
-    object["spec"]["roles"][0]["leaderWorkerPattern"] = json!({"size": 2});
-    let err = bad(&object);
-    assert_eq!(err.field, "spec.roles[0]");
-    assert!(err.message.contains("exactly one pattern"), "{err}");
-
-    let mut object = fixture("v1alpha2-pd.yaml");
-    object["spec"]["roles"][0]["standalonePattern"] = json!({"templateRef": {"name": "missing"}});
-    assert_eq!(
-        bad(&object).field,
-        "spec.roles[0].standalonePattern.templateRef.name"
-    );
+    let allocator = format!("{worker_at}[{RBG_ANNOTATION}]");
+    let discovery = format!("{worker_at}[{RBG_DISCOVERY_ANNOTATION}]");
+    let cases = [
+        (
+            fixture("v1alpha2-bad-reference.yaml"),
+            format!(
+                "spec.roles[0].customComponentsPattern.components[1].annotations[{RBG_ANNOTATION}].references[0].from"
+            ),
+            "names component \"head\"",
+        ),
+        (
+            pd_with(|object| {
+                object["spec"]["roles"][1]["customComponentsPattern"]["components"][1]["annotations"]
+                    [RBG_ANNOTATION] = json!("{\"allocations\": [");
+            }),
+            allocator.clone(),
+            "not valid port-allocator JSON",
+        ),
+        (
+            pd_worker_annotation(
+                RBG_ANNOTATION,
+                json!({"allocations": [{"name": "a", "env": "A"}, {"name": "b", "env": "B"}, {"name": "c", "env": "C", "scope": "Cluster"}]}),
+            ),
+            format!("{allocator}.allocations[2].scope"),
+            "is not PodScoped or RoleScoped",
+        ),
+        (
+            pd_worker_annotation(
+                RBG_ANNOTATION,
+                json!({"allocations": [{"name": "grpc", "env": "WORKER_GRPC_PORT"}], "references": [{"env": "X", "from": "nobody.leader.grpc"}]}),
+            ),
+            format!("{allocator}.references[0].from"),
+            "names role \"nobody\"",
+        ),
+        (
+            pd_worker_annotation(
+                RBG_ANNOTATION,
+                json!({"allocations": [{"name": "grpc", "env": "WORKER_GRPC_PORT"}], "references": [{"env": "X", "from": "leader.grpc"}]}),
+            ),
+            format!("{allocator}.references[0].from"),
+            "<role>.<component>.<port>",
+        ),
+        (
+            pd_worker_annotation(
+                RBG_DISCOVERY_ANNOTATION,
+                json!({"portRefs": [{"env": "X", "component": "leader", "portName": "grpc", "index": 1}]}),
+            ),
+            format!("{discovery}.portRefs[0].index"),
+            "pod 1 of component \"leader\" does not exist",
+        ),
+        (
+            pd_worker_annotation(
+                RBG_DISCOVERY_ANNOTATION,
+                json!({"addressRefs": [{"env": "X", "component": "ghost"}]}),
+            ),
+            format!("{discovery}.addressRefs[0].component"),
+            "names component \"ghost\"",
+        ),
+        (
+            pd_worker_annotation(
+                RBG_DISCOVERY_ANNOTATION,
+                json!({"portRefs": [{"env": "X", "component": "leader", "portName": "nope"}]}),
+            ),
+            format!("{discovery}.portRefs[0]"),
+            "names port \"nope\"",
+        ),
+        (
+            pd_with(|object| object["spec"]["roles"][2]["leaderWorkerPattern"]["size"] = json!(0)),
+            "spec.roles[2].leaderWorkerPattern.size".into(),
+            "is not an integer of at least 1",
+        ),
+        (
+            pd_with(|object| {
+                object["spec"]["roles"][0]["leaderWorkerPattern"] = json!({"size": 2})
+            }),
+            "spec.roles[0]".into(),
+            "exactly one pattern",
+        ),
+        (
+            pd_with(|object| {
+                object["spec"]["roles"][0]["standalonePattern"] =
+                    json!({"templateRef": {"name": "missing"}});
+            }),
+            "spec.roles[0].standalonePattern.templateRef.name".into(),
+            "names role template \"missing\"",
+        ),
+    ];
+    check_bad(cases);
 }
 
 #[test]
