@@ -12,21 +12,17 @@
 //! status is widened to name them, so a client killed between two shard writes leaves parts
 //! that the next sync finds, keeps and completes.
 
-use std::collections::BTreeSet;
-
-use kube::ResourceExt;
-use kube::api::Api;
-
 use super::allocator::{AllocateError, Allocator, Committed, Failed, Where, exhausted_error};
 use crate::api::{PortAllocation, PortPoolShard};
-use crate::k8s::error::{KubeError, Target};
-use crate::k8s::record::{Listing, ShardStore, read_pool};
-use crate::k8s::resources::{ALLOCATION_STATUS, ALLOCATIONS, POOLS};
+use crate::core::Holdings;
+use crate::k8s::error::Target;
+use crate::k8s::record::{ShardStore, read_pool};
+use crate::k8s::resources::POOLS;
 use crate::k8s::retry::Attempts;
 use crate::ledger::{
-    BatchItem, Decision, ItemOutcome, Operation, PoolRecord, PoolSnapshot, Refusal, ShardAnomaly,
-    ShardKey, ShardRecord, ShardWrite, decide, home_shard, known_shards, load_shard, new_shard,
-    place, shard_name, single_shard, split_by_shard,
+    Decision, Operation, PoolRecord, PoolSnapshot, Refusal, ShardAnomaly, ShardKey, ShardRecord,
+    ShardWrite, WindowRecord, decide, home_shard, load_shard, new_shard, shard_name, single_shard,
+    split_by_shard,
 };
 
 /// One operation on one pool, as the rounds of its loop share it.
@@ -41,7 +37,7 @@ pub(super) struct Request<'a> {
 }
 
 /// How a round ended.
-enum Step {
+pub(super) enum Step {
     Done(Committed),
     /// Read again (a conflict, already counted, or a remembered copy that could not decide).
     Again,
@@ -176,10 +172,69 @@ impl Allocator {
         key: ShardKey,
         attempts: &mut Attempts,
     ) -> Result<Step, Failed> {
-        let store = ShardStore::new(self.client.clone());
+        let read = match self.read_one_shard(request, key, attempts).await? {
+            Ok(read) => read,
+            Err(step) => return Ok(step),
+        };
+        let decision = decide(
+            &read.record,
+            request.uid,
+            request.owner,
+            request.operation,
+            &mut rand::rng(),
+        );
+        if read.from_memory && !matches!(decision, Ok(Decision::Write { .. })) {
+            // Nothing to write, or a refusal: no compare-and-swap would check the copy.
+            self.shards.forget(&read.name);
+            return Ok(Step::Again);
+        }
+        let (holdings, allocated, released) = match decision {
+            Err(Refusal::Core { .. }) => return Ok(Step::WholePool),
+            // With reuse, another copy may have the requested port free: the whole pool tells.
+            Err(Refusal::PortHeld { .. })
+                if read.copy.spec.reuse() > 1
+                    && read.record.holdings_of(request.uid).is_empty() =>
+            {
+                return Ok(Step::WholePool);
+            }
+            // New ports in a copy past nodeReuse: the whole pool refuses it with the reason.
+            Ok(Decision::Write { allocated, .. })
+                if allocated > 0 && key.copy >= read.copy.spec.reuse() =>
+            {
+                return Ok(Step::WholePool);
+            }
+            Err(refusal) => {
+                return Err(Failed {
+                    holdings: Some(read.record.holdings_of(request.uid)),
+                    error: refusal.into(),
+                });
+            }
+            Ok(Decision::Unchanged(holdings)) => {
+                return Ok(Step::Done(committed(
+                    &read.copy, key.copy, holdings, 0, 0, false,
+                )));
+            }
+            Ok(Decision::Write {
+                holdings,
+                allocated,
+                released,
+            }) => (holdings, allocated, released),
+        };
+        self.write_one_shard(request, attempts, read, holdings, allocated, released)
+            .await
+    }
+
+    /// Shard `key` loaded under the pool's spec it is decided by, or how the round ends
+    /// without it.
+    async fn read_one_shard(
+        &self,
+        request: &Request<'_>,
+        key: ShardKey,
+        attempts: &mut Attempts,
+    ) -> Result<Result<ShardRead, Step>, Failed> {
         let name = shard_name(request.pool, key);
         let Some((shard, from_memory)) = self.shard_copy(request, attempts, &name).await? else {
-            return Ok(Step::Again);
+            return Ok(Err(Step::Again));
         };
         // The pool's spec: the shard's copy (newer than a remembered one, if any); for a shard
         // not written yet, the pool itself, read now, so no shard is created for a pool that
@@ -189,7 +244,7 @@ impl Allocator {
             Some(carried) => carried.newest(self.pools.get(request.pool)),
             None => match self.pool_snapshot(request, attempts, true).await? {
                 Some(copy) => copy,
-                None => return Ok(Step::Again),
+                None => return Ok(Err(Step::Again)),
             },
         };
         if shard.as_ref().is_some_and(|s| s.spec.pool_uid != copy.uid) {
@@ -197,7 +252,7 @@ impl Allocator {
             // it was recreated: the whole pool sorts it out.
             self.pools.forget(request.pool);
             self.shards.forget(&name);
-            return Ok(Step::WholePool);
+            return Ok(Err(Step::WholePool));
         }
         self.pools.remember(request.pool, &copy);
         let layout = copy.layout().map_err(|error| pool_spec(request, error))?;
@@ -207,51 +262,36 @@ impl Allocator {
             key.window,
             shard.unwrap_or_else(|| new_shard(&copy, key)),
         );
-        let decision = decide(
-            &record,
-            request.uid,
-            request.owner,
-            request.operation,
-            &mut rand::rng(),
-        );
-        if from_memory && !matches!(decision, Ok(Decision::Write { .. })) {
-            // Nothing to write, or a refusal: no compare-and-swap would check the copy.
-            self.shards.forget(&name);
-            return Ok(Step::Again);
-        }
-        let (holdings, allocated, released) = match decision {
-            Err(Refusal::Core { .. }) => return Ok(Step::WholePool),
-            // With reuse, another copy may have the requested port free: the whole pool tells.
-            Err(Refusal::PortHeld { .. })
-                if copy.spec.reuse() > 1 && record.holdings_of(request.uid).is_empty() =>
-            {
-                return Ok(Step::WholePool);
-            }
-            // New ports in a copy past nodeReuse: the whole pool refuses it with the reason.
-            Ok(Decision::Write { allocated, .. })
-                if allocated > 0 && key.copy >= copy.spec.reuse() =>
-            {
-                return Ok(Step::WholePool);
-            }
-            Err(refusal) => {
-                return Err(Failed {
-                    holdings: Some(record.holdings_of(request.uid)),
-                    error: refusal.into(),
-                });
-            }
-            Ok(Decision::Unchanged(holdings)) => {
-                return Ok(Step::Done(committed(
-                    &copy, key.copy, holdings, 0, 0, false,
-                )));
-            }
-            Ok(Decision::Write {
-                holdings,
-                allocated,
-                released,
-            }) => (holdings, allocated, released),
-        };
+        Ok(Ok(ShardRead {
+            key,
+            name,
+            from_memory,
+            copy,
+            record,
+        }))
+    }
+
+    /// Compare-and-swap the owner's new holdings into the shard read. A conflict on a
+    /// remembered copy is read afresh at once rather than waited for: the copy was stale.
+    async fn write_one_shard(
+        &self,
+        request: &Request<'_>,
+        attempts: &mut Attempts,
+        read: ShardRead,
+        holdings: Holdings,
+        allocated: usize,
+        released: usize,
+    ) -> Result<Step, Failed> {
+        let ShardRead {
+            key,
+            name,
+            from_memory,
+            copy,
+            record,
+        } = read;
         let mut changed = ShardRecord::new(key, record);
         changed.set(request.uid, request.owner, &holdings);
+        let store = ShardStore::new(self.client.clone());
         match store.commit(&copy, &changed.write(&copy, false)).await {
             Ok(written) => {
                 if from_memory {
@@ -288,149 +328,6 @@ impl Allocator {
         }
     }
 
-    /// Read the pool and every shard, decide where the owner goes, widen its known shards if
-    /// needed, and write the shards in ascending order.
-    async fn whole_pool(
-        &self,
-        request: &Request<'_>,
-        pa: Option<&mut PortAllocation>,
-        attempts: &mut Attempts,
-        listed: Option<Listing>,
-    ) -> Result<Step, Failed> {
-        let store = ShardStore::new(self.client.clone());
-        let (copy, shards) = match listed {
-            Some(listing) => listing,
-            None => {
-                let Some(copy) = self.pool_snapshot(request, attempts, true).await? else {
-                    return Ok(Step::Again);
-                };
-                match store.list(request.pool).await {
-                    Ok(shards) => (copy, shards),
-                    Err((e, target)) => {
-                        self.retry(request, attempts, e, target).await?;
-                        return Ok(Step::Again);
-                    }
-                }
-            }
-        };
-        let sharded = PoolRecord::load(copy, shards).map_err(|error| pool_spec(request, error))?;
-        let status = pa.as_deref().and_then(|pa| pa.status.as_ref());
-        let known = match (&pa, &request.without_object) {
-            (None, Where::Listed(listed)) => listed.clone(),
-            (None, Where::Anywhere) => sharded.shards_of(request.uid),
-            _ => known_shards(status, &sharded.layout, request.owner),
-        };
-        let item = BatchItem {
-            uid: request.uid.into(),
-            owner: request.owner.into(),
-            operation: Ok(request.operation.clone()),
-            known,
-        };
-        let placed = place(&sharded, &item, &mut rand::rng());
-        let (holdings, allocated, released) = match placed.outcome {
-            ItemOutcome::Refused { refusal, holdings } => {
-                return Err(Failed {
-                    error: refusal.into(),
-                    holdings: Some(holdings),
-                });
-            }
-            ItemOutcome::Unchanged(holdings) => {
-                return Ok(Step::Done(Committed {
-                    holdings,
-                    pool_uid: sharded.pool.uid.clone(),
-                    allocated: 0,
-                    released: 0,
-                    written: false,
-                    shards: placed.shards,
-                }));
-            }
-            ItemOutcome::Changed {
-                holdings,
-                allocated,
-                released,
-            } => (holdings, allocated, released),
-        };
-        if let Some((shard, reason)) = blocked_shard(&sharded, &placed.writes) {
-            return Err(AllocateError::BlockedShard {
-                owner: request.owner.into(),
-                pool: request.pool.into(),
-                shard,
-                reason,
-            }
-            .into());
-        }
-        if let (Some(widened), Some(pa)) = (&placed.widen, pa)
-            && !self
-                .widen_known_shards(pa, widened, attempts, request)
-                .await?
-        {
-            return Ok(Step::Again);
-        }
-        for write in &placed.writes {
-            match store.commit(&sharded.pool, write).await {
-                Ok(written) => self.shards.remember(&write.name, &written),
-                Err((e, target)) => {
-                    self.shards.forget(&write.name);
-                    self.retry(request, attempts, e, target).await?;
-                    return Ok(Step::Again);
-                }
-            }
-        }
-        tracing::info!(
-            "{} in pool {:?}: {allocated} ports allocated, {released} released, {} held in {} \
-             shards (attempt {}, {} conflicts)",
-            request.owner,
-            request.pool,
-            holdings.port_count(),
-            placed.shards.len(),
-            attempts.attempts,
-            attempts.conflicts
-        );
-        Ok(Step::Done(Committed {
-            holdings,
-            pool_uid: sharded.pool.uid.clone(),
-            allocated,
-            released,
-            written: true,
-            shards: placed.shards,
-        }))
-    }
-
-    /// Write `status.shards = widened` before any entry outside the known shards. `false`: the
-    /// PortAllocation changed meanwhile (re-read into `pa`); go round again.
-    async fn widen_known_shards(
-        &self,
-        pa: &mut PortAllocation,
-        widened: &BTreeSet<ShardKey>,
-        attempts: &mut Attempts,
-        request: &Request<'_>,
-    ) -> Result<bool, Failed> {
-        let namespace = pa.namespace().unwrap_or_default();
-        let name = pa.name_any();
-        let api: Api<PortAllocation> = Api::namespaced(self.client.clone(), &namespace);
-        let mut updated = pa.clone();
-        let mut status = updated.status.take().unwrap_or_default();
-        status.shards = crate::ledger::status_shards(widened);
-        updated.status = Some(status);
-        match api
-            .replace_status(&name, &crate::k8s::write_params(), &updated)
-            .await
-        {
-            Ok(written) => {
-                *pa = written;
-                Ok(true)
-            }
-            Err(e) => {
-                let target = ALLOCATION_STATUS.on("update", &name, Some(&namespace));
-                self.retry(request, attempts, e, target).await?;
-                *pa = api.get(&name).await.map_err(|e| {
-                    KubeError::from_kube(e, ALLOCATIONS.on("get", &name, Some(&namespace)))
-                })?;
-                Ok(false)
-            }
-        }
-    }
-
     /// Wait before the next round of `request`'s loop, or end it with the error to report.
     pub(super) async fn retry(
         &self,
@@ -443,6 +340,18 @@ impl Allocator {
         self.backoff(attempts, e, target, &label, request.pool, request.owner)
             .await
     }
+}
+
+/// One shard as a decision starts from it.
+struct ShardRead {
+    key: ShardKey,
+    name: String,
+    /// A remembered copy rather than a read made now: only the write's compare-and-swap
+    /// checks it.
+    from_memory: bool,
+    /// The pool's spec the shard is decided under.
+    copy: PoolSnapshot,
+    record: WindowRecord,
 }
 
 /// A write that would create a shard whose name an object that is not part of the record

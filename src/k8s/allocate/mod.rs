@@ -1,8 +1,9 @@
 //! Client-side allocation: the [`Allocator`] and the paths that read a pool's record, decide with
 //! the ledger and commit with compare-and-swap — one PortAllocation at a time (`sync`, with its
-//! loop over the shards in `commit`), many at once (`batch`, and the watcher's `combiner`), the
-//! dry runs (`preview`) — plus what follows an allocation: the PortAllocation objects themselves
-//! (`allocations`: apply, delete, list) and the env-file ConfigMaps (`configmaps`).
+//! loop over the shards in `commit` and its path through the whole pool in `whole_pool`), many
+//! at once (`batch`, and the watcher's `combiner`), the dry runs (`preview`) — plus what follows
+//! an allocation: the PortAllocation objects themselves (`allocations`: apply, delete, list) and
+//! the env-file ConfigMaps (`configmaps`).
 
 mod allocations;
 mod allocator;
@@ -13,6 +14,7 @@ mod configmaps;
 mod precheck;
 mod preview;
 mod sync;
+mod whole_pool;
 
 pub(crate) use allocations::list_in_pages;
 pub use allocations::{

@@ -23,6 +23,16 @@ use crate::ledger::{
 /// whole in one request, a larger one yields its spec.
 const FIRST_SHARDS: u32 = 16;
 
+/// How one way of checking ended.
+enum Checked {
+    /// Allocated as the spec says, it would not be refused.
+    Allowed,
+    /// Go round again: a read failed and was waited for, or a remembered copy went stale.
+    Again,
+    /// This way cannot tell; the next one decides.
+    Undecided,
+}
+
 impl Allocator {
     /// Whether `pa` can be allocated as its spec now says. Against its home shard (remembered,
     /// so the sync after the create reads nothing more); against the whole pool when one shard
@@ -42,96 +52,135 @@ impl Allocator {
             operation: &operation,
             without_object: Where::Anywhere,
         };
-        let store = ShardStore::new(self.client.clone());
         let mut attempts = Attempts::new(self.policy);
-        let item = |record: &PoolRecord| BatchItem {
-            known: known_shards(pa.status.as_ref(), &record.layout, &owner),
-            uid: uid.clone(),
-            owner: owner.clone(),
-            operation: Ok(operation.clone()),
-        };
         loop {
             if !whole && self.pools.get(request.pool).is_none() {
                 // Nothing remembered of the pool: its first shards say what it is.
-                match store.list_first(request.pool, FIRST_SHARDS).await {
-                    Ok((shards, complete)) => {
-                        if let Some(record) = self.listed(&request, shards, complete) {
-                            let record = record.map_err(|error| pool_spec(&request, error))?;
-                            return match place(&record, &item(&record), &mut rand::rng()).outcome {
-                                ItemOutcome::Refused { refusal, .. } => Err(refusal.into()),
-                                _ => Ok(()),
-                            };
-                        }
-                    }
-                    Err((e, target)) => {
-                        self.retry(&request, &mut attempts, e, target).await?;
-                        continue;
-                    }
+                match self.check_first_shards(pa, &request, &mut attempts).await? {
+                    Checked::Allowed => return Ok(()),
+                    Checked::Again => continue,
+                    Checked::Undecided => {}
                 }
             }
             if !whole {
-                let Some(copy) = self
-                    .pool_snapshot(&request, &mut attempts, false)
-                    .await
-                    .map_err(|f| f.error)?
-                else {
-                    continue;
-                };
-                let layout = copy.layout().map_err(|error| pool_spec(&request, error))?;
-                let Some(home) = home_shard(&layout, &owner) else {
-                    return Err(pool_spec_empty(&request));
-                };
-                let name = shard_name(request.pool, ShardKey::first(home));
-                let Some((shard, from_memory)) =
-                    self.shard_copy(&request, &mut attempts, &name).await?
-                else {
-                    continue;
-                };
-                if let Some(shard) = shard.filter(|s| s.spec.pool_uid == copy.uid) {
-                    let copy = PoolSnapshot::of_shard(&shard)
-                        .map_or(copy.clone(), |c| c.newest(Some(copy)));
-                    let record = load_shard(&copy, &layout, home, shard.clone());
-                    match decide(&record, &uid, &owner, &operation, &mut rand::rng()) {
-                        Ok(_) => {
-                            self.shards.remember(&name, &shard);
-                            return Ok(());
-                        }
-                        // A remembered copy may be stale: refuse only on a fresh read.
-                        Err(_) if from_memory => {
-                            self.shards.forget(&name);
-                            continue;
-                        }
-                        // No room there, or a port of another window: the whole pool decides;
-                        // with reuse, a held requested port may be free in another copy.
-                        Err(Refusal::Core { .. }) => {}
-                        Err(Refusal::PortHeld { .. }) if copy.spec.reuse() > 1 => {}
-                        Err(refusal) => return Err(refusal.into()),
-                    }
+                match self.check_home_shard(&request, &mut attempts).await? {
+                    Checked::Allowed => return Ok(()),
+                    Checked::Again => continue,
+                    Checked::Undecided => {}
                 }
             }
-            let Some(copy) = self
-                .pool_snapshot(&request, &mut attempts, true)
-                .await
-                .map_err(|f| f.error)?
-            else {
-                continue;
-            };
-            let shards = match store.list(request.pool).await {
-                Ok(shards) => shards,
-                Err((e, target)) => {
-                    self.retry(&request, &mut attempts, e, target).await?;
-                    continue;
-                }
-            };
-            self.listings
-                .keep(request.pool, (copy.clone(), shards.clone()));
-            let record =
-                PoolRecord::load(copy, shards).map_err(|error| pool_spec(&request, error))?;
-            return match place(&record, &item(&record), &mut rand::rng()).outcome {
-                ItemOutcome::Refused { refusal, .. } => Err(refusal.into()),
-                _ => Ok(()),
-            };
+            match self.check_whole_pool(pa, &request, &mut attempts).await? {
+                Checked::Allowed => return Ok(()),
+                Checked::Again | Checked::Undecided => continue,
+            }
         }
+    }
+
+    /// Against the pool's first shards, in one LIST, when they are the whole pool.
+    async fn check_first_shards(
+        &self,
+        pa: &PortAllocation,
+        request: &Request<'_>,
+        attempts: &mut Attempts,
+    ) -> Result<Checked, AllocateError> {
+        let store = ShardStore::new(self.client.clone());
+        match store.list_first(request.pool, FIRST_SHARDS).await {
+            Ok((shards, complete)) => match self.listed(request, shards, complete) {
+                Some(record) => {
+                    let record = record.map_err(|error| pool_spec(request, error))?;
+                    placed(pa, request, &record)
+                }
+                None => Ok(Checked::Undecided),
+            },
+            Err((e, target)) => {
+                self.retry(request, attempts, e, target).await?;
+                Ok(Checked::Again)
+            }
+        }
+    }
+
+    /// Against the owner's home shard, as the sync after the create decides first. It cannot
+    /// tell when the shard does not exist yet, belongs to an earlier pool object, or has no
+    /// room (or, with reuse, holds a requested port another copy may have free).
+    async fn check_home_shard(
+        &self,
+        request: &Request<'_>,
+        attempts: &mut Attempts,
+    ) -> Result<Checked, AllocateError> {
+        let Some(copy) = self
+            .pool_snapshot(request, attempts, false)
+            .await
+            .map_err(|f| f.error)?
+        else {
+            return Ok(Checked::Again);
+        };
+        let layout = copy.layout().map_err(|error| pool_spec(request, error))?;
+        let Some(home) = home_shard(&layout, request.owner) else {
+            return Err(pool_spec_empty(request));
+        };
+        let name = shard_name(request.pool, ShardKey::first(home));
+        let Some((shard, from_memory)) = self.shard_copy(request, attempts, &name).await? else {
+            return Ok(Checked::Again);
+        };
+        let Some(shard) = shard.filter(|s| s.spec.pool_uid == copy.uid) else {
+            return Ok(Checked::Undecided);
+        };
+        let copy = PoolSnapshot::of_shard(&shard).map_or(copy.clone(), |c| c.newest(Some(copy)));
+        let record = load_shard(&copy, &layout, home, shard.clone());
+        let decision = decide(
+            &record,
+            request.uid,
+            request.owner,
+            request.operation,
+            &mut rand::rng(),
+        );
+        match decision {
+            Ok(_) => {
+                self.shards.remember(&name, &shard);
+                Ok(Checked::Allowed)
+            }
+            // A remembered copy may be stale: refuse only on a fresh read.
+            Err(_) if from_memory => {
+                self.shards.forget(&name);
+                Ok(Checked::Again)
+            }
+            // No room there, or a port of another window: the whole pool decides;
+            // with reuse, a held requested port may be free in another copy.
+            Err(Refusal::Core { .. }) => Ok(Checked::Undecided),
+            Err(Refusal::PortHeld { .. }) if copy.spec.reuse() > 1 => Ok(Checked::Undecided),
+            Err(refusal) => Err(refusal.into()),
+        }
+    }
+
+    /// Against the pool and every shard, read now; the listing is kept for the allocation
+    /// that follows the create.
+    async fn check_whole_pool(
+        &self,
+        pa: &PortAllocation,
+        request: &Request<'_>,
+        attempts: &mut Attempts,
+    ) -> Result<Checked, AllocateError> {
+        let Some(copy) = self
+            .pool_snapshot(request, attempts, true)
+            .await
+            .map_err(|f| f.error)?
+        else {
+            return Ok(Checked::Again);
+        };
+        let shards = match ShardStore::new(self.client.clone())
+            .list(request.pool)
+            .await
+        {
+            Ok(shards) => shards,
+            Err((e, target)) => {
+                self.retry(request, attempts, e, target).await?;
+                return Ok(Checked::Again);
+            }
+        };
+        self.listings
+            .keep(request.pool, (copy.clone(), shards.clone()));
+        let record = PoolRecord::load(copy, shards).map_err(|error| pool_spec(request, error))?;
+        placed(pa, request, &record)
     }
 
     /// What the first shards of a pool tell: `None` when they do not say what the pool is
@@ -159,5 +208,23 @@ impl Allocator {
         self.listings
             .keep(request.pool, (snapshot.clone(), shards.clone()));
         Some(PoolRecord::load(snapshot, shards))
+    }
+}
+
+/// Whether `record` takes the owner wherever it fits, as its sync would place it.
+fn placed(
+    pa: &PortAllocation,
+    request: &Request<'_>,
+    record: &PoolRecord,
+) -> Result<Checked, AllocateError> {
+    let item = BatchItem {
+        known: known_shards(pa.status.as_ref(), &record.layout, request.owner),
+        uid: request.uid.to_string(),
+        owner: request.owner.to_string(),
+        operation: Ok(request.operation.clone()),
+    };
+    match place(record, &item, &mut rand::rng()).outcome {
+        ItemOutcome::Refused { refusal, .. } => Err(refusal.into()),
+        _ => Ok(Checked::Allowed),
     }
 }
