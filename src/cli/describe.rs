@@ -8,7 +8,7 @@ use kube::ResourceExt;
 
 use super::output::{Paint, age};
 use super::{GlobalArgs, Session};
-use crate::api::{PortAllocation, Scope};
+use crate::api::{PortAllocation, PortAllocationStatus, Role, Scope};
 use crate::k8s::get_allocation;
 
 /// Show every role, pod index, port, env name and resolved reference of a PortAllocation.
@@ -30,6 +30,23 @@ pub async fn run(global: &GlobalArgs, args: DescribeArgs) -> anyhow::Result<()> 
 pub fn describe_text(pa: &PortAllocation, paint: &Paint) -> String {
     let status = pa.status.clone().unwrap_or_default();
     let mut out = String::new();
+    write_summary(&mut out, pa, &status, paint);
+    let _ = writeln!(out, "Roles:");
+    for (r, role) in pa.spec.roles.iter().enumerate() {
+        write_role(&mut out, pa, r, role, paint);
+    }
+    write_conditions(&mut out, pa, &status);
+    write_notes(&mut out, pa, paint);
+    out
+}
+
+/// The lines above the roles: what the object is, where it allocates from, and how far it got.
+fn write_summary(
+    out: &mut String,
+    pa: &PortAllocation,
+    status: &PortAllocationStatus,
+    paint: &Paint,
+) {
     let _ = writeln!(out, "Name:         {}", pa.name_any());
     let _ = writeln!(out, "Namespace:    {}", pa.namespace().unwrap_or_default());
     let pool_uid = status
@@ -57,67 +74,73 @@ pub fn describe_text(pa: &PortAllocation, paint: &Paint) -> String {
         "Age:          {}",
         age(pa.metadata.creation_timestamp.as_ref())
     );
-    let _ = writeln!(out, "Roles:");
-    let mut role_scoped = Vec::new();
-    for (r, role) in pa.spec.roles.iter().enumerate() {
-        let plural = if role.replicas == 1 { "" } else { "s" };
-        let _ = writeln!(out, "  {} ({} replica{plural})", role.name, role.replicas);
-        if role.ports.is_empty() && role.references.is_empty() {
-            let _ = writeln!(out, "    <no ports>");
-        }
-        if !role.ports.is_empty() {
+}
+
+/// Role `r`: a table of its ports per pod, then its references resolved.
+fn write_role(out: &mut String, pa: &PortAllocation, r: usize, role: &Role, paint: &Paint) {
+    let plural = if role.replicas == 1 { "" } else { "s" };
+    let _ = writeln!(out, "  {} ({} replica{plural})", role.name, role.replicas);
+    if role.ports.is_empty() && role.references.is_empty() {
+        let _ = writeln!(out, "    <no ports>");
+    }
+    if !role.ports.is_empty() {
+        let _ = writeln!(
+            out,
+            "    {:<6} {:<16} {:<11} {:<7} ENV",
+            "POD", "PORT", "SCOPE", "VALUE"
+        );
+    }
+    write_port_rows(out, pa, role, paint);
+    if role.replicas == 0 && !role.ports.is_empty() {
+        let _ = writeln!(out, "    (no pods: nothing allocated)");
+    }
+    if !role.references.is_empty() {
+        let _ = writeln!(out, "    References:");
+        for (i, reference) in role.references.iter().enumerate() {
+            let value = match pa.resolve_reference_at(r, i) {
+                Ok(value) => value,
+                Err(e) => paint.warn(&format!("<{e}>")),
+            };
             let _ = writeln!(
                 out,
-                "    {:<6} {:<16} {:<11} {:<7} ENV",
-                "POD", "PORT", "SCOPE", "VALUE"
+                "      {} = {}  (from {})",
+                reference.env, value, reference.from
             );
         }
-        for index in 0..role.replicas.max(0) as u32 {
-            for port in &role.ports {
-                let values = pa.allocated_values(&role.name, &port.name);
-                let (pod, value) = match port.scope {
-                    Scope::RoleScoped if index > 0 => continue,
-                    Scope::RoleScoped => ("all".to_string(), values.first()),
-                    Scope::PodScoped => (index.to_string(), values.get(index as usize)),
-                };
-                let value = value
-                    .map(u16::to_string)
-                    .unwrap_or_else(|| paint.warn("<none>"));
-                let requested = if port.port.is_some() {
-                    " (requested)"
-                } else {
-                    ""
-                };
-                let _ = writeln!(
-                    out,
-                    "    {pod:<6} {:<16} {:<11} {value:<7} {}{requested}",
-                    port.name,
-                    port.scope.to_string(),
-                    port.env
-                );
-            }
-        }
-        if role.replicas == 0 && !role.ports.is_empty() {
-            let _ = writeln!(out, "    (no pods: nothing allocated)");
-        }
-        if role.ports.iter().any(|p| p.scope == Scope::RoleScoped) && role.replicas > 1 {
-            role_scoped.push(role.name.clone());
-        }
-        if !role.references.is_empty() {
-            let _ = writeln!(out, "    References:");
-            for (i, reference) in role.references.iter().enumerate() {
-                let value = match pa.resolve_reference_at(r, i) {
-                    Ok(value) => value,
-                    Err(e) => paint.warn(&format!("<{e}>")),
-                };
-                let _ = writeln!(
-                    out,
-                    "      {} = {}  (from {})",
-                    reference.env, value, reference.from
-                );
-            }
+    }
+}
+
+/// One row per pod and port; a RoleScoped port is one port for all pods, so one row.
+fn write_port_rows(out: &mut String, pa: &PortAllocation, role: &Role, paint: &Paint) {
+    for index in 0..role.replicas.max(0) as u32 {
+        for port in &role.ports {
+            let values = pa.allocated_values(&role.name, &port.name);
+            let (pod, value) = match port.scope {
+                Scope::RoleScoped if index > 0 => continue,
+                Scope::RoleScoped => ("all".to_string(), values.first()),
+                Scope::PodScoped => (index.to_string(), values.get(index as usize)),
+            };
+            let value = value
+                .map(u16::to_string)
+                .unwrap_or_else(|| paint.warn("<none>"));
+            let requested = if port.port.is_some() {
+                " (requested)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "    {pod:<6} {:<16} {:<11} {value:<7} {}{requested}",
+                port.name,
+                port.scope.to_string(),
+                port.env
+            );
         }
     }
+}
+
+/// The conditions, or the command that would set them.
+fn write_conditions(out: &mut String, pa: &PortAllocation, status: &PortAllocationStatus) {
     let _ = writeln!(out, "Conditions:");
     if status.conditions.is_empty() {
         let _ = writeln!(
@@ -138,18 +161,30 @@ pub fn describe_text(pa: &PortAllocation, paint: &Paint) -> String {
         );
         let _ = writeln!(out, "    {}", condition.message);
     }
-    if !role_scoped.is_empty() {
-        let _ = writeln!(out, "Notes:");
-        for role in role_scoped {
-            let _ = writeln!(
-                out,
-                "  - {}",
-                paint.warn(&format!(
-                    "role {role} has RoleScoped ports shared by all its pods: on hostNetwork give the role \
-                     pod anti-affinity (kubernetes.io/hostname) so two of its pods never share a node"
-                ))
-            );
-        }
+}
+
+/// A warning for each role whose pods share a RoleScoped port: two of them on one node's host
+/// network would collide on it.
+fn write_notes(out: &mut String, pa: &PortAllocation, paint: &Paint) {
+    let role_scoped: Vec<&str> = pa
+        .spec
+        .roles
+        .iter()
+        .filter(|role| role.ports.iter().any(|p| p.scope == Scope::RoleScoped) && role.replicas > 1)
+        .map(|role| role.name.as_str())
+        .collect();
+    if role_scoped.is_empty() {
+        return;
     }
-    out
+    let _ = writeln!(out, "Notes:");
+    for role in role_scoped {
+        let _ = writeln!(
+            out,
+            "  - {}",
+            paint.warn(&format!(
+                "role {role} has RoleScoped ports shared by all its pods: on hostNetwork give the role \
+                 pod anti-affinity (kubernetes.io/hostname) so two of its pods never share a node"
+            ))
+        );
+    }
 }

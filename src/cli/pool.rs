@@ -301,9 +301,18 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
 /// The `pool describe` page. Pure, so it is tested without a cluster. `kind` says how the
 /// record is stored; `extra` are warnings found outside the record (node ports, shards).
 pub fn describe_text(record: &WindowRecord, kind: &str, extra: &[String]) -> String {
-    let spec = &record.pool.spec;
-    let state = &record.state;
     let mut out = String::new();
+    write_spec(&mut out, record, kind);
+    write_usage(&mut out, record);
+    write_bands(&mut out, &record.state);
+    write_holders(&mut out, record);
+    write_warnings(&mut out, record, extra);
+    out
+}
+
+/// What the pool was asked to hand out, and how its record is stored.
+fn write_spec(out: &mut String, record: &WindowRecord, kind: &str) {
+    let spec = &record.pool.spec;
     let _ = writeln!(out, "Name:         {}", record.name());
     let _ = writeln!(out, "Protocol:     {}", spec.protocol);
     let _ = writeln!(
@@ -326,6 +335,11 @@ pub fn describe_text(record: &WindowRecord, kind: &str, extra: &[String]) -> Str
     };
     let _ = writeln!(out, "Exclude:      {excluded}");
     let _ = writeln!(out, "Record:       {kind}");
+}
+
+/// How much is held and free, and which blocks still fit.
+fn write_usage(out: &mut String, record: &WindowRecord) {
+    let state = &record.state;
     let _ = writeln!(out, "Size:         {} ports", state.size());
     let _ = writeln!(
         out,
@@ -362,6 +376,10 @@ pub fn describe_text(record: &WindowRecord, kind: &str, extra: &[String]) -> Str
             state.occupancy_at_refusal(size) * 100.0
         );
     }
+}
+
+/// The static and dynamic bands (KEP-3668): their bounds and how much of each is used.
+fn write_bands(out: &mut String, state: &PoolState) {
     let _ = writeln!(out, "Bands:");
     let bands = state.bands();
     for (band, label) in [(Band::Static, "static "), (Band::Dynamic, "dynamic")] {
@@ -385,6 +403,10 @@ pub fn describe_text(record: &WindowRecord, kind: &str, extra: &[String]) -> Str
             bar(usage.used, usage.size, 20)
         );
     }
+}
+
+/// Every holder with its ports; unreadable entries count as holders too.
+fn write_holders(out: &mut String, record: &WindowRecord) {
     let _ = writeln!(
         out,
         "Holders:      {}",
@@ -399,6 +421,10 @@ pub fn describe_text(record: &WindowRecord, kind: &str, extra: &[String]) -> Str
         );
         let _ = writeln!(out, "    {}", holder.holdings.encode());
     }
+}
+
+/// The pool's range hazards, the warnings found outside the record, then what repair fixes.
+fn write_warnings(out: &mut String, record: &WindowRecord, extra: &[String]) {
     let mut warnings: Vec<String> = hazards(&record.ports)
         .into_iter()
         .map(|h| h.message)
@@ -419,7 +445,6 @@ pub fn describe_text(record: &WindowRecord, kind: &str, extra: &[String]) -> Str
             let _ = writeln!(out, "  - {warning}");
         }
     }
-    out
 }
 
 async fn delete(client: &Client, args: DeleteArgs) -> anyhow::Result<()> {
