@@ -136,13 +136,20 @@ fn update(asm: &mut Assembler, map: i32, key: i16, value: i16, flags: i32) {
 pub fn bind_program(maps: &MapFds) -> Vec<Insn> {
     let mut asm = Assembler::default();
     asm.push(mov(R6, R1));
+    guarded_slot(&mut asm, maps);
+    pod_cgroup(&mut asm, maps);
+    holder_or_claim(&mut asm, maps);
+    count_and_decide(&mut asm, maps);
+    asm.finish()
+}
 
-    // 1. Only the node's network namespace, only guarded ports.
+/// 1. Only the node's network namespace, only guarded ports: r7 the slot, r9 its mode.
+fn guarded_slot(asm: &mut Assembler, maps: &MapFds) {
     asm.push(mov(R1, R6))
         .push(call(GET_NETNS_COOKIE))
         .push(mov(R7, R0))
         .push(store_imm_u32(R10, KEY_CONFIG, CONFIG_NETNS_COOKIE as i32));
-    lookup(&mut asm, maps.config, KEY_CONFIG);
+    lookup(asm, maps.config, KEY_CONFIG);
     asm.jump(Jump::EqImm(R0, 0), "allow")
         .push(load_u64(R1, R0, 0))
         .jump(Jump::Ne(R1, R7), "allow")
@@ -159,14 +166,16 @@ pub fn bind_program(maps: &MapFds) -> Vec<Insn> {
         .push(add_imm(R7, PORTS as i32))
         .label("slot")
         .push(store_u32(R10, SLOT, R7));
-    lookup(&mut asm, maps.modes, SLOT);
+    lookup(asm, maps.modes, SLOT);
     asm.jump(Jump::EqImm(R0, 0), "allow")
         .push(load_u32(R9, R0, 0))
         .jump(Jump::EqImm(R9, 0), "allow");
+}
 
-    // 2. The pod's cgroup.
+/// 2. The pod's cgroup, in r8: one level below `kubepods`, or two below a QoS directory.
+fn pod_cgroup(asm: &mut Assembler, maps: &MapFds) {
     asm.push(store_imm_u32(R10, KEY_CONFIG, CONFIG_POD_LEVEL as i32));
-    lookup(&mut asm, maps.config, KEY_CONFIG);
+    lookup(asm, maps.config, KEY_CONFIG);
     asm.jump(Jump::EqImm(R0, 0), "allow")
         .push(load_u64(R1, R0, 0))
         .push(store_u64(R10, LEVEL, R1))
@@ -175,7 +184,7 @@ pub fn bind_program(maps: &MapFds) -> Vec<Insn> {
         .jump(Jump::EqImm(R0, 0), "allow")
         .push(mov(R8, R0))
         .push(store_u64(R10, POD, R8));
-    lookup(&mut asm, maps.pods, POD);
+    lookup(asm, maps.pods, POD);
     asm.jump(Jump::EqImm(R0, 0), "pod")
         .push(load_u32(R1, R0, 0))
         .jump(Jump::NeImm(R1, QOS_DIR as i32), "pod")
@@ -185,53 +194,56 @@ pub fn bind_program(maps: &MapFds) -> Vec<Insn> {
         .jump(Jump::EqImm(R0, 0), "allow")
         .push(mov(R8, R0))
         .push(store_u64(R10, POD, R8));
+}
 
-    // 3. The holder on this node.
+/// 3. The holder on this node is allowed; 4. a pod not seen yet may claim a port no seen pod
+/// holds; 5. anything else is foreign, its verdict code (refused or audited) on the stack.
+fn holder_or_claim(asm: &mut Assembler, maps: &MapFds) {
     asm.label("pod");
-    lookup(&mut asm, maps.owners, SLOT);
+    lookup(asm, maps.owners, SLOT);
     asm.jump(Jump::EqImm(R0, 0), "no_owner")
         .push(load_u64(R1, R0, 0))
         .jump(Jump::Eq(R1, R8), "allow")
         .jump(Jump::Always, "foreign");
 
-    // 4. No seen pod holds it: a pod not seen yet may claim it.
     asm.label("no_owner");
-    lookup(&mut asm, maps.pods, POD);
+    lookup(asm, maps.pods, POD);
     asm.jump(Jump::NeImm(R0, 0), "foreign");
-    lookup(&mut asm, maps.claims, SLOT);
+    lookup(asm, maps.claims, SLOT);
     asm.jump(Jump::EqImm(R0, 0), "claim")
         .push(load_u64(R1, R0, 0))
         .jump(Jump::Eq(R1, R8), "allow")
         .jump(Jump::Always, "foreign")
         .label("claim")
         .push(store_u64(R10, VALUE, R8));
-    update(&mut asm, maps.claims, SLOT, VALUE, NOEXIST);
+    update(asm, maps.claims, SLOT, VALUE, NOEXIST);
     // Another unseen pod claimed it in between: that one has it.
     asm.jump(Jump::NeImm(R0, 0), "foreign")
         .push(store_imm_u32(R10, VERDICT_CODE, VERDICT_CLAIMED as i32))
         .jump(Jump::Always, "record");
 
-    // 5. A foreign bind.
     asm.label("foreign")
         .push(mov_imm(R1, VERDICT_REFUSED as i32))
         .jump(Jump::NeImm(R9, MODE_AUDIT as i32), "code")
         .push(mov_imm(R1, VERDICT_AUDITED as i32))
         .label("code")
         .push(store_u32(R10, VERDICT_CODE, R1));
+}
 
-    // Count the verdict.
+/// Count the verdict for the agent to report, then allow, or refuse a refused one.
+fn count_and_decide(asm: &mut Assembler, maps: &MapFds) {
     asm.label("record")
         .push(store_u64(R10, VERDICT_CGROUP, R8))
         .push(load_u32(R1, R10, SLOT))
         .push(store_u32(R10, VERDICT_SLOT, R1));
-    lookup(&mut asm, maps.verdicts, VERDICT_CGROUP);
+    lookup(asm, maps.verdicts, VERDICT_CGROUP);
     asm.jump(Jump::EqImm(R0, 0), "first")
         .push(mov_imm(R1, 1))
         .push(atomic_add_u64(R0, 0, R1))
         .jump(Jump::Always, "decide")
         .label("first")
         .push(store_imm_u64(R10, VALUE, 1));
-    update(&mut asm, maps.verdicts, VERDICT_CGROUP, VALUE, 0);
+    update(asm, maps.verdicts, VERDICT_CGROUP, VALUE, 0);
     asm.label("decide")
         .push(load_u32(R1, R10, VERDICT_CODE))
         .jump(Jump::EqImm(R1, VERDICT_REFUSED as i32), "deny")
@@ -241,7 +253,6 @@ pub fn bind_program(maps: &MapFds) -> Vec<Insn> {
         .label("deny")
         .push(mov_imm(R0, 0))
         .push(exit());
-    asm.finish()
 }
 
 #[cfg(test)]
