@@ -7,9 +7,8 @@
 //! with ports other than its PortAllocation's.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -17,9 +16,8 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use portalloc::api::PortAllocation;
 
-use crate::support::cli::BIN;
-use crate::support::ports::free_port;
 use crate::support::private_cluster::PrivateCluster;
+use crate::support::webhook::{Log, Webhook, WebhookCommand};
 use crate::support::{self, tools};
 use crate::watch::service_account_kubeconfig;
 
@@ -64,106 +62,36 @@ spec:
     - {env: DIST_INIT_ADDR, from: leader, format: "{address}:{dist}"}
 "#;
 
-/// A webhook process (`sync --watch` of an empty namespace, so only admission syncs `apps`).
-struct Webhook {
-    child: Child,
-    port: u16,
-    probes: u16,
+/// A webhook process (`sync --watch` of an empty namespace, so only admission syncs `apps`),
+/// with its probes.
+fn start(kubeconfig: &Path) -> Webhook {
+    WebhookCommand::new(kubeconfig)
+        .probes()
+        .args(&["-v", "1"])
+        .env("NO_COLOR", "1")
+        .log(Log::Piped)
+        .spawn()
+        .expect("spawn the webhook")
 }
 
-impl Webhook {
-    fn start(kubeconfig: &Path) -> Webhook {
-        let (port, probes) = (free_port(), free_port());
-        let child = Command::new(BIN)
-            .args(["sync", "--watch", "-n", "quiet", "-v", "1"])
-            .args(["--probe-address", &format!("127.0.0.1:{probes}")])
-            .args(["--webhook-address", &format!("127.0.0.1:{port}")])
-            .args(["--webhook-url", &format!("https://127.0.0.1:{port}")])
-            .args(["--webhook-namespace", "portalloc-system"])
-            .env("KUBECONFIG", kubeconfig)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the webhook");
-        Webhook {
-            child,
-            port,
-            probes,
-        }
-    }
-
-    /// Its `/metrics` text.
-    fn metrics(&self) -> String {
-        use std::io::Read;
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.probes)).unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        answer.split_once("\r\n\r\n").unwrap().1.to_string()
-    }
-
-    /// Until its /readyz answers 200.
-    fn wait_ready(&self) {
-        let started = Instant::now();
-        loop {
-            let ok = std::net::TcpStream::connect(("127.0.0.1", self.probes))
-                .ok()
-                .and_then(|mut stream| {
-                    use std::io::Read;
-                    stream
-                        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
-                        .ok()?;
-                    let mut answer = String::new();
-                    stream.read_to_string(&mut answer).ok()?;
-                    Some(answer.starts_with("HTTP/1.1 200"))
-                })
-                .unwrap_or(false);
-            if ok {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the webhook never got ready"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Until the configuration points at this process.
-    async fn wait_registered(&self, client: &Client) {
-        use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        let url = format!("https://127.0.0.1:{}/mutate", self.port);
-        let started = Instant::now();
-        loop {
-            let current = api.get_opt("portalloc").await.unwrap();
-            let registered = current
-                .and_then(|c| c.webhooks?.into_iter().next()?.client_config.url)
-                .is_some_and(|u| u == url);
-            if registered {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "never registered {url}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn kill_9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Its `/metrics` text.
+fn metrics(webhook: &Webhook) -> String {
+    let answer = webhook.get("/metrics").expect("its /metrics");
+    answer.split_once("\r\n\r\n").unwrap().1.to_string()
 }
 
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// Until its /readyz answers 200.
+fn wait_ready(webhook: &Webhook) {
+    let started = Instant::now();
+    while !webhook
+        .get("/readyz")
+        .is_some_and(|answer| answer.starts_with("HTTP/1.1 200"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the webhook never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -330,17 +258,17 @@ async fn labelled_pods_get_their_ports_and_the_rest_is_refused_or_left_alone() {
 
     // Two webhooks start at once: one CA between them (one Secret), whichever registers last
     // is called, and the other's certificate chains to the same CA.
-    let first = Webhook::start(&account);
-    let second = Webhook::start(&account);
+    let first = start(&account);
+    let second = start(&account);
     // Ready means registered (the webhook starts, and registers, before the watch).
-    first.wait_ready();
-    second.wait_ready();
-    let (registered, other) = if registered_port(&client).await == Some(first.port) {
+    wait_ready(&first);
+    wait_ready(&second);
+    let (mut registered, other) = if registered_port(&client).await == Some(first.port()) {
         (first, second)
     } else {
         (second, first)
     };
-    registered.wait_registered(&client).await;
+    registered.wait_registered(&client).await.unwrap();
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), "portalloc-system");
     assert!(secrets.get("portalloc-webhook-ca").await.is_ok());
@@ -423,7 +351,7 @@ async fn labelled_pods_get_their_ports_and_the_rest_is_refused_or_left_alone() {
         })
     };
     tokio::time::sleep(Duration::from_millis(150)).await;
-    registered.kill_9();
+    registered.kill();
     let (admitted, refused) = burst.await.unwrap();
     eprintln!(
         "webhook burst: {} admitted, {refused} refused after kill -9",
@@ -435,8 +363,8 @@ async fn labelled_pods_get_their_ports_and_the_rest_is_refused_or_left_alone() {
     }
     // The survivor takes over by registering itself again (as a restarted replica would).
     drop(other);
-    let third = Webhook::start(&account);
-    third.wait_registered(&client).await;
+    let mut third = start(&account);
+    third.wait_registered(&client).await.unwrap();
     for i in 0..50 {
         let name = format!("worker-{i}");
         if pods.get_opt(&name).await.unwrap().is_none() {
@@ -482,7 +410,7 @@ async fn labelled_pods_get_their_ports_and_the_rest_is_refused_or_left_alone() {
     );
 
     // Its answers are counted in /metrics, which promtool accepts.
-    let text = third.metrics();
+    let text = metrics(&third);
     let allowed = text
         .lines()
         .find_map(|l| l.strip_prefix("portalloc_admissions_total{result=\"allowed\"} "))

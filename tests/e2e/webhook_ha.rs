@@ -20,7 +20,6 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -29,10 +28,9 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use portalloc::api::PortAllocation;
 
-use crate::support::cli::BIN;
 use crate::support::endpoints::{Endpoints, routable_address};
-use crate::support::ports::{free_port, free_port_on};
 use crate::support::private_cluster::PrivateCluster;
+use crate::support::webhook::{Log, Webhook, WebhookCommand};
 use crate::support::{self, apply::apply_yaml};
 use crate::watch::service_account_kubeconfig;
 
@@ -53,47 +51,49 @@ const WAVE_EVERY: Duration = Duration::from_millis(1000);
 /// shutdown delay; its probes on loopback (only the stand-in kubelet reads them).
 struct Replica {
     name: String,
-    child: Child,
-    port: u16,
-    probes: u16,
+    webhook: Webhook,
 }
 
 impl Replica {
     fn start(name: &str, ip: Ipv4Addr, kubeconfig: &Path) -> Replica {
-        let (port, probes) = (free_port_on(ip), free_port());
-        let child = Command::new(BIN)
-            .args(["sync", "--watch", "-n", "quiet", "-v", "1"])
-            .args(["--probe-address", &format!("127.0.0.1:{probes}")])
-            .args(["--webhook-address", &format!("{ip}:{port}")])
-            .args(["--webhook-namespace", SYSTEM, "--webhook-service", SERVICE])
+        let webhook = WebhookCommand::new(kubeconfig)
+            .address(ip)
+            .webhook_namespace(SYSTEM)
+            .service(SERVICE)
+            .probes()
             // As the chart runs them: one leads, and both serve the webhook.
-            .arg("--leader-elect")
+            .args(&["-v", "1", "--leader-elect"])
             .env("POD_NAME", name)
-            .env("KUBECONFIG", kubeconfig)
             .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .log(Log::Piped)
             .spawn()
             .expect("spawn a webhook replica");
         Replica {
             name: name.to_string(),
-            child,
-            port,
-            probes,
+            webhook,
         }
+    }
+
+    fn port(&self) -> u16 {
+        self.webhook.port()
+    }
+
+    fn probes(&self) -> u16 {
+        self.webhook.probes()
     }
 
     /// SIGTERM, as kubelet stops a pod; returns at once (the replica drains on its own).
     fn terminate(&self) {
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.webhook.pid() as i32, libc::SIGTERM) };
     }
 
     /// Until it exits: its exit code, how long that took, and its log.
     fn wait(mut self, since: Instant) -> (Option<i32>, Duration, String) {
         use std::io::Read;
+        let child = self.webhook.child();
         let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = child.try_wait().unwrap() {
                 break status;
             }
             assert!(
@@ -105,7 +105,7 @@ impl Replica {
         };
         let took = since.elapsed();
         let mut log = String::new();
-        self.child
+        child
             .stderr
             .take()
             .unwrap()
@@ -114,16 +114,15 @@ impl Replica {
         (status.code(), took, log)
     }
 
+    /// Its `/metrics` text, empty if it does not answer.
+    fn metrics(&self) -> String {
+        self.webhook.get("/metrics").unwrap_or_default()
+    }
+
     /// The admissions it has answered (`portalloc_admissions_total`, all results).
     fn admissions(&self) -> u64 {
-        use std::io::{Read, Write};
-        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.probes)) else {
-            return 0;
-        };
-        let _ = stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-        let mut text = String::new();
-        let _ = stream.read_to_string(&mut text);
-        text.lines()
+        self.metrics()
+            .lines()
             .filter(|l| l.starts_with("portalloc_admissions_total{"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
@@ -131,26 +130,11 @@ impl Replica {
 
     /// Whether it holds the watcher's Lease (`portalloc_leader`).
     fn leading(&self) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.probes)) else {
-            return false;
-        };
-        let _ = stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-        let mut text = String::new();
-        let _ = stream.read_to_string(&mut text);
-        text.lines().any(|l| l == "portalloc_leader 1")
+        self.metrics().lines().any(|l| l == "portalloc_leader 1")
     }
 
-    fn kill_9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    fn kill_9(self) {
+        self.webhook.kill();
     }
 }
 
@@ -402,7 +386,7 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
     let mut replicas = Vec::new();
     for name in ["a", "b"] {
         let replica = Replica::start(name, ip, &account);
-        endpoints.add(&replica.name, replica.port, replica.probes);
+        endpoints.add(&replica.name, replica.port(), replica.probes());
         replicas.push(replica);
     }
     for name in ["a", "b"] {
@@ -439,7 +423,7 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
         // The old pod drains on its own while its replacement starts.
         let draining = std::thread::spawn(move || replica.wait(since));
         let replacement = Replica::start(new, ip, &account);
-        endpoints.add(&replacement.name, replacement.port, replacement.probes);
+        endpoints.add(&replacement.name, replacement.port(), replacement.probes());
         replicas.push(replacement);
         endpoints.wait_ready(new).await;
         let (code, took, log) = tokio::task::spawn_blocking(move || draining.join().unwrap())
@@ -500,7 +484,7 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
     tokio::time::sleep(Duration::from_secs(4)).await;
     endpoints.remove(&victim_name).await;
     let restarted = Replica::start("a3", ip, &account);
-    endpoints.add(&restarted.name, restarted.port, restarted.probes);
+    endpoints.add(&restarted.name, restarted.port(), restarted.probes());
     replicas.push(restarted);
     let outcomes = creations.await.unwrap();
     report("one of 2 replicas killed -9", &outcomes);

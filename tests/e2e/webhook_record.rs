@@ -11,8 +11,8 @@
 //! A control plane of its own: the webhook's configuration and the policies are cluster-wide.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -24,9 +24,9 @@ use portalloc::k8s::ShardStore;
 use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardKey, shard_name, window_of};
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
-use crate::support::cli::{BIN, Run};
-use crate::support::ports::free_port;
+use crate::support::cli::Run;
 use crate::support::private_cluster::{PrivateCluster, client_from};
+use crate::support::webhook::{Log, Webhook, WebhookCommand};
 use crate::support::{self, USER_CONTEXT, USER_NAME, tools};
 use crate::watch::service_account_kubeconfig;
 
@@ -88,102 +88,44 @@ fn value(pa: &PortAllocation, port: &str, index: usize) -> u16 {
     assignment.values[index] as u16
 }
 
-/// The webhook, as `sync --watch` of a namespace nobody uses serves it, logging to a file.
-struct Webhook {
-    child: Child,
-    port: u16,
-    probes: u16,
-    log: PathBuf,
+/// The webhook, as `sync --watch` of a namespace nobody uses serves it, logging to a file in
+/// `dir`, registered and answering; the record check off unless `check`.
+async fn start_webhook(kubeconfig: &Path, dir: &Path, check: bool, client: &Client) -> Webhook {
+    let mut command = WebhookCommand::new(kubeconfig)
+        .probes()
+        .args(&["-v", "2"])
+        .env("NO_COLOR", "1")
+        .log(Log::InDir(dir.to_path_buf()))
+        .register_timeout(Duration::from_secs(60));
+    if !check {
+        command = command.env("PORTALLOC_WEBHOOK_RECORD_CHECK", "off");
+    }
+    command.start(client).await.unwrap()
 }
 
-impl Webhook {
-    async fn start(kubeconfig: &Path, dir: &Path, check: bool, client: &Client) -> Webhook {
-        let (port, probes) = (free_port(), free_port());
-        let log = dir.join(format!("webhook-{port}.log"));
-        let mut command = Command::new(BIN);
-        command
-            .args(["sync", "--watch", "-n", "quiet", "-v", "2"])
-            .args(["--probe-address", &format!("127.0.0.1:{probes}")])
-            .args(["--webhook-address", &format!("127.0.0.1:{port}")])
-            .args(["--webhook-url", &format!("https://127.0.0.1:{port}")])
-            .args(["--webhook-namespace", "portalloc-system"])
-            .env("KUBECONFIG", kubeconfig)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        if !check {
-            command.env("PORTALLOC_WEBHOOK_RECORD_CHECK", "off");
-        }
-        let webhook = Webhook {
-            child: command.spawn().expect("spawn the webhook"),
-            port,
-            probes,
-            log,
-        };
-        webhook.wait_registered(client).await;
-        webhook
-    }
-
-    /// Until the configuration points at this process and it answers.
-    async fn wait_registered(&self, client: &Client) {
-        use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        let url = format!("https://127.0.0.1:{}/mutate", self.port);
-        let started = Instant::now();
-        loop {
-            let current = api.get_opt("portalloc").await.unwrap();
-            let registered = current
-                .and_then(|c| c.webhooks?.into_iter().next()?.client_config.url)
-                .is_some_and(|u| u == url);
-            if registered && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "never registered {url}: {}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// (sum of seconds, count) of its admission duration histogram.
-    fn admission_seconds(&self) -> (f64, f64) {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.probes)).unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).unwrap();
-        let find = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(&format!("{name} ")))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .unwrap_or_else(|| panic!("{name} missing: {text}"))
-        };
-        (
-            find("portalloc_admission_duration_seconds_sum"),
-            find("portalloc_admission_duration_seconds_count"),
-        )
-    }
-
-    /// Its `record check` log lines for `owner`.
-    fn record_checks(&self, owner: &str) -> Vec<String> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("record check") && l.contains(owner))
-            .map(str::to_string)
-            .collect()
-    }
+/// (sum of seconds, count) of the webhook's admission duration histogram.
+fn admission_seconds(webhook: &Webhook) -> (f64, f64) {
+    let text = webhook.get("/metrics").expect("its /metrics");
+    let find = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing: {text}"))
+    };
+    (
+        find("portalloc_admission_duration_seconds_sum"),
+        find("portalloc_admission_duration_seconds_count"),
+    )
 }
 
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The webhook's `record check` log lines for `owner`.
+fn record_checks(webhook: &Webhook, owner: &str) -> Vec<String> {
+    webhook
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("record check") && l.contains(owner))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Create `pod`: the pod as admitted, or the API server's message.
@@ -351,7 +293,7 @@ async fn a_pod_gets_only_ports_the_record_gives_its_allocation() {
     let (mut check_times, mut reads) = (Vec::new(), 0);
     for round in 0..2 * ROUNDS {
         let check = round % 2 == 1;
-        let webhook = Webhook::start(&account, dir.path(), check, &root).await;
+        let webhook = start_webhook(&account, dir.path(), check, &root).await;
         if round < 2 {
             if check {
                 // With kubectl, as a person would see it.
@@ -390,14 +332,14 @@ async fn a_pod_gets_only_ports_the_record_gives_its_allocation() {
             );
             delete_and_wait(&a_pods, &["web-1".into()]).await;
         }
-        let before = webhook.admission_seconds();
+        let before = admission_seconds(&webhook);
         times[check as usize].extend(burst(&b_pods, &b).await);
-        let after = webhook.admission_seconds();
+        let after = admission_seconds(&webhook);
         inside[check as usize].0 += after.0 - before.0;
         inside[check as usize].1 += after.1 - before.1;
         if check {
             // What the check itself took in each admission of the burst, by its log line.
-            let checks = webhook.record_checks("tenant-b/b");
+            let checks = record_checks(&webhook, "tenant-b/b");
             assert_eq!(checks.len(), BURST as usize, "one check per pod");
             let field = |line: &str, name: &str| -> u64 {
                 let value = line.split(&format!("{name}=")).nth(1).unwrap_or_default();
@@ -434,7 +376,7 @@ async fn a_pod_gets_only_ports_the_record_gives_its_allocation() {
     );
 
     // From here on the check is on. A's fix: sync rewrites its status from the record.
-    let webhook = Webhook::start(&account, dir.path(), true, &root).await;
+    let webhook = start_webhook(&account, dir.path(), true, &root).await;
     let run = as_user(&cluster, USER_CONTEXT, &["sync", "a", "-n", "tenant-a"]);
     assert!(run.ok(), "{run}");
     let admitted = admit(&a_pods, &pod("tenant-a", "web-0", "a"))
@@ -460,7 +402,7 @@ async fn a_pod_gets_only_ports_the_record_gives_its_allocation() {
     );
     eprintln!(
         "after A grew outside the webhook: {:?}",
-        webhook.record_checks("tenant-a/a").last()
+        record_checks(&webhook, "tenant-a/a").last()
     );
 
     // A may write its own entries, but not B's port into them: a port two entries list is denied
