@@ -196,8 +196,9 @@ fn pod_cgroup(asm: &mut Assembler, maps: &MapFds) {
         .push(store_u64(R10, POD, R8));
 }
 
-/// 3. The holder on this node is allowed; 4. a pod not seen yet may claim a port no seen pod
-/// holds; 5. anything else is foreign, its verdict code (refused or audited) on the stack.
+/// Steps 3 to 5: the holder on this node is allowed, a pod not seen yet may claim a port no
+/// seen pod holds, and anything else is foreign (its verdict code, refused or audited, on the
+/// stack).
 fn holder_or_claim(asm: &mut Assembler, maps: &MapFds) {
     asm.label("pod");
     lookup(asm, maps.owners, SLOT);
