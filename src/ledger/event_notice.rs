@@ -11,7 +11,7 @@
 //! pool full that then disappears is two series).
 
 use super::refusal::{Reason, Refusal};
-use super::repair_plan::{Change, FreeReason, RepairPlan};
+use super::repair_outcome::{Change, FreeReason, RepairPlan};
 
 /// The most an Event's note may hold (events.k8s.io/v1: 1 kB).
 pub const NOTE_LIMIT: usize = 1024;

@@ -49,6 +49,7 @@ mod pools;
 mod preview;
 mod record_warnings;
 mod refusal;
+mod repair_outcome;
 mod repair_plan;
 mod repair_restore;
 mod repair_text;
@@ -78,7 +79,8 @@ pub use pools::{PoolOverlap, overlapping_pool};
 pub use preview::{PortChanges, Previewed, preview};
 pub use record_warnings::record_warnings;
 pub use refusal::{Reason, Refusal};
-pub use repair_plan::{Change, Finding, FreeReason, RepairPlan, Restored, plan_repair};
+pub use repair_outcome::{Change, Finding, FreeReason, RepairPlan, Restored};
+pub use repair_plan::plan_repair;
 pub use window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
 pub use windows::{
     ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,

@@ -31,7 +31,8 @@ use super::copy_record::{CopyRecord, ShardWrite, load_shard, new_shard};
 use super::known::status_copy;
 use super::pieces::ShardAnomaly;
 use super::pool_record::PoolRecord;
-use super::repair_plan::{Change, Finding, RepairPlan, RepairScope, Restored, plan_repair_scoped};
+use super::repair_outcome::{Change, Finding, RepairPlan, RepairScope, Restored};
+use super::repair_plan::plan_repair_scoped;
 use super::windows::{ShardKey, shard_name, window, window_of};
 use crate::api::{PortAllocation, PortPoolShard};
 

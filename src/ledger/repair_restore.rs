@@ -10,10 +10,19 @@ use kube::ResourceExt;
 use super::allocation_status::recorded_holdings;
 use super::known::status_copy;
 use super::owner_of;
-use super::repair_plan::{Change, Finding, RepairScope, Restored, creation_order, describe_ports};
+use super::repair_outcome::{Change, Finding, RepairScope, Restored, describe_ports};
 use super::window_record::WindowRecord;
 use crate::api::{PoolHolder, PortAllocation, PortAllocationStatus, SpecError};
 use crate::core::{Holdings, PortBlock, SlotKey, desired_slots};
+
+/// Oldest first, then by namespace and name: a deterministic order of PortAllocations.
+pub(super) fn creation_order(pa: &PortAllocation) -> impl Ord + use<> {
+    (
+        pa.metadata.creation_timestamp.clone(),
+        pa.namespace(),
+        pa.name_any(),
+    )
+}
 
 /// What restoring found and would write.
 #[derive(Default)]

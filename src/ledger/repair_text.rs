@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::repair_plan::{Change, Finding, FreeReason};
+use super::repair_outcome::{Change, Finding, FreeReason};
 
 fn count_ports(n: usize) -> String {
     if n == 1 {
