@@ -2,8 +2,8 @@
 //! node's pod cgroup (`kubepods`), before the port is taken. It decides from maps the agent
 //! keeps, so no decision waits for the agent:
 //!
-//! 1. A bind in another network namespace than the node's (a pod-network pod), of port 0, or
-//!    of a port no guarded pool has: allowed, untouched.
+//! 1. A bind of port 0, of a port no guarded pool has, or in another network namespace than
+//!    the node's (a pod-network pod): allowed, untouched.
 //! 2. The pod is found from the process's cgroup: the ancestor one level below `kubepods`, or
 //!    two levels below when that one is a QoS directory (`burstable`, `besteffort`).
 //! 3. The pod that holds the port on this node binds it: allowed.
@@ -143,17 +143,10 @@ pub fn bind_program(maps: &MapFds) -> Vec<Insn> {
     asm.finish()
 }
 
-/// 1. Only the node's network namespace, only guarded ports: r7 the slot, r9 its mode.
+/// Step 1: only guarded ports, only in the node's network namespace (r7 the slot, r9 its
+/// mode). The port first: a bind of a port outside every pool (most binds) costs one lookup.
 fn guarded_slot(asm: &mut Assembler, maps: &MapFds) {
-    asm.push(mov(R1, R6))
-        .push(call(GET_NETNS_COOKIE))
-        .push(mov(R7, R0))
-        .push(store_imm_u32(R10, KEY_CONFIG, CONFIG_NETNS_COOKIE as i32));
-    lookup(asm, maps.config, KEY_CONFIG);
-    asm.jump(Jump::EqImm(R0, 0), "allow")
-        .push(load_u64(R1, R0, 0))
-        .jump(Jump::Ne(R1, R7), "allow")
-        .push(load_u32(R7, R6, CTX_USER_PORT))
+    asm.push(load_u32(R7, R6, CTX_USER_PORT))
         .push(to_be16(R7))
         .jump(Jump::EqImm(R7, 0), "allow")
         .push(load_u32(R1, R6, CTX_PROTOCOL))
@@ -169,10 +162,20 @@ fn guarded_slot(asm: &mut Assembler, maps: &MapFds) {
     lookup(asm, maps.modes, SLOT);
     asm.jump(Jump::EqImm(R0, 0), "allow")
         .push(load_u32(R9, R0, 0))
-        .jump(Jump::EqImm(R9, 0), "allow");
+        .jump(Jump::EqImm(R9, 0), "allow")
+        .push(mov(R1, R6))
+        .push(call(GET_NETNS_COOKIE))
+        .push(store_u64(R10, VALUE, R0))
+        .push(store_imm_u32(R10, KEY_CONFIG, CONFIG_NETNS_COOKIE as i32));
+    lookup(asm, maps.config, KEY_CONFIG);
+    // Another network namespace than the node's: a pod-network pod, whose ports are its own.
+    asm.jump(Jump::EqImm(R0, 0), "allow")
+        .push(load_u64(R1, R0, 0))
+        .push(load_u64(R2, R10, VALUE))
+        .jump(Jump::Ne(R1, R2), "allow");
 }
 
-/// 2. The pod's cgroup, in r8: one level below `kubepods`, or two below a QoS directory.
+/// Step 2: the pod's cgroup, in r8: one level below `kubepods`, or two below a QoS directory.
 fn pod_cgroup(asm: &mut Assembler, maps: &MapFds) {
     asm.push(store_imm_u32(R10, KEY_CONFIG, CONFIG_POD_LEVEL as i32));
     lookup(asm, maps.config, KEY_CONFIG);

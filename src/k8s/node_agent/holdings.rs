@@ -3,18 +3,65 @@
 //! tenant; the record's entries are what the tenancy policy guards, so they decide, exactly
 //! as the webhook's record check does.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use crate::api::{POD_ALLOCATION_LABEL, PortAllocation, PortPool};
+use crate::api::{POD_ALLOCATION_LABEL, PortAllocation, PortPool, PortPoolShard};
 use crate::k8s::error::KubeError;
 use crate::k8s::record::ShardStore;
 use crate::k8s::resources::ALLOCATIONS;
 use crate::ledger::node_guard::PodHolding;
 use crate::ledger::{owner_of, pod_port_shards, pod_ports, shard_name, unheld_ports};
+
+/// The objects one round read, so the pods of one PortAllocation (and the windows they share)
+/// cost one read each: a node's many pods of few workloads make few requests.
+#[derive(Default)]
+pub(super) struct RoundReads {
+    allocations: Mutex<HashMap<(String, String), Option<PortAllocation>>>,
+    shards: Mutex<HashMap<String, Option<PortPoolShard>>>,
+}
+
+impl RoundReads {
+    async fn allocation(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<PortAllocation>, String> {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(pa) = self.allocations.lock().expect("not poisoned").get(&key) {
+            return Ok(pa.clone());
+        }
+        let api: Api<PortAllocation> = Api::namespaced(client.clone(), namespace);
+        let pa = api.get_opt(name).await.map_err(|e| {
+            KubeError::from_kube(e, ALLOCATIONS.on("get", name, Some(namespace))).to_string()
+        })?;
+        self.allocations
+            .lock()
+            .expect("not poisoned")
+            .insert(key, pa.clone());
+        Ok(pa)
+    }
+
+    async fn shard(&self, store: &ShardStore, name: &str) -> Result<Option<PortPoolShard>, String> {
+        if let Some(shard) = self.shards.lock().expect("not poisoned").get(name) {
+            return Ok(shard.clone());
+        }
+        let shard = store
+            .get(name)
+            .await
+            .map_err(|(e, target)| KubeError::from_kube(e, target).to_string())?;
+        self.shards
+            .lock()
+            .expect("not poisoned")
+            .insert(name.to_string(), shard.clone());
+        Ok(shard)
+    }
+}
 
 /// What the record says the pod holds: `Ok(None)` for a pod that asks for no ports (no
 /// allocation label, or a PortAllocation that gives it none). An error is passing: the agent
@@ -22,6 +69,7 @@ use crate::ledger::{owner_of, pod_port_shards, pod_ports, shard_name, unheld_por
 pub(super) async fn holding_of(
     client: &kube::Client,
     shards: &ShardStore,
+    reads: &RoundReads,
     pools: &BTreeMap<String, PortPool>,
     pod: &Pod,
 ) -> Result<Option<PodHolding>, String> {
@@ -30,11 +78,7 @@ pub(super) async fn holding_of(
     };
     let namespace = pod.namespace().unwrap_or_default();
     let pod_name = format!("{namespace}/{}", pod.name_any());
-    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &namespace);
-    let Some(pa) = api.get_opt(name).await.map_err(|e| {
-        KubeError::from_kube(e, ALLOCATIONS.on("get", name, Some(&namespace))).to_string()
-    })?
-    else {
+    let Some(pa) = reads.allocation(client, &namespace, name).await? else {
         return Ok(None);
     };
     let Ok(injection) = pa.pod_injection(pod) else {
@@ -46,10 +90,7 @@ pub(super) async fn holding_of(
     let ports = pod_ports(&pa, &injection)?;
     let mut read = BTreeMap::new();
     for key in pod_port_shards(&ports) {
-        let shard = shards
-            .get(&shard_name(&pa.spec.pool, key))
-            .await
-            .map_err(|(e, target)| KubeError::from_kube(e, target).to_string())?;
+        let shard = reads.shard(shards, &shard_name(&pa.spec.pool, key)).await?;
         read.insert(key, shard);
     }
     let unheld: BTreeSet<u16> = unheld_ports(&pa, &ports, &read)

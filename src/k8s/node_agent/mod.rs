@@ -62,6 +62,9 @@ pub struct NodeAgentOptions {
 /// no seen pod holds) before the guard treats it as a pod that holds nothing.
 const UNKNOWN_POD_GRACE: Duration = Duration::from_secs(10);
 
+/// Reads of pods' PortAllocations and shards in flight at once.
+const READS_AT_ONCE: usize = 16;
+
 /// A mirror pod names its static pod's cgroup UID here.
 const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
@@ -373,11 +376,17 @@ impl Agent {
             .filter(|uid| !self.holdings.contains_key(*uid))
             .filter_map(|uid| by_uid.get(uid))
             .collect();
+        // A bounded number at once: a fresh agent on a node of 1,000 pods opened a connection
+        // per pod's read (64 MiB); pods of one PortAllocation share its reads.
+        let reads = holdings::RoundReads::default();
         let lookups = missing.iter().map(|pod| {
-            let (client, shards) = (&self.client, &self.shards);
-            async move { holdings::holding_of(client, shards, pools, pod).await }
+            let (client, shards, reads) = (&self.client, &self.shards, &reads);
+            async move { holdings::holding_of(client, shards, reads, pools, pod).await }
         });
-        let results = futures::future::join_all(lookups).await;
+        let results: Vec<_> = futures::stream::iter(lookups)
+            .buffered(READS_AT_ONCE)
+            .collect()
+            .await;
         for (pod, result) in missing.into_iter().zip(results) {
             let uid = cgroup_uid(pod);
             match result {
