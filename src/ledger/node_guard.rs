@@ -47,10 +47,26 @@ pub struct NodePlan {
     pub guarded: BTreeMap<String, GuardMode>,
     /// Pools whose spec names no usable ports, with why.
     pub unusable: Vec<(String, String)>,
+    /// Pools whose ports are not reserved because they would leave the node too few ports for
+    /// outgoing connections, one line each naming the pool.
+    pub unreserved: Vec<String>,
 }
 
-/// The plan for `pools`.
-pub fn node_plan(pools: &[PortPool]) -> NodePlan {
+/// The node's ephemeral range (`net.ipv4.ip_local_port_range`), inclusive.
+pub type EphemeralRange = (u16, u16);
+
+/// How many ports of the ephemeral range reservations must leave free: a node that cannot
+/// pick a source port cannot connect anywhere (kubelet to the API server included). A quarter
+/// of the range, at least 1,024 (all of a smaller range).
+pub fn ephemeral_floor((first, last): EphemeralRange) -> u32 {
+    let size = u32::from(last.saturating_sub(first)) + 1;
+    (size / 4).max(1024).min(size)
+}
+
+/// The plan for `pools` on a node whose ephemeral range is `ephemeral` (`None`: unknown, every
+/// pool reserved). Pools are reserved in order while the ephemeral range keeps its floor free;
+/// a pool that would take it below is guarded all the same but not reserved, and said so.
+pub fn node_plan(pools: &[PortPool], ephemeral: Option<EphemeralRange>) -> NodePlan {
     let mut plan = NodePlan::default();
     for pool in pools {
         let ports = match pool.spec.port_set() {
@@ -60,7 +76,12 @@ pub fn node_plan(pools: &[PortPool]) -> NodePlan {
                 continue;
             }
         };
-        plan.reserved.extend(ports.iter());
+        match ephemeral.and_then(|range| crowds_out(&plan.reserved, &ports, range)) {
+            Some(left) => plan
+                .unreserved
+                .push(unreserved_line(pool, &ports, ephemeral, left)),
+            None => plan.reserved.extend(ports.iter()),
+        }
         let mode = pool.spec.guard_mode();
         if mode == GuardMode::Off {
             continue;
@@ -76,6 +97,41 @@ pub fn node_plan(pools: &[PortPool]) -> NodePlan {
         }
     }
     plan
+}
+
+/// How many ports of `range` would stay free if `ports` were reserved beside `reserved`, when
+/// that is below the floor; `None` when reserving them is fine.
+fn crowds_out(
+    reserved: &BTreeSet<u16>,
+    ports: &crate::core::PortSet,
+    range: EphemeralRange,
+) -> Option<u32> {
+    let in_range = |p: &u16| (range.0..=range.1).contains(p);
+    let taken = reserved.iter().filter(|p| in_range(p)).count() as u32;
+    let more = ports
+        .iter()
+        .filter(|p| in_range(p) && !reserved.contains(p))
+        .count() as u32;
+    let size = u32::from(range.1.saturating_sub(range.0)) + 1;
+    let left = size.saturating_sub(taken + more);
+    (more > 0 && left < ephemeral_floor(range)).then_some(left)
+}
+
+fn unreserved_line(
+    pool: &PortPool,
+    ports: &crate::core::PortSet,
+    ephemeral: Option<EphemeralRange>,
+    left: u32,
+) -> String {
+    let (first, last) = ephemeral.expect("only with a range");
+    let overlap = ports.iter().filter(|p| (first..=last).contains(p)).count();
+    format!(
+        "PortPool {} is not reserved on this node: it has {overlap} ports of the ephemeral range \
+         {first}-{last}, and reserving them would leave {left} for outgoing connections (at least \
+         {} are kept); move the pool out of that range or narrow net.ipv4.ip_local_port_range",
+        pool.name_any(),
+        ephemeral_floor((first, last))
+    )
 }
 
 fn rank(mode: GuardMode) -> u8 {
@@ -173,15 +229,18 @@ mod tests {
 
     #[test]
     fn every_pool_is_reserved_and_only_guarded_ones_are_watched() {
-        let plan = node_plan(&[
-            pool("plain", &["30000-30009"], Protocol::Tcp, None),
-            pool(
-                "udp",
-                &["31000-31001"],
-                Protocol::Udp,
-                Some(GuardMode::Audit),
-            ),
-        ]);
+        let plan = node_plan(
+            &[
+                pool("plain", &["30000-30009"], Protocol::Tcp, None),
+                pool(
+                    "udp",
+                    &["31000-31001"],
+                    Protocol::Udp,
+                    Some(GuardMode::Audit),
+                ),
+            ],
+            Some((32768, 60999)),
+        );
         assert_eq!(plan.reserved.len(), 12);
         assert_eq!(plan.modes.len(), 2);
         assert_eq!(
@@ -194,20 +253,54 @@ mod tests {
 
     #[test]
     fn the_stricter_mode_wins_where_pools_share_a_port() {
-        let plan = node_plan(&[
-            pool("a", &["30000-30009"], Protocol::Tcp, Some(GuardMode::Audit)),
-            pool(
-                "b",
-                &["30005-30014"],
-                Protocol::Tcp,
-                Some(GuardMode::Enforce),
-            ),
-            pool("c", &["30010-30019"], Protocol::Tcp, Some(GuardMode::Audit)),
-        ]);
+        let plan = node_plan(
+            &[
+                pool("a", &["30000-30009"], Protocol::Tcp, Some(GuardMode::Audit)),
+                pool(
+                    "b",
+                    &["30005-30014"],
+                    Protocol::Tcp,
+                    Some(GuardMode::Enforce),
+                ),
+                pool("c", &["30010-30019"], Protocol::Tcp, Some(GuardMode::Audit)),
+            ],
+            None,
+        );
         assert_eq!(plan.modes[&slot(Protocol::Tcp, 30004)], GuardMode::Audit);
         assert_eq!(plan.modes[&slot(Protocol::Tcp, 30005)], GuardMode::Enforce);
         assert_eq!(plan.pool_of_slot[&slot(Protocol::Tcp, 30012)], "b");
         assert_eq!(plan.modes[&slot(Protocol::Tcp, 30015)], GuardMode::Audit);
+    }
+
+    #[test]
+    fn a_pool_that_would_leave_too_few_ephemeral_ports_is_guarded_but_not_reserved() {
+        let range = (32768, 60999); // 28,232 ports; 7,058 are kept free
+        let plan = node_plan(
+            &[
+                pool("a-rbg", &["30000-34999"], Protocol::Tcp, None),
+                pool(
+                    "b-everything",
+                    &["1-65535"],
+                    Protocol::Udp,
+                    Some(GuardMode::Enforce),
+                ),
+                pool("c-high", &["40000-59999"], Protocol::Tcp, None),
+                pool("d-small", &["61000-61009"], Protocol::Tcp, None),
+            ],
+            Some(range),
+        );
+        // a-rbg takes 2,232 of the range; b-everything would take all of it, c-high 20,000 more
+        // than leaves the floor; d-small is outside the range.
+        assert_eq!(plan.reserved.len(), 5000 + 10);
+        assert_eq!(plan.unreserved.len(), 2, "{:?}", plan.unreserved);
+        assert!(plan.unreserved[0].starts_with(
+            "PortPool b-everything is not reserved on this node: it has 28232 ports of the ephemeral range 32768-60999, and reserving them would leave 0"
+        ));
+        assert!(plan.unreserved[1].starts_with("PortPool c-high is not reserved"));
+        // Still guarded: the guard needs no reservation.
+        assert_eq!(plan.guarded.len(), 1);
+        assert_eq!(ephemeral_floor(range), 7058);
+        assert_eq!(ephemeral_floor((60000, 60999)), 1000);
     }
 
     #[test]

@@ -12,6 +12,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub const SYSCTL: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+/// The ephemeral range, beside it (`net.ipv4.ip_local_port_range`: "FIRST\tLAST").
+const PORT_RANGE: &str = "ip_local_port_range";
 
 /// The setting's text (`"8080,30000-30099"`) as ports.
 pub fn parse(text: &str) -> Result<BTreeSet<u16>, String> {
@@ -93,6 +95,30 @@ impl ReservedPorts {
         Self {
             sysctl: sysctl.to_path_buf(),
             state: state_dir.join("reserved-ports"),
+        }
+    }
+
+    /// The ephemeral range of the same network namespace, from the file beside the setting.
+    pub fn ephemeral_range(&self) -> io::Result<(u16, u16)> {
+        let path = self
+            .sysctl
+            .parent()
+            .unwrap_or(Path::new("/proc/sys/net/ipv4"))
+            .join(PORT_RANGE);
+        let path = if path.exists() {
+            path
+        } else {
+            Path::new("/proc/sys/net/ipv4").join(PORT_RANGE)
+        };
+        let text = fs::read_to_string(&path)?;
+        let mut numbers = text.split_whitespace().map(str::parse::<u16>);
+        match (numbers.next(), numbers.next()) {
+            (Some(Ok(first)), Some(Ok(last))) if first <= last => Ok((first, last)),
+            _ => Err(io::Error::other(format!(
+                "{} holds {:?}, not two ports",
+                path.display(),
+                text.trim()
+            ))),
         }
     }
 

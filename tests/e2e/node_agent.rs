@@ -315,6 +315,19 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
         "Audit",
     ]);
     assert!(run.ok(), "{run}");
+    // A pool of every port would leave the node no source port for any connection (the
+    // agent's own to the API server included): it is not reserved, and said so.
+    let run = cluster.run(&[
+        "pool",
+        "create",
+        "everything",
+        "--range",
+        "1-65535",
+        "--protocol",
+        "UDP",
+        "--allow-overlap",
+    ]);
+    assert!(run.ok(), "{run}");
     let plain_root = tempfile::tempdir().unwrap();
     let log_path = plain_root.path().join("agent.log");
     let _agent = KillOnDrop(
@@ -365,6 +378,10 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
             let out = cluster.run(&["pool", "describe", "plain"]).stdout;
             out.contains("reserve its ports, no guard: node-plain (no cgroup v2 hierarchy at")
                 && out.contains("warning: node-plain: port 46003/TCP of PortPool plain")
+                && cluster
+                    .run(&["pool", "describe", "everything"])
+                    .stdout
+                    .contains("PortPool everything is not reserved on this node")
         },
         log,
     );

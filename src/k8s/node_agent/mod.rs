@@ -172,7 +172,14 @@ impl Agent {
             .iter()
             .map(|p| (p.name_any(), (**p).clone()))
             .collect();
-        let plan = node_plan(&pools.values().cloned().collect::<Vec<_>>());
+        let ephemeral = match self.reserved_ports.ephemeral_range() {
+            Ok(range) => Some(range),
+            Err(e) => {
+                tracing::warn!(node = %self.options.node_name, "reading the ephemeral port range: {e}; reserving every pool");
+                None
+            }
+        };
+        let plan = node_plan(&pools.values().cloned().collect::<Vec<_>>(), ephemeral);
         let plan_changed = self.plan.as_ref() != Some(&plan);
         self.plan = Some(plan.clone());
         if self.guard.is_none() {
@@ -228,6 +235,9 @@ impl Agent {
         for (pool, why) in &plan.unusable {
             tracing::warn!(pool = %pool, "PortPool {pool:?} names no usable ports ({why}); nothing of it is reserved or guarded");
         }
+        for line in &plan.unreserved {
+            tracing::warn!(node = %self.options.node_name, "{line}");
+        }
         let reservation = self.reserved_ports.apply(&plan.reserved).map_err(|e| {
             anyhow::anyhow!(
                 "writing {}: {e} (the agent needs CAP_NET_ADMIN and a writable file there)",
@@ -265,7 +275,9 @@ impl Agent {
                     .collect();
                 let owners = self.written_owners.clone().unwrap_or_default();
                 let pools: Vec<PortPool> = pools.values().cloned().collect();
-                listener_conflicts(&pools, &listeners, &owners)
+                let mut lines = listener_conflicts(&pools, &listeners, &owners);
+                lines.extend(plan.unreserved.iter().cloned());
+                lines
             }
         };
         let report = NodeReport {
