@@ -148,32 +148,9 @@ impl Allocator {
         attempts: &mut Attempts,
         label: &str,
     ) -> Round {
-        let store = ShardStore::new(self.client.clone());
-        let read = match read_pool(&self.client, pool).await {
-            Ok(Some(object)) => store
-                .list(pool)
-                .await
-                .map(|shards| (PoolSnapshot::of_pool(&object), shards)),
-            Ok(None) => {
-                return Round::Stop(StopAll::Refused(Refusal::PoolNotFound {
-                    pool: pool.into(),
-                    owner: String::new(),
-                }));
-            }
-            Err(e) => Err((e, POOLS.on("get", pool, None))),
-        };
-        let (copy, shards) = match read {
-            Ok(read) => read,
-            Err((e, target)) => return waited(attempts.backoff(e, target, label).await, pool),
-        };
-        let mut sharded = match PoolRecord::load(copy, shards) {
+        let mut sharded = match self.read_record(pool, attempts, label).await {
             Ok(sharded) => sharded,
-            Err(error) => {
-                return Round::Stop(StopAll::Refused(Refusal::PoolSpec {
-                    pool: pool.into(),
-                    error,
-                }));
-            }
+            Err(round) => return round,
         };
         self.pools.remember(pool, &sharded.pool);
         pool_uid.clone_from(&sharded.pool.uid);
@@ -215,10 +192,62 @@ impl Allocator {
             return Round::Again;
         }
 
-        // Pass 2: the rest, against the shards as pass 1 left them.
         let rest: Vec<BatchItem> = second.iter().map(|&n| items[n].clone()).collect();
-        let batch = decide_pool_batch(&sharded, &rest, Pass::Anywhere, false, &mut rand::rng());
-        if let Some((shard, reason)) = blocked_shard(&sharded, &batch.writes) {
+        let second: Vec<usize> = second.iter().map(|&n| open[n]).collect();
+        self.second_pass(pool, pas, &second, &rest, done, &sharded, attempts, label)
+            .await
+    }
+
+    /// Read the pool and its shards once; a round's answer (`Err`) when that fails.
+    async fn read_record(
+        &self,
+        pool: &str,
+        attempts: &mut Attempts,
+        label: &str,
+    ) -> Result<PoolRecord, Round> {
+        let store = ShardStore::new(self.client.clone());
+        let read = match read_pool(&self.client, pool).await {
+            Ok(Some(object)) => store
+                .list(pool)
+                .await
+                .map(|shards| (PoolSnapshot::of_pool(&object), shards)),
+            Ok(None) => {
+                return Err(Round::Stop(StopAll::Refused(Refusal::PoolNotFound {
+                    pool: pool.into(),
+                    owner: String::new(),
+                })));
+            }
+            Err(e) => Err((e, POOLS.on("get", pool, None))),
+        };
+        let (copy, shards) = match read {
+            Ok(read) => read,
+            Err((e, target)) => return Err(waited(attempts.backoff(e, target, label).await, pool)),
+        };
+        PoolRecord::load(copy, shards).map_err(|error| {
+            Round::Stop(StopAll::Refused(Refusal::PoolSpec {
+                pool: pool.into(),
+                error,
+            }))
+        })
+    }
+
+    /// Pass 2: the items pass 1 left (`second`, indexes into `pas`; `rest`, their items),
+    /// against the shards as pass 1 left them: their statuses widened first, then one write per
+    /// changed shard.
+    #[allow(clippy::too_many_arguments)]
+    async fn second_pass(
+        &self,
+        pool: &str,
+        pas: &mut [PortAllocation],
+        second: &[usize],
+        rest: &[BatchItem],
+        done: &mut [Option<Done>],
+        sharded: &PoolRecord,
+        attempts: &mut Attempts,
+        label: &str,
+    ) -> Round {
+        let batch = decide_pool_batch(sharded, rest, Pass::Anywhere, false, &mut rand::rng());
+        if let Some((shard, reason)) = blocked_shard(sharded, &batch.writes) {
             let error = AllocateError::BlockedShard {
                 owner: String::new(),
                 pool: pool.into(),
@@ -234,7 +263,7 @@ impl Allocator {
             .widen
             .iter()
             .map(|(n, shards)| {
-                let i = open[second[*n]];
+                let i = second[*n];
                 let (pa, shards) = (pas[i].clone(), shards.clone());
                 async move { (i, self.widen(pa, &shards).await) }
             })
@@ -254,7 +283,7 @@ impl Allocator {
             // A PortAllocation changed meanwhile: decide pass 2 again from a fresh read.
             return waited(attempts.backoff(e, target, label).await, pool);
         }
-        let committed = self.write_all(&batch.writes, &sharded, label).await;
+        let committed = self.write_all(&batch.writes, sharded, label).await;
         let mut conflict = None;
         for (write, result) in batch.writes.iter().zip(committed) {
             if let Err(e) = result {
@@ -262,14 +291,13 @@ impl Allocator {
                 conflict = Some(e);
             }
         }
-        let failed = failed_shards(&batch.writes, &sharded);
+        let failed = failed_shards(&batch.writes, sharded);
         for (n, (outcome, shards)) in batch.outcomes.into_iter().zip(batch.shards).enumerate() {
             let Some(outcome) = outcome else { continue };
-            let touched: BTreeSet<ShardKey> =
-                shards.union(&items[second[n]].known).copied().collect();
+            let touched: BTreeSet<ShardKey> = shards.union(&rest[n].known).copied().collect();
             if touched.is_disjoint(&failed) || !changes(&outcome) {
                 let written = changes(&outcome);
-                done[open[second[n]]] = Some(Done {
+                done[second[n]] = Some(Done {
                     outcome,
                     shards,
                     written,
