@@ -187,9 +187,11 @@ async fn clients_finish_or_fail_retriably_when_the_api_server_restarts() {
         "failures without a clear retriable message:\n{}",
         unclear.join("\n")
     );
+    // The outage was exercised when an operation either failed retriably or was in flight across
+    // the whole of it and still succeeded (the in-process retries can bridge a short outage).
     assert!(
-        failed.iter().any(|op| op.code == 6),
-        "the restart was not noticed: the test did not exercise the outage"
+        bridged > 0 || failed.iter().any(|op| op.code == 6),
+        "the restart was not noticed: no operation spanned the outage or failed retriably"
     );
     let sample = failed
         .iter()
