@@ -9,12 +9,13 @@ use serde::Deserialize;
 use super::{CliError, Exit};
 use crate::api::{RBG_ANNOTATION, import_rbg};
 
-/// Print the PortAllocation equivalent of RoleBasedGroup manifests (workloads.x-k8s.io v1alpha1
-/// or v1alpha2: standalone roles, leaderWorkerPattern, customComponentsPattern components) that
-/// use the `rolebasedgroup.workloads.x-k8s.io/port-allocator` and `component-discovery`
-/// annotations. What has no equivalent yet (address references, per-instance groups, other RBG
-/// annotations) is listed as `# note:` lines, never dropped silently. Changes nothing in the
-/// cluster.
+/// Print the PortAllocation equivalent of RoleBasedGroup manifests' port annotations
+///
+/// Reads RoleBasedGroup manifests (workloads.x-k8s.io v1alpha1 or v1alpha2: standalone roles,
+/// leaderWorkerPattern, customComponentsPattern components) that use the
+/// `rolebasedgroup.workloads.x-k8s.io/port-allocator` and `component-discovery` annotations.
+/// What has no equivalent yet (address references, per-instance groups, other RBG annotations)
+/// is listed as `# note:` lines, never dropped silently. Changes nothing in the cluster.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
   # Convert, review, then allocate

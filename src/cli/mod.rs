@@ -56,8 +56,9 @@ Examples:
 /// Hand out network ports to Kubernetes workloads without collisions.
 ///
 /// Ports come from cluster-scoped PortPools and are recorded in namespaced PortAllocations.
-/// Allocation happens in this client with optimistic concurrency on the pool object, so no
-/// controller is needed and any number of concurrent clients never hand out a port twice.
+/// Allocation happens in this client with optimistic concurrency on the pool's shards (each a
+/// window of its ports), so no controller is needed and any number of concurrent clients never
+/// hand out a port twice.
 #[derive(Parser, Debug)]
 #[command(
     name = "kubectl-portalloc",

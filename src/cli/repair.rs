@@ -10,20 +10,20 @@ use crate::ledger::RepairPlan;
 
 /// Free ports whose PortAllocation is gone and restore holdings a recreated pool lost.
 ///
-/// For each pool: read it, then list every PortAllocation, and compute what differs. Entries whose
-/// PortAllocation no longer exists (by UID) are freed. Holdings a live PortAllocation's status
-/// records against an earlier pool object of the same name (the pool was deleted and created
-/// again) are restored where the port is still in the pool, still asked for and free. Ports held
-/// twice, ports outside the pool and stale statuses are reported, never moved.
-///
-/// A pool is repaired shard by shard: its shards are listed, then its PortAllocations, and each
-/// shard is planned as above with the parts of statuses in its window. A shard that is missing where statuses record ports is recreated with those holdings;
-/// shards of an earlier pool object of the same name are removed. Ports listed in the wrong
-/// shard or in two shards are reported, never moved.
+/// For each pool: list its shards (the record of its ports, one per window), then its
+/// PortAllocations, and compute what differs, shard by shard with the parts of statuses in each
+/// shard's window. Entries whose PortAllocation no longer exists (by UID) are freed. Holdings a
+/// live PortAllocation's status records against an earlier pool of the same name (the pool was
+/// deleted and created again) are restored where the port is still in the pool, still asked for
+/// and free. A shard that is missing where statuses record ports is recreated with those
+/// holdings; shards of an earlier pool of the same name are removed. Ports held twice, ports
+/// outside the pool, ports listed in the wrong shard or in two shards and stale statuses are
+/// reported, never moved.
 ///
 /// Without --apply nothing is written and the exit code is 10 when there is anything to report.
-/// With --apply the pool's status is replaced with a compare-and-swap on the version read, so a
-/// concurrent allocation is never lost: if the pool changed meanwhile, repair reads it again.
+/// With --apply each changed shard is written with a compare-and-swap on the version listed (a
+/// missing one is created), so a concurrent allocation is never lost: if a shard changed
+/// meanwhile, repair lists the shards again.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
   # Show what repair would change in every pool (exit code 10 if anything)

@@ -170,7 +170,7 @@ pub fn pool_repaired(plan: &RepairPlan) -> Notice {
     Notice::new(
         false,
         "Repaired",
-        format!("Repair@{}", plan.resource_version),
+        "Repair".to_string(),
         format!(
             "repair {} (now {} held by {} holders): {}",
             summary.join(", "),
@@ -186,7 +186,8 @@ pub fn pool_repaired(plan: &RepairPlan) -> Notice {
 /// now. (Entries of deleted ones are said on the pool only.)
 pub fn allocations_repaired(plan: &RepairPlan) -> Vec<(EntryOwner, Notice)> {
     let pool = &plan.pool;
-    let action = format!("Repair@{}", plan.resource_version);
+    // No version of its own: a repair spans shards, so one series per pool and object.
+    let action = "Repair".to_string();
     plan.changes
         .iter()
         .filter_map(|change| {
@@ -318,7 +319,6 @@ mod tests {
         RepairPlan {
             pool: "gpu".into(),
             pool_uid: "pool-uid".into(),
-            resource_version: "41".into(),
             changes,
             findings: vec![],
             holders: 1,
@@ -355,7 +355,7 @@ mod tests {
         ]);
         let notice = pool_repaired(&plan);
         assert_eq!(notice.reason, "Repaired");
-        assert_eq!(notice.action, "Repair@41");
+        assert_eq!(notice.action, "Repair");
         assert!(
             notice.note.starts_with(
                 "repair freed 2 ports, restored 2 ports (now 2 held by 1 holders): free apps/gone"

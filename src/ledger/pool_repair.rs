@@ -156,7 +156,6 @@ fn plan_copy_repair(
         plan: RepairPlan {
             pool: sharded.name().to_string(),
             pool_uid: sharded.pool.uid.clone(),
-            resource_version: String::new(),
             changes,
             findings,
             holders: holders_after.len(),

@@ -20,7 +20,7 @@ pub enum FreeReason {
     OtherPool { pool: String },
 }
 
-/// One change repair makes to a pool's status.
+/// One change repair makes to a pool's record (its shards).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "camelCase")]
 pub enum Change {
@@ -43,8 +43,8 @@ pub enum Change {
         ports: String,
         count: usize,
     },
-    /// Sharded pool: delete a shard object left by an earlier pool object of the same name (it
-    /// would block this pool's shard for its window; statuses restore what it held).
+    /// Delete a shard object left by an earlier pool object of the same name (it would block
+    /// this pool's shard for its window; statuses restore what it held).
     #[serde(rename_all = "camelCase")]
     RemoveShard { shard: String, pool_uid: String },
     /// The shard carries an older spec of the pool: write this generation's (the shard's
@@ -112,7 +112,7 @@ pub enum Finding {
         port: u16,
         why: String,
     },
-    /// Sharded pool: a pool port listed in a shard whose window does not contain it.
+    /// A pool port listed in a shard whose window does not contain it.
     #[serde(rename_all = "camelCase")]
     WrongShard {
         shard: String,
@@ -121,7 +121,7 @@ pub enum Finding {
         slot: String,
         port: u16,
     },
-    /// Sharded pool: one port listed in two shards.
+    /// One port listed in two shards.
     #[serde(rename_all = "camelCase")]
     HeldInTwoShards {
         port: u16,
@@ -130,15 +130,15 @@ pub enum Finding {
         second: String,
         second_shard: String,
     },
-    /// Sharded pool: an owner's slot listed in several shards in pieces that do not join.
+    /// An owner's slot listed in several shards in pieces that do not join.
     #[serde(rename_all = "camelCase")]
     SlotApart {
         uid: String,
         slot: String,
         shards: Vec<String>,
     },
-    /// Sharded pool: a shard object that is not part of the record (another pool's, an earlier
-    /// pool object's, a malformed one, or a second one for a window).
+    /// A shard object that is not part of the record (another pool's, an earlier pool object's,
+    /// a malformed one, or a second one for a window).
     #[serde(rename_all = "camelCase")]
     NotLoaded { shard: String, reason: String },
 }
@@ -151,14 +151,13 @@ pub struct Restored {
     pub name: String,
 }
 
-/// What repair would do to one pool, computed from one read of the pool and one later list.
+/// What repair would do to one pool (or one of its shards), computed from one list of its
+/// shards and one later list of PortAllocations.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RepairPlan {
     pub pool: String,
     pub pool_uid: String,
-    /// The resourceVersion read: the write is a compare-and-swap on it.
-    pub resource_version: String,
     pub changes: Vec<Change>,
     pub findings: Vec<Finding>,
     /// Holders and held ports after the changes.
@@ -167,7 +166,8 @@ pub struct RepairPlan {
     /// The holders after the changes (several copies of a pool may name one twice).
     #[serde(skip)]
     pub holders_after: BTreeSet<String>,
-    /// The status to write; `None` when nothing changes.
+    /// A plan of one shard: the shard's status to write, `None` when nothing changes. A plan
+    /// of the whole pool leaves it `None`: each changed shard's status is in its write.
     #[serde(skip)]
     pub status: Option<PortPoolShardStatus>,
     #[serde(skip)]

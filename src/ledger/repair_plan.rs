@@ -12,17 +12,17 @@
 //! Kubernetes' repair controller frees a leaked port only after seeing it leaked on several
 //! passes, because an allocation may be in flight. Here, the order of the reads settles it:
 //!
-//! 1. read the pool, at resourceVersion `R`;
+//! 1. list the pool's shards, at revision `R`;
 //! 2. *then* list every PortAllocation (a consistent list, served at a revision after `R`).
 //!
-//! A client writes a pool entry only for a PortAllocation that exists: the entry is keyed by the
-//! object's UID, which the API server assigns when the object is created. So every entry in the
-//! pool at `R` belongs to an object created before `R`; if the list taken after `R` does not
+//! A client writes a shard entry only for a PortAllocation that exists: the entry is keyed by
+//! the object's UID, which the API server assigns when the object is created. So every entry in
+//! a shard at `R` belongs to an object created before `R`; if the list taken after `R` does not
 //! contain that UID, the object has been deleted, and a UID never comes back. Such an entry is a
 //! genuine leak, never an allocation in flight. Allocations that land after `R` are not in what
-//! we read at all, and the write back is a compare-and-swap on `R`: if anything wrote the pool
-//! after `R`, the write fails with 409 and repair starts again from step 1. A concurrent
-//! allocation can therefore never lose its ports to repair.
+//! we read at all, and each shard's write is a compare-and-swap on the version listed: if
+//! anything wrote that shard since, the write fails with 409 and repair starts again from step
+//! 1. A concurrent allocation can therefore never lose its ports to repair.
 //!
 //! # What repair changes, and what it only reports
 //!
@@ -39,8 +39,9 @@
 //!   moves a live workload's port: a duplicate or an excluded port may be in use by a running
 //!   pod, and which side should move is a decision for a person (`release`, then `sync`).
 //!
-//! The diff is computed by [`plan_repair`], a pure function of one pool read and one list; the
-//! Kubernetes layer (`k8s::repair`) does the reads and the compare-and-swap write.
+//! The diff is computed by [`plan_repair`], a pure function of one shard as listed and one list
+//! of PortAllocations; the Kubernetes layer (`k8s::repair`) does the reads and the
+//! compare-and-swap writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,8 +52,8 @@ use super::repair_restore::{creation_order, restore_lost};
 use super::window_record::{Anomaly, HolderEntry, WindowRecord};
 use crate::api::{PoolHolder, PortAllocation, PortPoolShardStatus};
 
-/// The diff for one pool. `allocations` is every PortAllocation in the cluster, listed *after*
-/// the pool was read (see the module docs for why that order matters). Pure.
+/// The diff for one shard. `allocations` is every PortAllocation in the cluster, listed *after*
+/// the shard was (see the module docs for why that order matters). Pure.
 pub fn plan_repair(record: &WindowRecord, allocations: &[PortAllocation]) -> RepairPlan {
     plan_repair_scoped(record, allocations, &RepairScope::default())
 }
@@ -218,7 +219,6 @@ fn finish(
     RepairPlan {
         pool: record.pool_name().to_string(),
         pool_uid: record.pool_uid().to_string(),
-        resource_version: record.resource_version().unwrap_or_default(),
         holders: recounted.holders.len(),
         holders_after: recounted.holders.iter().map(|h| h.uid.clone()).collect(),
         held_ports: recounted.allocated.max(0) as u32,

@@ -18,7 +18,7 @@ pub struct HolderEntry {
     pub holdings: Holdings,
 }
 
-/// Something in the pool's status that should not be there. Such ports are never handed out
+/// Something in a shard's holders that should not be there. Such ports are never handed out
 /// again by us; `repair` reports and fixes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Anomaly {

@@ -18,8 +18,8 @@
 //! Each sync, release and repair is said on its object as a Kubernetes Event
 //! ([`Events`]).
 //!
-//! No leader election is needed for safety: every write is a compare-and-swap on the pool's
-//! resourceVersion, so two watchers (or a watcher and any number of CLI clients) at once never
+//! No leader election is needed for safety: every write is a compare-and-swap on the
+//! resourceVersion of the pool shard it changes, so two watchers (or a watcher and any number of CLI clients) at once never
 //! hand out a port twice. They only cost each other conflicts and the API server twice the
 //! reads. So with a [`Replica`]'s Lease (`--leader-elect`) all of the above runs only while this
 //! replica holds it ([`watch_as`]); the pod webhook (served beside, `cli/webhook_server.rs`)
