@@ -50,8 +50,9 @@ impl SlotKey {
     }
 
     /// Pod `index` of `role` in group `group` (a RoleScoped port: index 0). Group 0 is the role
-    /// itself, so allocations without groups are written as before; group g > 0 is written
-    /// `<g>-<role>`, which no role can be called (role names start with a letter). Keying by
+    /// itself, so the records of an allocation without groups never carry a group prefix;
+    /// group g > 0 is written `<g>-<role>`, which no role can be called (role names start with
+    /// a letter). Keying by
     /// (group, index) rather than a flat pod number keeps every pod's port when a role's
     /// replicas per group change.
     pub fn in_group(role: &str, port: impl Into<String>, group: u32, index: u32) -> SlotKey {

@@ -1,4 +1,4 @@
-//! Where a pool puts the ports it chooses itself (issue 22).
+//! Where a pool puts the ports it chooses itself: packed or scattered placement.
 //!
 //! Packed placement, the default, is address-ordered best fit, the policy memory allocators
 //! use to keep fragmentation low: a block (a single port is a block of one) goes into the
@@ -12,13 +12,13 @@
 //! uniformly random start did almost always, but cut the runs blocks need); as every write is
 //! a compare-and-swap of the record, the loser of a race re-reads whichever ports it chose.
 //!
-//! A window of a sharded pool (`PoolState::leaning`) has no such choice: two clients writing
+//! A shard's window of a pool (`PoolState::leaning`) has no such choice: two clients writing
 //! one shard conflict whatever ports they chose, so its end is fixed by the window (see the
 //! ledger's `window_lean`), and the free ports of two neighbouring windows stay one run.
 //!
-//! Scattered placement is what came before: a uniformly random start anywhere in the band, as
-//! Kubernetes' NodePort allocator does for single ports. It cuts every long run, and is kept
-//! only so benchmarks can show both in one run.
+//! Scattered placement is a uniformly random start anywhere in the band, as Kubernetes'
+//! NodePort allocator does for single ports. It cuts every long run, and is kept only so
+//! benchmarks can show both in one run.
 
 use std::ops::Range;
 
@@ -62,7 +62,7 @@ impl Aim {
         }
     }
 
-    /// The first aim in a state that always leans one way (a window of a sharded pool).
+    /// The first aim in a state that always leans one way (a shard's window of a pool).
     pub(super) fn fixed(lean: Lean) -> Aim {
         Aim {
             lean,

@@ -47,7 +47,7 @@ pub struct StaleShard {
     pub pool_uid: String,
 }
 
-/// What repair does to a sharded pool.
+/// What repair does to a pool: the plan over all its shards and the writes that carry it out.
 #[derive(Clone, Debug)]
 pub struct PoolRepairPlan {
     /// Every shard's changes and findings, plus the cross-shard findings; `status` is `None`

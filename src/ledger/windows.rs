@@ -1,4 +1,4 @@
-//! Which shard of a sharded pool records which port, what shards are called, and in which
+//! Which shard of a pool records which port, what shards are called, and in which
 //! order an owner tries them (docs/record-at-scale.md, section 3). Pure arithmetic on ports.
 //!
 //! **Shards are aligned by port number, not by the pool's ordinal.** Shard `k` is the record
@@ -8,7 +8,7 @@
 //! and one exclusion added near the start would shift every later ordinal, moving ports (and
 //! their holders) between shards — a move no single compare-and-swap covers. With windows:
 //! - a new exclusion, or a range cut short, only removes ports from their windows; holdings
-//!   on them stay in the shard where they are and are reported as outside the pool, as today;
+//!   on them stay in the shard where they are and are reported as outside the pool;
 //! - a range extended or added fills existing windows or adds shards for new windows;
 //! - a window left with no pool port keeps its shard (and any stranded entries) until
 //!   `repair` has nothing left in it.

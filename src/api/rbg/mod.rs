@@ -13,7 +13,7 @@
 //! 0 of that component *in the referencing pod's own role instance*; here it becomes
 //! `<our role>.<port>[0]`, which is exact for one instance and is instance 0's port otherwise
 //! (a note says so: groups are not expressible yet). v1alpha1's `<role>.<port>` names another
-//! role, as before.
+//! role, so it maps to that role's port unchanged.
 
 mod config;
 mod shape;
