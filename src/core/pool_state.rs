@@ -9,7 +9,7 @@ use super::band::{Band, Bands, StaticBand};
 use super::bitmap::PortBitmap;
 use super::block::PortBlock;
 use super::fragmentation::Fragmentation;
-use super::placement::{Aim, Lean, Placement};
+use super::placement_policy::{Aim, Lean, Placement};
 use super::range::PortSet;
 
 /// Held and total ports of one band (what `pool describe` prints).

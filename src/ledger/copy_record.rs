@@ -17,7 +17,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
 use crate::core::{Holdings, Lean, PoolState, PortSet, StaticBand};
 
-use super::pieces::{ShardAnomaly, cross_shard_anomalies, parts_by_uid, split_by_shard, union_of};
+use super::holdings_across_shards::{
+    ShardAnomaly, cross_shard_anomalies, parts_by_uid, split_by_shard, union_of,
+};
 use super::pool_snapshot::PoolSnapshot;
 use super::window_record::WindowRecord;
 use super::windows::{ShardKey, WindowLayout, shard_name, window, window_of};

@@ -35,12 +35,11 @@ pub mod event_notice;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod free_runs;
-mod known;
+mod holdings_across_shards;
+mod known_shards;
 pub mod leader_lease;
 pub mod node_guard;
 pub mod node_report;
-mod pieces;
-mod placement;
 mod pod_ports;
 mod pool_record;
 mod pool_repair;
@@ -53,6 +52,7 @@ mod repair_outcome;
 mod repair_plan;
 mod repair_restore;
 mod repair_text;
+mod shard_choice;
 mod window_record;
 mod windows;
 
@@ -64,11 +64,10 @@ pub use copy_record::{
     CopyRecord, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
 };
 pub use decision::{Decision, Operation, decide, precheck};
-pub use known::{
+pub use holdings_across_shards::{ShardAnomaly, split_by_shard};
+pub use known_shards::{
     home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,
 };
-pub use pieces::{ShardAnomaly, split_by_shard};
-pub use placement::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
 pub use pod_ports::{
     Mismatch, PodPort, PortHolder, RecordDenial, pod_port_shards, pod_ports, unheld_ports,
 };
@@ -81,6 +80,7 @@ pub use record_warnings::record_warnings;
 pub use refusal::{Reason, Refusal};
 pub use repair_outcome::{Change, Finding, FreeReason, RepairPlan, Restored};
 pub use repair_plan::plan_repair;
+pub use shard_choice::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
 pub use window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
 pub use windows::{
     ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,

@@ -19,7 +19,7 @@ use crate::api::{PortPoolShard, SpecError};
 use crate::core::{Holdings, PortSet};
 
 use super::copy_record::{CopyRecord, ShardWrite, newest_snapshot};
-use super::pieces::ShardAnomaly;
+use super::holdings_across_shards::ShardAnomaly;
 use super::pool_snapshot::PoolSnapshot;
 use super::windows::{ShardKey, WindowLayout};
 

@@ -28,8 +28,8 @@ use kube::ResourceExt;
 
 use super::allocation_status::recorded_holdings;
 use super::copy_record::{CopyRecord, ShardWrite, load_shard, new_shard};
-use super::known::status_copy;
-use super::pieces::ShardAnomaly;
+use super::holdings_across_shards::ShardAnomaly;
+use super::known_shards::status_copy;
 use super::pool_record::PoolRecord;
 use super::repair_outcome::{Change, Finding, RepairPlan, RepairScope, Restored};
 use super::repair_plan::plan_repair_scoped;

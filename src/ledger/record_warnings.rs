@@ -4,7 +4,7 @@
 //! show is said in warnings. Pure.
 
 use super::copy_record::CopyRecord;
-use super::pieces::ShardAnomaly;
+use super::holdings_across_shards::ShardAnomaly;
 use super::pool_record::PoolRecord;
 use super::pool_snapshot::PoolSnapshot;
 use super::windows::ShardKey;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use kube::ResourceExt;
 
 use super::allocation_status::recorded_holdings;
-use super::known::status_copy;
+use super::known_shards::status_copy;
 use super::owner_of;
 use super::repair_outcome::{Change, Finding, RepairScope, Restored, describe_ports};
 use super::window_record::WindowRecord;

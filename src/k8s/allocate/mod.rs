@@ -1,16 +1,16 @@
 //! Client-side allocation: the [`Allocator`] and the paths that read a pool's record, decide with
 //! the ledger and commit with compare-and-swap — one PortAllocation at a time (`sync`, with its
 //! loop over the shards in `commit` and its path through the whole pool in `whole_pool`), many
-//! at once (`batch`, and the watcher's `combiner`), the dry runs (`preview`) — plus what follows
+//! at once (`batch`, and the watcher's `group_commit`), the dry runs (`preview`) — plus what follows
 //! an allocation: the PortAllocation objects themselves (`allocations`: apply, delete, list) and
 //! the env-file ConfigMaps (`configmaps`).
 
 mod allocations;
 mod allocator;
 mod batch;
-mod combiner;
 mod commit;
 mod configmaps;
+mod group_commit;
 mod precheck;
 mod preview;
 mod sync;
@@ -22,7 +22,7 @@ pub use allocations::{
     list_allocations,
 };
 pub use allocator::{AllocateError, Allocator};
-pub use combiner::Combiner;
 pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};
+pub use group_commit::GroupCommit;
 pub use preview::{DryRun, Intent, Preview, preview, preview_pool};
 pub use sync::SyncReport;

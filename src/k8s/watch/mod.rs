@@ -46,7 +46,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::allocate::{AllocateError, Allocator, Combiner};
+use super::allocate::{AllocateError, Allocator, GroupCommit};
 use super::allocate::{Change, ConfigMapError, EnvConfigMap};
 use crate::api::PortAllocation;
 use crate::k8s::events::Events;
@@ -132,7 +132,7 @@ impl Readiness {
 struct Context {
     allocator: Allocator,
     /// Syncs go through it: reconciles of one pool in flight together share one pool write.
-    combiner: Combiner,
+    group_commit: GroupCommit,
     resync: Duration,
     metrics: Metrics,
     events: Events,
@@ -318,7 +318,7 @@ async fn work(
         tracing::info!("watching PortAllocations: initial list complete");
     }));
     let context = Arc::new(Context {
-        combiner: Combiner::new(allocator.clone(), usize::from(options.concurrency)),
+        group_commit: GroupCommit::new(allocator.clone(), usize::from(options.concurrency)),
         allocator,
         resync: options.resync,
         metrics: metrics.clone(),
@@ -356,7 +356,7 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
         return configmap_outcome(&owner, outcome, requeue);
     }
     let started = Instant::now();
-    let synced = ctx.combiner.sync_or_record((*pa).clone()).await;
+    let synced = ctx.group_commit.sync_or_record((*pa).clone()).await;
     let (result, conflicts, attempts) = match &synced {
         Ok(report) if report.allocated + report.released > 0 => {
             (SyncResult::Changed, report.conflicts, report.attempts)

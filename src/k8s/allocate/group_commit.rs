@@ -25,16 +25,16 @@ struct Queue {
 
 /// Shared by every reconcile of one watcher.
 #[derive(Clone)]
-pub struct Combiner {
+pub struct GroupCommit {
     allocator: Allocator,
     queues: Arc<Mutex<HashMap<String, Queue>>>,
     /// How many statuses a batch writes at once.
     concurrency: usize,
 }
 
-impl Combiner {
-    pub fn new(allocator: Allocator, concurrency: usize) -> Combiner {
-        Combiner {
+impl GroupCommit {
+    pub fn new(allocator: Allocator, concurrency: usize) -> GroupCommit {
+        GroupCommit {
             allocator,
             queues: Arc::default(),
             concurrency: concurrency.max(1),
@@ -54,7 +54,7 @@ impl Combiner {
         };
         if lead {
             let guard = Leader {
-                combiner: self,
+                group_commit: self,
                 pool: &pool,
                 handed_back: AtomicBool::new(false),
             };
@@ -75,7 +75,7 @@ impl Combiner {
 /// The caller running a pool's batches. Dropped (done or cancelled), it hands the pool back:
 /// callers still queued get no answer and go alone.
 struct Leader<'a> {
-    combiner: &'a Combiner,
+    group_commit: &'a GroupCommit,
     pool: &'a str,
     /// The queue was removed with nothing in it: a later caller may lead a new one.
     handed_back: AtomicBool,
@@ -85,7 +85,7 @@ impl Leader<'_> {
     async fn drain(&self) {
         loop {
             let batch = {
-                let mut queues = self.combiner.lock();
+                let mut queues = self.group_commit.lock();
                 match queues.get_mut(self.pool) {
                     Some(queue) if !queue.waiting.is_empty() => std::mem::take(&mut queue.waiting),
                     _ => {
@@ -98,9 +98,9 @@ impl Leader<'_> {
             };
             let (pas, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
             let results = self
-                .combiner
+                .group_commit
                 .allocator
-                .sync_many(pas, self.combiner.concurrency)
+                .sync_many(pas, self.group_commit.concurrency)
                 .await;
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
@@ -114,7 +114,7 @@ impl Drop for Leader<'_> {
         // Cancelled mid-batch: removing the queue drops the replies not sent, and those callers
         // go alone. (After a clean hand-back the queue may be a new leader's: leave it.)
         if !self.handed_back.load(Ordering::Relaxed) {
-            self.combiner.lock().remove(self.pool);
+            self.group_commit.lock().remove(self.pool);
         }
     }
 }

@@ -187,5 +187,5 @@ fn scattered(
 }
 
 #[cfg(test)]
-#[path = "placement_tests.rs"]
+#[path = "placement_policy_tests.rs"]
 mod tests;

@@ -9,9 +9,9 @@
 //! plus the 2, 4, 8, ... fullest, then the whole pool, whose refusal is then the answer; only
 //! there can a block use a free run across a window edge. Static-band ports count against a
 //! shard (KEP-3668). Best fit gathers the clients that leave their home onto one shard; that
-//! happens only when homes are full, and what it buys is measured in `benches/placement.rs`. A decision that writes outside the owner's known shards
-//! names the status widening that must be written first (the rule that makes a kill safe, see
-//! `known`).
+//! happens only when homes are full, and what it buys is measured in `benches/placement.rs`.
+//! A decision that writes outside the owner's known shards names the status widening that must
+//! be written first (the rule that makes a kill safe, see `known_shards`).
 //!
 //! In a pool with reuse (`nodeReuse: N`, see `pool_record`) an owner is decided in the copy
 //! where it has entries; a new owner goes to the first copy that takes it whole, in order, so
@@ -33,8 +33,8 @@ use crate::core::{Band, Holdings};
 use super::copy_record::{CopyRecord, ShardWrite};
 use super::decision::{Decision, Operation, decide};
 use super::free_runs::FreeRuns;
-use super::known::single_shard;
-use super::pieces::split_by_shard;
+use super::holdings_across_shards::split_by_shard;
+use super::known_shards::single_shard;
 use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
 use super::window_record::WindowRecord;
@@ -536,13 +536,13 @@ fn refused(refusal: Refusal, holdings: Holdings) -> ItemOutcome {
 }
 
 #[cfg(test)]
-#[path = "placement_tests.rs"]
+#[path = "shard_choice_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "placement_fill_tests.rs"]
+#[path = "shard_choice_fill_tests.rs"]
 mod fill_tests;
 
 #[cfg(test)]
-#[path = "placement_reuse_tests.rs"]
+#[path = "shard_choice_reuse_tests.rs"]
 mod reuse_tests;
