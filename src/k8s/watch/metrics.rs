@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::ResourceExt;
+use prometheus::core::Collector;
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -103,14 +104,102 @@ fn strs(labels: &[String]) -> Vec<&str> {
 /// Registering fixed, distinct, well-formed families cannot fail (the unit tests register them).
 const WELL_FORMED: &str = "metric families are distinct and well formed";
 
-struct Families {
-    registry: Registry,
+/// Makes each family and registers it in the watcher's own registry.
+struct Registrar<'a>(&'a Registry);
+
+impl Registrar<'_> {
+    fn register<M: Collector + Clone + 'static>(&self, metric: M) -> M {
+        self.0
+            .register(Box::new(metric.clone()))
+            .expect(WELL_FORMED);
+        metric
+    }
+
+    /// A gauge family by pool and band (static or dynamic).
+    fn band(&self, name: &str, help: &str) -> Replaced {
+        Replaced::new(self.0, name, help, &["pool", "band"])
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.register(IntCounter::new(name, help).expect(WELL_FORMED))
+    }
+
+    /// Counters by label start at 0 for every value, so a rate() sees the first increment.
+    fn counters(&self, name: &str, help: &str, label: &str, values: &[&str]) -> IntCounterVec {
+        let family = IntCounterVec::new(Opts::new(name, help), &[label]).expect(WELL_FORMED);
+        for value in values {
+            family.with_label_values(&[*value]);
+        }
+        self.register(family)
+    }
+
+    fn histogram(&self, name: &str, help: &str) -> Histogram {
+        let opts = HistogramOpts::new(name, help).buckets(SYNC_BUCKETS.to_vec());
+        self.register(Histogram::with_opts(opts).expect(WELL_FORMED))
+    }
+}
+
+/// The gauges the watcher's work keeps, refreshed every [`REFRESH`]: a replica that stops
+/// doing that work drops them all.
+struct WorkGauges {
     pool_ports: Replaced,
     pool_allocated: Replaced,
     pool_free: Replaced,
     pool_largest_free_run: Replaced,
     allocations: Replaced,
     stalled: Replaced,
+}
+
+impl WorkGauges {
+    fn register(r: &Registrar) -> WorkGauges {
+        WorkGauges {
+            pool_ports: r.band(
+                "portalloc_pool_ports",
+                "Ports in the pool's band, after exclusions.",
+            ),
+            pool_allocated: r.band(
+                "portalloc_pool_allocated_ports",
+                "Ports of the band held by PortAllocations.",
+            ),
+            pool_free: r.band(
+                "portalloc_pool_free_ports",
+                "Ports of the band free to allocate.",
+            ),
+            pool_largest_free_run: r.band(
+                "portalloc_pool_largest_free_run_ports",
+                "The longest run of contiguous free ports in the band: the largest block it can still give.",
+            ),
+            allocations: Replaced::new(
+                r.0,
+                "portalloc_allocations",
+                "PortAllocations in view, by phase and by the reason of a Stalled condition (empty when not stalled).",
+                &["phase", "reason"],
+            ),
+            // The cardinality is that of the problems: a series only while an object is stalled.
+            stalled: Replaced::new(
+                r.0,
+                "portalloc_allocation_stalled",
+                "1 for each PortAllocation whose Stalled condition is True, by its namespace, name and the condition's reason; no series for one that is not stalled.",
+                &["namespace", "name", "reason"],
+            ),
+        }
+    }
+
+    fn all(&self) -> [&Replaced; 6] {
+        [
+            &self.pool_ports,
+            &self.pool_allocated,
+            &self.pool_free,
+            &self.pool_largest_free_run,
+            &self.allocations,
+            &self.stalled,
+        ]
+    }
+}
+
+/// Counters and histograms, bumped as syncs, admissions, watch restarts and guarded binds
+/// happen.
+struct Activity {
     syncs: IntCounterVec,
     sync_seconds: Histogram,
     admissions: IntCounterVec,
@@ -120,133 +209,89 @@ struct Families {
     watch_restarts: IntCounterVec,
     pool_refresh_errors: IntCounter,
     guard_binds: IntCounterVec,
-    leader: IntGauge,
 }
 
-impl Families {
-    fn new() -> Families {
-        let registry = Registry::new();
-        let band = |name, help| Replaced::new(&registry, name, help, &["pool", "band"]);
-        let counter = |name, help| {
-            let counter = IntCounter::new(name, help).expect(WELL_FORMED);
-            registry
-                .register(Box::new(counter.clone()))
-                .expect(WELL_FORMED);
-            counter
-        };
-        // Counters by label start at 0 for every value, so a rate() sees the first increment.
-        let counters = |name, help, label, values: &[&str]| {
-            let family = IntCounterVec::new(Opts::new(name, help), &[label]).expect(WELL_FORMED);
-            registry
-                .register(Box::new(family.clone()))
-                .expect(WELL_FORMED);
-            for value in values {
-                family.with_label_values(&[*value]);
-            }
-            family
-        };
-        let histogram = |name, help| {
-            let opts = HistogramOpts::new(name, help).buckets(SYNC_BUCKETS.to_vec());
-            let histogram = Histogram::with_opts(opts).expect(WELL_FORMED);
-            registry
-                .register(Box::new(histogram.clone()))
-                .expect(WELL_FORMED);
-            histogram
-        };
-        Families {
-            pool_ports: band(
-                "portalloc_pool_ports",
-                "Ports in the pool's band, after exclusions.",
-            ),
-            pool_allocated: band(
-                "portalloc_pool_allocated_ports",
-                "Ports of the band held by PortAllocations.",
-            ),
-            pool_free: band(
-                "portalloc_pool_free_ports",
-                "Ports of the band free to allocate.",
-            ),
-            pool_largest_free_run: band(
-                "portalloc_pool_largest_free_run_ports",
-                "The longest run of contiguous free ports in the band: the largest block it can still give.",
-            ),
-            allocations: Replaced::new(
-                &registry,
-                "portalloc_allocations",
-                "PortAllocations in view, by phase and by the reason of a Stalled condition (empty when not stalled).",
-                &["phase", "reason"],
-            ),
-            // The cardinality is that of the problems: a series only while an object is stalled.
-            stalled: Replaced::new(
-                &registry,
-                "portalloc_allocation_stalled",
-                "1 for each PortAllocation whose Stalled condition is True, by its namespace, name and the condition's reason; no series for one that is not stalled.",
-                &["namespace", "name", "reason"],
-            ),
-            syncs: counters(
+impl Activity {
+    fn register(r: &Registrar) -> Activity {
+        Activity {
+            syncs: r.counters(
                 "portalloc_syncs_total",
                 "Syncs of PortAllocations by the watcher, by result.",
                 "result",
                 &SyncResult::ALL.map(SyncResult::label),
             ),
-            sync_seconds: histogram(
+            sync_seconds: r.histogram(
                 "portalloc_sync_duration_seconds",
                 "How long one sync took, from its first read to its last write.",
             ),
-            admissions: counters(
+            admissions: r.counters(
                 "portalloc_admissions_total",
                 "Answers of the pod webhook, by result (allowed, denied, invalid, error).",
                 "result",
                 &["allowed", "denied", "invalid", "error"],
             ),
-            admission_seconds: histogram(
+            admission_seconds: r.histogram(
                 "portalloc_admission_duration_seconds",
                 "How long the pod webhook took to answer, a sync of a new PortAllocation included.",
             ),
-            conflicts: counter(
+            conflicts: r.counter(
                 "portalloc_cas_conflicts_total",
                 "Writes refused with 409 Conflict (someone wrote the shard or object first), each followed by a new read.",
             ),
-            retries: counter(
+            retries: r.counter(
                 "portalloc_sync_retries_total",
                 "Attempts beyond the first, over all syncs.",
             ),
-            watch_restarts: counters(
+            watch_restarts: r.counters(
                 "portalloc_watch_restarts_total",
                 "Watch streams that failed and started over, by watch.",
                 "watch",
                 &["allocations", "deletions"],
             ),
-            pool_refresh_errors: counter(
+            pool_refresh_errors: r.counter(
                 "portalloc_pool_refresh_errors_total",
                 "Pools whose shards could not be read for these metrics.",
             ),
-            guard_binds: {
-                let family = IntCounterVec::new(
+            // Pools and verdicts appear as binds are seen: no series made up front.
+            guard_binds: r.register(
+                IntCounterVec::new(
                     Opts::new(
                         "portalloc_node_guard_binds_total",
                         "Binds of guarded pool ports by pods that do not hold them, seen by the node agent: refused (Enforce), audited (Audit), or taken before the agent saw the pod.",
                     ),
                     &["pool", "verdict"],
                 )
-                .expect(WELL_FORMED);
-                registry
-                    .register(Box::new(family.clone()))
-                    .expect(WELL_FORMED);
-                family
-            },
-            leader: {
-                let gauge = IntGauge::new(
-                    "portalloc_leader",
-                    "1 while this replica does the watcher's work (syncs, repair, usage count): it holds the Lease (--leader-elect), or runs without election; 0 while it only serves the webhook.",
-                )
-                .expect(WELL_FORMED);
-                registry
-                    .register(Box::new(gauge.clone()))
-                    .expect(WELL_FORMED);
-                gauge
-            },
+                .expect(WELL_FORMED),
+            ),
+        }
+    }
+}
+
+struct Families {
+    registry: Registry,
+    work: WorkGauges,
+    activity: Activity,
+    leader: IntGauge,
+}
+
+impl Families {
+    fn new() -> Families {
+        let registry = Registry::new();
+        let r = Registrar(&registry);
+        let work = WorkGauges::register(&r);
+        let activity = Activity::register(&r);
+        let leader = r.register(
+            IntGauge::new(
+                "portalloc_leader",
+                "1 while this replica does the watcher's work (syncs, repair, usage count): it holds the Lease (--leader-elect), or runs without election; 0 while it only serves the webhook.",
+            )
+            .expect(WELL_FORMED),
+        );
+        Families {
             registry,
+            work,
+            activity,
+            leader,
         }
     }
 }
@@ -264,7 +309,7 @@ impl Default for Metrics {
 impl Metrics {
     /// One sync: how it ended, how long it took, and its conflicts and attempts.
     pub fn record_sync(&self, result: SyncResult, took: Duration, conflicts: u32, attempts: u32) {
-        let m = &self.0;
+        let m = &self.0.activity;
         m.syncs.with_label_values(&[result.label()]).inc();
         m.sync_seconds.observe(took.as_secs_f64());
         m.conflicts.inc_by(u64::from(conflicts));
@@ -274,13 +319,15 @@ impl Metrics {
     /// One answer of the pod webhook: `allowed`, `denied`, `invalid` (not a pod review) or
     /// `error`.
     pub fn record_admission(&self, result: &'static str, took: Duration) {
-        self.0.admissions.with_label_values(&[result]).inc();
-        self.0.admission_seconds.observe(took.as_secs_f64());
+        let m = &self.0.activity;
+        m.admissions.with_label_values(&[result]).inc();
+        m.admission_seconds.observe(took.as_secs_f64());
     }
 
     /// `count` binds of a port of `pool` judged `verdict` by the node agent's guard.
     pub fn record_guard_bind(&self, pool: &str, verdict: &str, count: u64) {
         self.0
+            .activity
             .guard_binds
             .with_label_values(&[pool, verdict])
             .inc_by(count);
@@ -288,7 +335,11 @@ impl Metrics {
 
     /// A watch stream that failed and starts over (`watch` names which).
     pub fn record_watch_restart(&self, watch: &'static str) {
-        self.0.watch_restarts.with_label_values(&[watch]).inc();
+        self.0
+            .activity
+            .watch_restarts
+            .with_label_values(&[watch])
+            .inc();
     }
 
     /// Count PortAllocations by phase and, for a stalled one, the reason it is stalled; and name
@@ -316,14 +367,14 @@ impl Metrics {
                 .entry(vec![phase, reason.unwrap_or_default()])
                 .or_default() += 1;
         }
-        self.0.allocations.replace(counts);
-        self.0.stalled.replace(stalled);
+        self.0.work.allocations.replace(counts);
+        self.0.work.stalled.replace(stalled);
     }
 
     /// Set the band gauges of every pool counted (pools gone since are dropped), and count
     /// those that could not be read.
     pub fn set_pools(&self, count: &Count) {
-        let m = &self.0;
+        let m = &self.0.work;
         let (mut size, mut allocated, mut free, mut run) = Default::default();
         for CountedPool { pool, view } in &count.pools {
             // With nodeReuse every usable copy counts: the pool holds its size once per copy.
@@ -345,24 +396,16 @@ impl Metrics {
         m.pool_allocated.replace(allocated);
         m.pool_free.replace(free);
         m.pool_largest_free_run.replace(run);
-        m.pool_refresh_errors.inc_by(count.unreadable);
+        self.0.activity.pool_refresh_errors.inc_by(count.unreadable);
     }
 
     /// Whether this replica does the watcher's work now. One that stops drops the gauges that
     /// work kept (pools, PortAllocations by phase, stalled ones), so a scrape never mixes its
     /// stale figures with the new leader's.
     pub fn set_leader(&self, leading: bool) {
-        let m = &self.0;
-        m.leader.set(i64::from(leading));
+        self.0.leader.set(i64::from(leading));
         if !leading {
-            for family in [
-                &m.pool_ports,
-                &m.pool_allocated,
-                &m.pool_free,
-                &m.pool_largest_free_run,
-                &m.allocations,
-                &m.stalled,
-            ] {
+            for family in self.0.work.all() {
                 family.replace(BTreeMap::new());
             }
         }
@@ -370,7 +413,7 @@ impl Metrics {
 
     /// The pools could not be listed: the gauges keep their last values.
     pub fn record_pool_list_error(&self) {
-        self.0.pool_refresh_errors.inc();
+        self.0.activity.pool_refresh_errors.inc();
     }
 
     /// The text exposition format, version 0.0.4.
