@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConfigMapTarget, Workload};
 
-/// Upper bound on replicas of one role: keeps one PortAllocation's holdings (and the pool write
-/// that carries them) small enough for a single compare-and-swap.
+/// Upper bound on replicas of one role: keeps one PortAllocation's holdings (and the shard writes
+/// that carry them) small enough for a compare-and-swap each.
 pub const MAX_REPLICAS: i32 = 1024;
 
 /// The ports a group of roles needs. Allocated client-side by `kubectl portalloc create|sync`.

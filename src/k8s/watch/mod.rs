@@ -131,7 +131,8 @@ impl Readiness {
 
 struct Context {
     allocator: Allocator,
-    /// Syncs go through it: reconciles of one pool in flight together share one pool write.
+    /// Syncs go through it: reconciles of one pool in flight together share one write per shard
+    /// they change.
     group_commit: GroupCommit,
     resync: Duration,
     metrics: Metrics,
