@@ -2,12 +2,15 @@
 //! and a `#anchor` names a heading of the target Markdown file as GitHub forms anchors. No
 //! network: links with a scheme (`https:`, `mailto:`) are not followed.
 //!
-//! Written here rather than with a Markdown crate: the docs use a small subset (ATX and setext
-//! headings, inline links and images, reference definitions, code spans and fences, HTML
-//! `href`/`id`), and the tests at the end pin each case the checker must get right.
+//! The Markdown is read by `pulldown-cmark` (CommonMark with GitHub's tables, footnotes and
+//! strikethrough), so code spans, fences, escapes and headings are what a renderer sees; HTML
+//! `href`/`src` and `id`/`name` attributes are read from its HTML events. The tests at the end
+//! pin each case the checker must get right.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Component, Path, PathBuf};
+
+use pulldown_cmark::{Event, LinkType, Options, Parser, Tag, TagEnd};
 
 /// Directories never walked: build output and version control.
 const SKIP_DIRS: &[&str] = &["target", ".git", "dist", ".local-cluster", "node_modules"];
@@ -207,243 +210,135 @@ struct Parsed {
     anchors: HashSet<String>,
 }
 
-/// The links and the heading anchors of one Markdown text. Blocks (runs of lines between blank
-/// lines, outside code fences) are read whole, so a link or code span may cross a line break.
+/// The links (in the order they stand) and the heading anchors of one Markdown text.
 fn parse(text: &str) -> Parsed {
-    let mut parsed = Parsed::default();
-    let mut slugs = Slugger::default();
-    let mut fence: Option<(char, usize)> = None;
-    let mut block: Vec<(usize, &str)> = Vec::new();
-    let lines: Vec<&str> = text.lines().collect();
-    for (i, line) in lines.iter().enumerate() {
-        let number = i + 1;
-        let trimmed = line.trim_start();
-        let indent = line.len() - trimmed.len();
-        if let Some((ch, len)) = fence {
-            let run = trimmed.chars().take_while(|&c| c == ch).count();
-            if run >= len && trimmed[run..].trim().is_empty() {
-                fence = None;
-            }
-            continue;
-        }
-        let opener = ['`', '~'].into_iter().find_map(|ch| {
-            let run = trimmed.chars().take_while(|&c| c == ch).count();
-            (indent <= 3 && run >= 3 && !(ch == '`' && trimmed[run..].contains('`')))
-                .then_some((ch, run))
-        });
-        if let Some(open) = opener {
-            flush(&mut block, &mut parsed);
-            fence = Some(open);
-            continue;
-        }
-        if trimmed.is_empty() {
-            flush(&mut block, &mut parsed);
-            continue;
-        }
-        if let Some(heading) = atx_heading(line) {
-            flush(&mut block, &mut parsed);
-            parsed.anchors.insert(slugs.slug(&heading_text(heading)));
-            scan_links(heading, number, &mut parsed.links);
-            continue;
-        }
-        // A setext underline turns the paragraph above it (one line here) into a heading.
-        let underline = indent <= 3
-            && !trimmed.is_empty()
-            && (trimmed.trim_end().chars().all(|c| c == '=')
-                || trimmed.trim_end().chars().all(|c| c == '-'));
-        if underline && block.len() == 1 && !is_list_item(block[0].1) {
-            let (start, above) = block.pop().unwrap();
-            parsed
-                .anchors
-                .insert(slugs.slug(&heading_text(above.trim())));
-            scan_links(above, start, &mut parsed.links);
-            continue;
-        }
-        block.push((number, line));
+    let options = Options::ENABLE_TABLES
+        | Options::ENABLE_FOOTNOTES
+        | Options::ENABLE_STRIKETHROUGH
+        | Options::ENABLE_TASKLISTS;
+    let parser = Parser::new_ext(text, options).into_offset_iter();
+    let mut reader = Reader::default();
+    // Every definition counts, used or not; the links that use one are not counted again.
+    for (_, def) in parser.reference_definitions().iter() {
+        reader.links.push((def.span.start, def.dest.to_string()));
     }
-    flush(&mut block, &mut parsed);
-    parsed
-}
-
-fn is_list_item(line: &str) -> bool {
-    let t = line.trim_start();
-    t.starts_with("- ") || t.starts_with("* ") || t.starts_with("+ ")
-}
-
-/// Reads one block: its reference definitions, links and HTML ids.
-fn flush(block: &mut Vec<(usize, &str)>, parsed: &mut Parsed) {
-    let Some(&(start, _)) = block.first() else {
-        return;
-    };
-    // Reference definitions: `[label]: dest` at the start of a block, one per line.
-    let mut rest = 0;
-    for (number, line) in block.iter() {
-        match reference_definition(line) {
-            Some(dest) => parsed.links.push(Link {
-                line: *number,
+    for (event, range) in parser {
+        reader.read(event, range.start);
+    }
+    reader.links.sort_by_key(|(at, _)| *at);
+    let lines = LineStarts::new(text);
+    Parsed {
+        links: reader
+            .links
+            .into_iter()
+            .map(|(at, dest)| Link {
+                line: lines.line_of(at),
                 dest,
-            }),
-            None => break,
-        }
-        rest += 1;
+            })
+            .collect(),
+        anchors: reader.anchors,
     }
-    let text: Vec<&str> = block[rest..].iter().map(|(_, l)| *l).collect();
-    let text = text.join("\n");
-    scan_links(&text, start + rest, &mut parsed.links);
-    for id in html_attributes(&strip_code_spans(&text), &["id", "name"]) {
-        parsed.anchors.insert(id);
-    }
-    block.clear();
 }
 
-fn atx_heading(line: &str) -> Option<&str> {
-    let trimmed = line.trim_start();
-    if line.len() - trimmed.len() > 3 {
-        return None;
-    }
-    let hashes = trimmed.chars().take_while(|&c| c == '#').count();
-    if !(1..=6).contains(&hashes) {
-        return None;
-    }
-    let rest = &trimmed[hashes..];
-    if !rest.is_empty() && !rest.starts_with([' ', '\t']) {
-        return None;
-    }
-    // An optional closing run of '#' preceded by a space.
-    let rest = rest.trim();
-    let closed = rest.trim_end_matches('#');
-    Some(if closed.is_empty() || closed.ends_with([' ', '\t']) {
-        closed.trim_end()
-    } else {
-        rest
-    })
+/// What the events of one text add up to: link destinations by byte offset, anchors.
+#[derive(Default)]
+struct Reader {
+    links: Vec<(usize, String)>,
+    anchors: HashSet<String>,
+    slugs: Slugger,
+    /// The text of the heading being read.
+    heading: Option<String>,
+    /// The HTML block being read, from its offset: its lines come as events of their own and a
+    /// tag may span them.
+    html_block: Option<(usize, String)>,
 }
 
-fn reference_definition(line: &str) -> Option<String> {
-    let t = line.trim_start();
-    if line.len() - t.len() > 3 || !t.starts_with('[') || t.starts_with("[^") {
-        return None;
-    }
-    let close = t.find("]:")?;
-    let dest = t[close + 2..].split_whitespace().next()?;
-    Some(
-        dest.trim_start_matches('<')
-            .trim_end_matches('>')
-            .to_string(),
-    )
-}
-
-/// Inline links and images (`[text](dest "title")`, `![alt](<dest>)`) and HTML `href`/`src`
-/// outside code spans; `line` is the line number of the text's first line.
-fn scan_links(text: &str, line: usize, links: &mut Vec<Link>) {
-    let text = strip_code_spans(text);
-    let bytes = text.as_bytes();
-    let line_of = |at: usize| line + text[..at].matches('\n').count();
-    // Open brackets not yet closed: a `](` is a link only after an unescaped `[`.
-    let mut open = 0usize;
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\\' => i += 1,
-            b'[' => open += 1,
-            b']' if open > 0 => {
-                open -= 1;
-                if bytes.get(i + 1) == Some(&b'(')
-                    && let Some((dest, end)) = link_destination(&text[i + 2..])
-                {
-                    links.push(Link {
-                        line: line_of(i),
-                        dest,
-                    });
-                    i += 2 + end;
-                    continue;
+impl Reader {
+    fn read(&mut self, event: Event<'_>, at: usize) {
+        match event {
+            Event::Start(Tag::Link {
+                link_type,
+                dest_url,
+                ..
+            })
+            | Event::Start(Tag::Image {
+                link_type,
+                dest_url,
+                ..
+            }) if is_written_here(link_type) => self.links.push((at, dest_url.to_string())),
+            Event::Start(Tag::Heading { .. }) => self.heading = Some(String::new()),
+            Event::End(TagEnd::Heading(_)) => {
+                let heading = self.heading.take().unwrap_or_default();
+                self.anchors.insert(self.slugs.slug(&heading));
+            }
+            // A heading's text as GitHub renders it: code spans keep their content, links
+            // their text, emphasis markers go.
+            Event::Text(text) | Event::Code(text) => {
+                if let Some(heading) = &mut self.heading {
+                    heading.push_str(&text);
                 }
             }
-            _ => {}
-        }
-        i += 1;
-    }
-    for dest in html_attributes(&text, &["href", "src"]) {
-        links.push(Link { line, dest });
-    }
-}
-
-/// The destination at the start of `s` (just after `](`) and the length up to its `)`.
-fn link_destination(s: &str) -> Option<(String, usize)> {
-    let body = s.trim_start();
-    let lead = s.len() - body.len();
-    if let Some(inner) = body.strip_prefix('<') {
-        let close = inner.find('>')?;
-        let after = inner[close + 1..].find(')')?;
-        return Some((inner[..close].to_string(), lead + 1 + close + 1 + after + 1));
-    }
-    let mut depth = 0usize;
-    for (at, c) in body.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' if depth == 0 => return Some((body[..at].to_string(), lead + at + 1)),
-            ')' => depth -= 1,
-            c if c.is_whitespace() => {
-                let after = body[at..].find(')')?;
-                return Some((body[..at].to_string(), lead + at + after + 1));
+            Event::SoftBreak | Event::HardBreak => {
+                if let Some(heading) = &mut self.heading {
+                    heading.push(' ');
+                }
             }
+            Event::Start(Tag::HtmlBlock) => self.html_block = Some((at, String::new())),
+            Event::Html(html) => {
+                if let Some((_, block)) = &mut self.html_block {
+                    block.push_str(&html);
+                }
+            }
+            Event::End(TagEnd::HtmlBlock) => {
+                if let Some((start, block)) = self.html_block.take() {
+                    self.read_html(&block, start);
+                }
+            }
+            Event::InlineHtml(html) => self.read_html(&html, at),
             _ => {}
         }
     }
-    None
-}
 
-/// The text with every code span's content blanked (same length, newlines kept), so nothing in
-/// a code span is taken for a link.
-fn strip_code_spans(text: &str) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = chars.clone();
-    let mut i = 0;
-    while i < chars.len() {
-        if chars[i] != '`' {
-            i += 1;
-            continue;
+    fn read_html(&mut self, html: &str, at: usize) {
+        for dest in html_attributes(html, &["href", "src"]) {
+            self.links.push((at, dest));
         }
-        let run = chars[i..].iter().take_while(|&&c| c == '`').count();
-        let mut j = i + run;
-        let mut closed = None;
-        while j < chars.len() {
-            if chars[j] == '`' {
-                let r = chars[j..].iter().take_while(|&&c| c == '`').count();
-                if r == run {
-                    closed = Some(j);
-                    break;
-                }
-                j += r;
-            } else {
-                j += 1;
-            }
-        }
-        match closed {
-            Some(end) => {
-                for c in &mut out[i + run..end] {
-                    if *c != '\n' {
-                        *c = ' ';
-                    }
-                }
-                i = end + run;
-            }
-            None => i += run,
-        }
+        self.anchors.extend(html_attributes(html, &["id", "name"]));
     }
-    out.into_iter().collect()
 }
 
-/// Values of `name="..."` attributes in HTML tags of the text.
-fn html_attributes(text: &str, names: &[&str]) -> Vec<String> {
+/// Whether a link's destination is written where the link stands: not a use of a reference
+/// definition (the definition is checked on its own line), nor an e-mail address.
+fn is_written_here(link_type: LinkType) -> bool {
+    matches!(link_type, LinkType::Inline | LinkType::Autolink)
+}
+
+/// Byte offsets to 1-based line numbers.
+struct LineStarts(Vec<usize>);
+
+impl LineStarts {
+    fn new(text: &str) -> LineStarts {
+        let starts = std::iter::once(0).chain(text.match_indices('\n').map(|(at, _)| at + 1));
+        LineStarts(starts.collect())
+    }
+
+    fn line_of(&self, at: usize) -> usize {
+        self.0.partition_point(|&start| start <= at)
+    }
+}
+
+/// Values of `name="..."` (or `'...'`) attributes in the HTML tags of the text.
+fn html_attributes(html: &str, names: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
-    for tag in text.split('<').skip(1) {
+    for tag in html.split('<').skip(1) {
         let Some(tag) = tag.split('>').next() else {
             continue;
         };
         if !tag.starts_with(|c: char| c.is_ascii_alphabetic()) {
             continue;
         }
+        // Attributes may stand on lines of their own.
+        let tag = tag.replace(['\n', '\t'], " ");
         for name in names {
             for quote in ['"', '\''] {
                 let key = format!(" {name}={quote}");
@@ -457,27 +352,6 @@ fn html_attributes(text: &str, names: &[&str]) -> Vec<String> {
         }
     }
     out
-}
-
-/// A heading's text as GitHub renders it: code spans keep their content, links their text,
-/// emphasis markers go.
-fn heading_text(heading: &str) -> String {
-    let mut text = String::new();
-    let mut rest = heading;
-    while let Some(open) = rest.find('[') {
-        let after = &rest[open + 1..];
-        let Some(close) = after.find("](") else {
-            break;
-        };
-        let Some((_, end)) = link_destination(&after[close + 2..]) else {
-            break;
-        };
-        text.push_str(&rest[..open]);
-        text.push_str(&after[..close]);
-        rest = &after[close + 2 + end..];
-    }
-    text.push_str(rest);
-    text
 }
 
 /// GitHub's anchors: lowercase; letters, digits, '-', '_' and spaces kept, each space made a
@@ -532,13 +406,20 @@ fn anchors_are_formed_as_github_forms_them() {
                 ## Über `port_range` → 2×\n\
                 Setext\n\
                 ------\n\
-                #not-a-heading\n";
+                #not-a-heading\n\
+                \n\
+                <a id=\"custom\"></a>\n\
+                \n\
+                <div\n\
+                  name=\"legacy\">x</div>\n";
     assert_eq!(
         anchors_of(text),
         [
             "4-requests-per-command",
+            "custom",
             "kubectl-portalloc",
             "kubectl-portalloc-repair---pool-p---apply",
+            "legacy",
             "packed-placement-issue-22",
             "see-the-design--more",
             "setext",
@@ -567,7 +448,16 @@ fn links_in_code_are_not_links_and_links_across_lines_are() {
                 ````\n\
                 \n\
                 [ref]: ref.md#y\n\
-                <a href=\"html.md\">x</a> [web](https://example.com/(x)) \\[escaped](no.md)\n";
+                <a href=\"html.md\">x</a> [web](https://example.com/(x)) \\[escaped](no.md)\n\
+                \n\
+                Uses of [ref] and [ref][] are checked at the definition; <john@example.org> is mail.\n\
+                \n\
+                | a | [in a table](t.md) |\n\
+                |---|---|\n\
+                \n\
+                A note[^1].\n\
+                \n\
+                [^1]: Not a [reference](f.md) definition.\n";
     assert_eq!(
         dests_of(text),
         [
@@ -576,8 +466,10 @@ fn links_in_code_are_not_links_and_links_across_lines_are() {
             "b.md",
             "c d.md",
             "ref.md#y",
+            "html.md",
             "https://example.com/(x)",
-            "html.md"
+            "t.md",
+            "f.md",
         ]
     );
 }
@@ -591,7 +483,8 @@ fn broken_files_and_anchors_are_reported_and_good_ones_are_not() {
         root.join("README.md"),
         "# Top\n\n## Install\n\n[ok](docs/a.md#usage) [ok](#install) [ok](docs/) [ok](docs/a.md)\n\
          [bad](docs/missing.md) [bad](docs/a.md#nope) [bad](#top-1) [web](https://x.invalid/y)\n\
-         [ok](src.rs#L2) [bad](src.rs#L9)\n",
+         [ok](src.rs#L2) [bad](src.rs#L9)\n\
+         [bad, once][gone] and [bad, once][gone]\n\n[gone]: docs/gone.md\n",
     )
     .unwrap();
     std::fs::write(root.join("src.rs"), "fn a() {}\nfn b() {}\n").unwrap();
@@ -609,6 +502,7 @@ fn broken_files_and_anchors_are_reported_and_good_ones_are_not() {
             "README.md:6: (docs/a.md#nope): no heading of docs/a.md has the anchor #nope",
             "README.md:6: (#top-1): no heading of README.md has the anchor #top-1 (close: [\"top\"])",
             "README.md:7: (src.rs#L9): #L9 is no line of src.rs (2 lines)",
+            "README.md:10: (docs/gone.md): docs/gone.md does not exist",
         ]
     );
 }
