@@ -12,22 +12,19 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use portalloc::api::PortAllocation;
 
-use crate::leader_election::{
-    SYSTEM, Watcher, allocation, cluster_with_watcher_account, is_ready, until,
-};
+use crate::leader_election::{SYSTEM, cluster_with_watcher_account, is_ready};
+use crate::support::allocation;
 use crate::support::apply::apply_value;
-use crate::support::{self};
-use crate::watch::service_account_kubeconfig;
+use crate::support::events::events_about;
+use crate::support::poll::until;
+use crate::support::service_account::{service_account_kubeconfig, watcher_role_without};
+use crate::support::watcher_process::WatcherProcess;
 
 /// The Events in `namespace` about `name` (of any kind) with this reason.
 async fn events(client: &Client, namespace: &str, name: &str, reason: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(client.clone(), namespace)
-        .list(&Default::default())
+    events_about(client, namespace, name)
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .filter(|e| e.reason.as_deref() == Some(reason))
         .collect()
 }
@@ -39,35 +36,9 @@ fn series_count(event: &Event) -> i32 {
 /// The watcher's ClusterRole from deploy/watcher.yaml without its Events rule, bound to
 /// ServiceAccount `name`.
 async fn watcher_role_without_events(client: &Client, name: &str) {
-    let manifests =
-        std::fs::read_to_string(support::repo_root().join("deploy/watcher.yaml")).unwrap();
-    let mut role = serde_yaml::Deserializer::from_str(&manifests)
-        .map(|d| <serde_json::Value as serde::Deserialize>::deserialize(d).unwrap())
-        .find(|d| d["kind"] == "ClusterRole")
-        .expect("a ClusterRole in deploy/watcher.yaml");
-    let rules = role["rules"].as_array_mut().unwrap();
-    let before = rules.len();
-    rules.retain(|r| {
-        !r["resources"]
-            .as_array()
-            .unwrap()
-            .contains(&"events".into())
-    });
-    assert_eq!(rules.len(), before - 1, "one Events rule");
-    role["metadata"] = serde_json::json!({"name": name});
-    apply_value(client, role, None).await;
-    apply_value(
-        client,
-        serde_json::json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM}],
-        }),
-        None,
-    )
-    .await;
+    for object in watcher_role_without("events", name, SYSTEM) {
+        apply_value(client, object, None).await;
+    }
 }
 
 #[tokio::test]
@@ -85,7 +56,7 @@ async fn the_watcher_says_what_it_did_and_a_refusal_at_every_resync_is_one_serie
     );
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), "apps");
     let args = ["-A", "--resync", "2s", "--leader-elect", "-v", "1"];
-    let watcher = Watcher::start(&kubeconfig, "events-a", &args, dir.path());
+    let watcher = WatcherProcess::start_as_pod(&kubeconfig, SYSTEM, "events-a", &args, dir.path());
     until("events-a leads", Duration::from_secs(30), || async {
         watcher.leading()
     })
@@ -183,7 +154,7 @@ async fn the_watcher_says_what_it_did_and_a_refusal_at_every_resync_is_one_serie
 
     // Repaired: a PortAllocation synced and deleted while no watcher runs leaves its entry; the
     // next watcher's repair pass frees it and says so on the pool.
-    watcher.terminate();
+    watcher.signal_term();
     assert_eq!(watcher.wait(), Some(0));
     api.create(&PostParams::default(), &allocation("leaky", "small", 2))
         .await
@@ -191,7 +162,7 @@ async fn the_watcher_says_what_it_did_and_a_refusal_at_every_resync_is_one_serie
     let synced = cluster.run(&["sync", "leaky", "-n", "apps"]);
     assert!(synced.ok(), "{synced}");
     api.delete("leaky", &DeleteParams::default()).await.unwrap();
-    let watcher = Watcher::start(&kubeconfig, "events-b", &args, dir.path());
+    let watcher = WatcherProcess::start_as_pod(&kubeconfig, SYSTEM, "events-b", &args, dir.path());
     until("a Repaired Event", Duration::from_secs(40), || async {
         !events(&client, "default", "small", "Repaired")
             .await
@@ -216,7 +187,7 @@ async fn the_watcher_says_what_it_did_and_a_refusal_at_every_resync_is_one_serie
         eprintln!("events: kubectl describe palloc too-big -n apps:\n{excerpt}");
         assert!(excerpt.contains("Refused"), "{text}");
     }
-    watcher.terminate();
+    watcher.signal_term();
     assert_eq!(watcher.wait(), Some(0));
 
     // No right to write Events: the watcher allocates all the same, and says so at debug
@@ -225,7 +196,7 @@ async fn the_watcher_says_what_it_did_and_a_refusal_at_every_resync_is_one_serie
     let quiet = dir.path().join("no-events.kubeconfig");
     let admin = cluster.kubeconfig.clone();
     service_account_kubeconfig(&client, &admin, SYSTEM, "no-events", &quiet).await;
-    let mute = Watcher::start(&quiet, "mute", &["-A", "-v", "2"], dir.path());
+    let mute = WatcherProcess::start_as_pod(&quiet, SYSTEM, "mute", &["-A", "-v", "2"], dir.path());
     api.create(&PostParams::default(), &allocation("unheard", "small", 1))
         .await
         .unwrap();
@@ -247,6 +218,6 @@ async fn the_watcher_says_what_it_did_and_a_refusal_at_every_resync_is_one_serie
             .await
             .is_empty()
     );
-    mute.terminate();
+    mute.signal_term();
     assert_eq!(mute.wait(), Some(0), "{log}");
 }

@@ -11,156 +11,23 @@
 //! the API server's own `apiserver_request_total`.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use portalloc::api::PortAllocation;
 
 use crate::support::apply::apply_yaml;
-use crate::support::cli::BIN;
-use crate::support::ports::free_port;
+use crate::support::events::events_about;
+use crate::support::poll::until;
 use crate::support::private_cluster::PrivateCluster;
-use crate::support::{self, simple_allocation};
-use crate::watch::service_account_kubeconfig;
+use crate::support::service_account::service_account_kubeconfig;
+use crate::support::watcher_process::WatcherProcess;
+use crate::support::{self, allocation};
 
 pub(crate) const SYSTEM: &str = "portalloc-system";
-
-/// A `sync --watch` process named `name` (its POD_NAME), its log in a file, killed when dropped.
-pub(crate) struct Watcher {
-    pub(crate) name: String,
-    child: Child,
-    probes: u16,
-    log: PathBuf,
-}
-
-impl Watcher {
-    /// Start `sync --watch ARGS` with probes on a free loopback port, in the pod's namespace
-    /// `portalloc-system`, and wait until it is ready.
-    pub(crate) fn start(kubeconfig: &Path, name: &str, args: &[&str], dir: &Path) -> Watcher {
-        let probes = free_port();
-        let log = dir.join(format!("{name}.log"));
-        let child = Command::new(BIN)
-            .args(["sync", "--watch"])
-            .args(args)
-            .args(["--probe-address", &format!("127.0.0.1:{probes}")])
-            .env("KUBECONFIG", kubeconfig)
-            .env("NO_COLOR", "1")
-            .env("POD_NAMESPACE", SYSTEM)
-            .env("POD_NAME", name)
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn a watcher");
-        let watcher = Watcher {
-            name: name.to_string(),
-            child,
-            probes,
-            log,
-        };
-        let started = Instant::now();
-        while !watcher.get("/readyz").is_some_and(|a| a.contains(" 200 ")) {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "{name} never got ready:\n{}",
-                watcher.log()
-            );
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        watcher
-    }
-
-    fn get(&self, path: &str) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.probes)).ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-        stream.write_all(request.as_bytes()).ok()?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).ok()?;
-        Some(answer)
-    }
-
-    /// The sum of every sample of a metric family (`None` when it has no sample).
-    pub(crate) fn metric(&self, family: &str) -> Option<f64> {
-        let text = self.get("/metrics")?;
-        let values: Vec<f64> = text
-            .lines()
-            .filter(|l| {
-                l.strip_prefix(family)
-                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-            .collect();
-        (!values.is_empty()).then(|| values.iter().sum())
-    }
-
-    pub(crate) fn leading(&self) -> bool {
-        self.metric("portalloc_leader") == Some(1.0)
-    }
-
-    /// Syncs it made, whatever their result.
-    pub(crate) fn syncs(&self) -> f64 {
-        self.metric("portalloc_syncs_total").unwrap_or(0.0)
-    }
-
-    pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM; returns at once.
-    pub(crate) fn terminate(&self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-    }
-
-    /// Until it exits (after [`terminate`](Self::terminate)): its exit code.
-    pub(crate) fn wait(mut self) -> Option<i32> {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{} still running 30 s after SIGTERM",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    pub(crate) fn kill_9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Poll `check` every 20 ms until it holds; how long that took. Panics after `within`.
-pub(crate) async fn until<F, Fut>(what: &str, within: Duration, mut check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    started.elapsed()
-}
 
 pub(crate) async fn is_ready(api: &Api<PortAllocation>, name: &str) -> bool {
     api.get_opt(name).await.unwrap().is_some_and(|pa| {
@@ -171,10 +38,6 @@ pub(crate) async fn is_ready(api: &Api<PortAllocation>, name: &str) -> bool {
                     .any(|c| c.type_ == "Ready" && c.status == "True")
         })
     })
-}
-
-pub(crate) fn allocation(name: &str, pool: &str, replicas: u32) -> PortAllocation {
-    serde_yaml::from_str(&simple_allocation(name, pool, "worker", replicas, &["rpc"])).unwrap()
 }
 
 /// A private cluster with the CRDs, deploy/watcher.yaml applied (its Namespace, ServiceAccount,
@@ -212,13 +75,9 @@ async fn lease(client: &Client) -> (String, i32) {
 
 /// The reporting instances of the watcher's Events about `name` in `apps`.
 async fn reporters(client: &Client, name: &str) -> Vec<String> {
-    Api::<Event>::namespaced(client.clone(), "apps")
-        .list(&Default::default())
+    events_about(client, "apps", name)
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .filter_map(|e| e.reporting_instance)
         .collect()
 }
@@ -240,12 +99,12 @@ async fn one_replica_of_two_works_and_a_killed_leader_is_replaced() {
     let args = ["-A", "--resync", "5s", "--leader-elect", "-v", "1"];
 
     // The first to start leads; the second stands by, ready all the same.
-    let a = Watcher::start(&kubeconfig, "replica-a", &args, dir.path());
+    let a = WatcherProcess::start_as_pod(&kubeconfig, SYSTEM, "replica-a", &args, dir.path());
     until("replica-a leads", Duration::from_secs(30), || async {
         a.leading()
     })
     .await;
-    let b = Watcher::start(&kubeconfig, "replica-b", &args, dir.path());
+    let b = WatcherProcess::start_as_pod(&kubeconfig, SYSTEM, "replica-b", &args, dir.path());
     assert!(!b.leading(), "{}", b.log());
     assert_eq!(lease(&client).await.0, "replica-a");
 
@@ -302,13 +161,13 @@ async fn one_replica_of_two_works_and_a_killed_leader_is_replaced() {
 
     // SIGTERM the leader with a standby beside it: it releases the Lease, the standby leads
     // at its next try, and syncs.
-    let c = Watcher::start(&kubeconfig, "replica-c", &args, dir.path());
+    let c = WatcherProcess::start_as_pod(&kubeconfig, SYSTEM, "replica-c", &args, dir.path());
     until("replica-c stands by", Duration::from_secs(10), || async {
         c.log().contains("replica-b leads")
     })
     .await;
     let stopped = Instant::now();
-    b.terminate();
+    b.signal_term();
     let handed = until("replica-c leads", Duration::from_secs(30), || async {
         c.leading()
     })
@@ -446,10 +305,10 @@ async fn requests_per_resync_with_one_and_two_replicas() {
         ("2 replicas, no election", 2, &plain[..]),
         ("2 replicas, --leader-elect", 2, &elected[..]),
     ] {
-        let watchers: Vec<Watcher> = (0..replicas)
+        let watchers: Vec<WatcherProcess> = (0..replicas)
             .map(|n| {
                 let name = format!("load-{}-{n}", figures.len());
-                Watcher::start(&cluster.kubeconfig, &name, args, dir.path())
+                WatcherProcess::start_as_pod(&cluster.kubeconfig, SYSTEM, &name, args, dir.path())
             })
             .collect();
         if !watchers.is_empty() {
@@ -466,7 +325,7 @@ async fn requests_per_resync_with_one_and_two_replicas() {
         tokio::time::sleep(window).await;
         let (after, bytes_after) = scrape(&client).await;
         for watcher in &watchers {
-            watcher.terminate();
+            watcher.signal_term();
         }
         for watcher in watchers {
             assert_eq!(watcher.wait(), Some(0));

@@ -17,8 +17,9 @@ use serde::Deserialize;
 
 use crate::support::apply::apply_yaml;
 use crate::support::private_cluster::PrivateCluster;
+use crate::support::service_account::service_account_kubeconfig;
+use crate::support::watcher_process::WatcherProcess;
 use crate::support::{self, tools};
-use crate::watch::{WatcherProcess, service_account_kubeconfig};
 
 /// A series as printed: its name and its labels (in any order).
 type Series = (String, BTreeMap<String, String>);
@@ -163,7 +164,12 @@ async fn the_watcher_exports_metrics_promtool_accepts_and_keeps_the_pools_usage(
         let pa: PortAllocation = serde_yaml::from_str(&yaml).unwrap();
         api.create(&PostParams::default(), &pa).await.unwrap();
     }
-    let watcher = WatcherProcess::start(&kubeconfig);
+    let watcher = WatcherProcess::start(
+        &kubeconfig,
+        "watcher",
+        &["-A", "--resync", "20s", "-v", "1"],
+        dir.path(),
+    );
     let text = scrape_until(&watcher, "2 ports held and 1 stalled object", |body| {
         let allocated = ["static", "dynamic"]
             .iter()

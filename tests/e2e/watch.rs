@@ -6,8 +6,7 @@
 //! without the binding, one clear Forbidden.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,236 +20,35 @@ use portalloc::ledger::{WindowRecord, recorded_holdings};
 use crate::configmap::{assert_own_ports, files};
 use crate::support::apply::{apply_value, apply_yaml};
 use crate::support::cli::BIN;
-use crate::support::ports::free_port;
+use crate::support::poll::until_object;
 use crate::support::private_cluster::PrivateCluster;
-use crate::support::{self};
+use crate::support::service_account::{service_account_kubeconfig, watcher_role_without};
+use crate::support::watcher_process::WatcherProcess;
+use crate::support::{self, allocation};
 
-/// A kubeconfig for ServiceAccount `namespace/name` of the cluster behind `admin`: a token from
-/// the TokenRequest API, as the kubelet mounts into a pod.
-pub(crate) async fn service_account_kubeconfig(
-    client: &Client,
-    admin: &Path,
-    namespace: &str,
-    name: &str,
-    out: &Path,
-) {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    if accounts.get_opt(name).await.unwrap().is_none() {
-        let account: ServiceAccount =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
-        accounts
-            .create(&PostParams::default(), &account)
-            .await
-            .unwrap();
-    }
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token;
-    let mut config: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
-    let cluster = config["clusters"][0]["name"].clone();
-    config["users"] =
-        serde_yaml::from_str(&format!("[{{name: sa, user: {{token: {token}}}}}]")).unwrap();
-    config["contexts"] = serde_yaml::from_str(&format!(
-        "[{{name: sa, context: {{cluster: {}, user: sa, namespace: {namespace}}}}}]",
-        cluster.as_str().unwrap()
-    ))
-    .unwrap();
-    config["current-context"] = "sa".into();
-    std::fs::write(out, serde_yaml::to_string(&config).unwrap()).unwrap();
+/// The watcher's arguments in these tests: every namespace, a resync every 20 s.
+const WATCH_ARGS: &[&str] = &["-A", "--resync", "20s", "-v", "1"];
+
+/// A watcher as the ServiceAccount behind `kubeconfig`, expected to stop at start with
+/// Forbidden (exit 5): what it printed.
+fn refused_at_start(kubeconfig: &Path) -> String {
+    let refused = Command::new(BIN)
+        .args(["sync", "--watch", "-A"])
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(5), "{stderr}");
+    stderr
 }
 
-/// A running watcher, killed when dropped.
-pub(crate) struct WatcherProcess {
-    child: Child,
-    probes: u16,
-}
-
-impl WatcherProcess {
-    pub(crate) fn start(kubeconfig: &Path) -> WatcherProcess {
-        let probes = free_port();
-        let child = Command::new(BIN)
-            .args(["sync", "--watch", "-A", "--resync", "20s", "-v", "1"])
-            .arg("--probe-address")
-            .arg(format!("127.0.0.1:{probes}"))
-            .env("KUBECONFIG", kubeconfig)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the watcher");
-        let watcher = WatcherProcess { child, probes };
-        watcher.wait_ready();
-        watcher
-    }
-
-    fn probe(&self, path: &str) -> Option<u16> {
-        self.get(path)?.split_whitespace().nth(1)?.parse().ok()
-    }
-
-    /// The whole HTTP answer to `GET path` on the probe port.
-    pub(crate) fn get(&self, path: &str) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.probes)).ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-        stream.write_all(request.as_bytes()).ok()?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).ok()?;
-        Some(answer)
-    }
-
-    fn wait_ready(&self) {
-        let started = Instant::now();
-        while self.probe("/readyz") != Some(200) {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the watcher did not become ready"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert_eq!(self.probe("/healthz"), Some(200));
-    }
-
-    /// SIGTERM, then the exit code and what it logged.
-    pub(crate) fn terminate(mut self) -> (Option<i32>, String) {
-        let pid = self.child.id() as i32;
-        // SAFETY: sending a signal to our own child process.
-        unsafe { libc_kill(pid, 15) };
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "no exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let mut log = String::new();
-        self.child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut log)
-            .unwrap();
-        (status.code(), log)
-    }
-
-    fn kill_9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for WatcherProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-unsafe extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, signal: i32) -> i32;
-}
-
-fn allocation(name: &str, pool: &str, replicas: u32) -> PortAllocation {
-    serde_yaml::from_str(&support::simple_allocation(
-        name,
-        pool,
-        "worker",
-        replicas,
-        &["rpc"],
-    ))
-    .unwrap()
-}
-
-/// Poll until `check` holds for the ConfigMap (`None`: it does not exist); the time it took.
-async fn until_configmap(
-    api: &Api<ConfigMap>,
-    name: &str,
-    within: Duration,
-    check: impl Fn(Option<&ConfigMap>) -> bool,
-) -> Duration {
-    let started = Instant::now();
-    loop {
-        let object = api.get_opt(name).await.unwrap();
-        if check(object.as_ref()) {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < within,
-            "ConfigMap {name} never reached the state: {object:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The watcher's ClusterRole from deploy/watcher.yaml without its ConfigMap rule, as `name`.
-async fn watcher_role_without_configmaps(client: &Client, name: &str) {
-    let manifests =
-        std::fs::read_to_string(support::repo_root().join("deploy/watcher.yaml")).unwrap();
-    let mut role = serde_yaml::Deserializer::from_str(&manifests)
-        .map(|d| <serde_json::Value as serde::Deserialize>::deserialize(d).unwrap())
-        .find(|d| d["kind"] == "ClusterRole")
-        .expect("a ClusterRole in deploy/watcher.yaml");
-    let rules = role["rules"].as_array_mut().unwrap();
-    let before = rules.len();
-    rules.retain(|r| {
-        !r["resources"]
-            .as_array()
-            .unwrap()
-            .contains(&"configmaps".into())
-    });
-    assert_eq!(rules.len(), before - 1, "one ConfigMap rule");
-    role["metadata"] = serde_json::json!({"name": name});
-    apply_value(client, role, None).await;
-    apply_value(
-        client,
-        serde_json::json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "portalloc-system"}],
-        }),
-        None,
-    )
-    .await;
-}
-
-/// Poll until `check` holds for the object (or it is gone, for `None`); the time it took.
+/// Until `check` holds for PortAllocation `name`; the time it took.
 async fn until(
     api: &Api<PortAllocation>,
     name: &str,
     check: impl Fn(Option<&PortAllocation>) -> bool,
 ) -> Duration {
-    let started = Instant::now();
-    loop {
-        let object = api.get_opt(name).await.unwrap();
-        if check(object.as_ref()) {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "{name} never reached the state: {object:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_object(api, name, Duration::from_secs(30), check).await
 }
 
 fn ready_with(pa: Option<&PortAllocation>, ports: usize) -> bool {
@@ -345,13 +143,7 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
         &unbound,
     )
     .await;
-    let refused = Command::new(BIN)
-        .args(["sync", "--watch", "-A"])
-        .env("KUBECONFIG", &unbound)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(5), "{stderr}");
+    let stderr = refused_at_start(&unbound);
     assert!(
         stderr.contains("forbidden: you may not list portallocations.portalloc.dev")
             && stderr.contains("deploy/watcher.yaml"),
@@ -359,7 +151,9 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
     );
 
     // Every right but the ConfigMaps': the start-up check names the first one missing.
-    watcher_role_without_configmaps(&client, "partial").await;
+    for object in watcher_role_without("configmaps", "partial", "portalloc-system") {
+        apply_value(&client, object, None).await;
+    }
     let partial = dir.path().join("partial");
     service_account_kubeconfig(
         &client,
@@ -369,13 +163,7 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
         &partial,
     )
     .await;
-    let refused = Command::new(BIN)
-        .args(["sync", "--watch", "-A"])
-        .env("KUBECONFIG", &partial)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(5), "{stderr}");
+    let stderr = refused_at_start(&partial);
     assert!(
         stderr.contains("forbidden: you may not get configmaps")
             && stderr.contains("deploy/watcher.yaml"),
@@ -420,7 +208,7 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
     .await;
 
     // Apply, scale, delete: the watcher follows within the measured times.
-    let watcher = WatcherProcess::start(&kubeconfig);
+    let watcher = WatcherProcess::start(&kubeconfig, "watcher", WATCH_ARGS, dir.path());
     api.create(&PostParams::default(), &allocation("a", "watched", 2))
         .await
         .unwrap();
@@ -451,7 +239,7 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
         name: "env-files".into(),
     });
     api.create(&PostParams::default(), &env).await.unwrap();
-    let written = until_configmap(&configmaps, "env-files", Duration::from_secs(30), |cm| {
+    let written = until_object(&configmaps, "env-files", Duration::from_secs(30), |cm| {
         cm.is_some_and(|cm| files(cm).len() == 2)
     })
     .await;
@@ -468,7 +256,7 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
     api.replace("env", &PostParams::default(), &scaled_env)
         .await
         .unwrap();
-    let rescaled = until_configmap(&configmaps, "env-files", Duration::from_secs(30), |cm| {
+    let rescaled = until_object(&configmaps, "env-files", Duration::from_secs(30), |cm| {
         cm.is_some_and(|cm| files(cm).len() == 3)
     })
     .await;
@@ -479,7 +267,7 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
         .delete("env-files", &DeleteParams::default())
         .await
         .unwrap();
-    let back = until_configmap(&configmaps, "env-files", Duration::from_secs(45), |cm| {
+    let back = until_object(&configmaps, "env-files", Duration::from_secs(45), |cm| {
         cm.is_some_and(|cm| files(cm).len() == 3)
     })
     .await;
@@ -502,7 +290,7 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
     assert!(log.contains("watcher stopped"), "{log}");
 
     // kill -9 mid-stream, objects created and deleted while none runs, then a restart.
-    let watcher = WatcherProcess::start(&kubeconfig);
+    let watcher = WatcherProcess::start(&kubeconfig, "killed", WATCH_ARGS, dir.path());
     for i in 0..6 {
         api.create(
             &PostParams::default(),
@@ -518,14 +306,14 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
             .await
             .unwrap();
     }
-    let watcher = WatcherProcess::start(&kubeconfig);
+    let watcher = WatcherProcess::start(&kubeconfig, "restarted", WATCH_ARGS, dir.path());
     for i in 3..6 {
         until(&api, &format!("k{i}"), |pa| ready_with(pa, 2)).await;
     }
     assert_exact(&client, "watched", ns, 6).await;
 
     // A second watcher and eight CLI clients at once: never a duplicate.
-    let rival = WatcherProcess::start(&kubeconfig);
+    let rival = WatcherProcess::start(&kubeconfig, "rival", WATCH_ARGS, dir.path());
     let clients: Vec<Child> = (0..8)
         .map(|i| {
             let mut child = Command::new(BIN)

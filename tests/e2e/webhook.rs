@@ -17,9 +17,9 @@ use kube::api::{Api, PostParams};
 use portalloc::api::PortAllocation;
 
 use crate::support::private_cluster::PrivateCluster;
+use crate::support::service_account::service_account_kubeconfig;
 use crate::support::webhook::{Log, Webhook, WebhookCommand};
 use crate::support::{self, tools};
-use crate::watch::service_account_kubeconfig;
 
 const ALLOCATION: &str = r#"apiVersion: portalloc.dev/v1alpha1
 kind: PortAllocation

@@ -30,9 +30,9 @@ use portalloc::api::PortAllocation;
 
 use crate::support::endpoints::{Endpoints, routable_address};
 use crate::support::private_cluster::PrivateCluster;
+use crate::support::service_account::service_account_kubeconfig;
 use crate::support::webhook::{Log, Webhook, WebhookCommand};
 use crate::support::{self, apply::apply_yaml};
-use crate::watch::service_account_kubeconfig;
 
 const SYSTEM: &str = "portalloc-system";
 const SERVICE: &str = "portalloc-webhook";

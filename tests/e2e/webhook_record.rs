@@ -26,9 +26,9 @@ use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardKey, shard_name, window_o
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::cli::Run;
 use crate::support::private_cluster::{PrivateCluster, client_from};
+use crate::support::service_account::service_account_kubeconfig;
 use crate::support::webhook::{Log, Webhook, WebhookCommand};
 use crate::support::{self, USER_CONTEXT, USER_NAME, tools};
-use crate::watch::service_account_kubeconfig;
 
 const USER2_CONTEXT: &str = "portalloc-local-user2";
 const USER2_NAME: &str = "portalloc-user2";

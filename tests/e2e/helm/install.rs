@@ -33,8 +33,8 @@ use super::{
 use crate::support::cli::BIN;
 use crate::support::ports::free_port;
 use crate::support::private_cluster::{PrivateCluster, client_from};
+use crate::support::service_account::service_account_kubeconfig;
 use crate::support::{self, tools};
-use crate::watch::service_account_kubeconfig;
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
     Command::new(tools::kubectl())

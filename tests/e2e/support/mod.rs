@@ -15,15 +15,26 @@ pub mod control_plane;
 #[path = "../../common/controllers.rs"]
 pub mod controllers;
 pub mod endpoints;
+#[path = "../../common/events.rs"]
+pub mod events;
 pub mod fault_proxy;
 pub mod invariants;
 #[path = "../../common/nodes.rs"]
 pub mod nodes;
+#[path = "../../common/poll.rs"]
+pub mod poll;
 #[allow(clippy::duplicate_mod)] // controllers.rs and webhook.rs include it too
 #[path = "../../common/ports.rs"]
 pub mod ports;
 pub mod private_cluster;
+#[allow(clippy::duplicate_mod)] // webhook.rs and watcher_process.rs include it too
+#[path = "../../common/probe_http.rs"]
+pub mod probe_http;
+#[path = "../../common/service_account.rs"]
+pub mod service_account;
 pub mod tools;
+#[path = "../../common/watcher_process.rs"]
+pub mod watcher_process;
 #[path = "../../common/webhook.rs"]
 pub mod webhook;
 
@@ -163,4 +174,9 @@ pub fn simple_allocation(
         "apiVersion: portalloc.dev/v1alpha1\nkind: PortAllocation\nmetadata:\n  name: {name}\nspec:\n  pool: {pool}\n  roles:\n  - name: {role}\n    replicas: {replicas}\n    ports: [{}]\n",
         ports.join(", ")
     )
+}
+
+/// A PortAllocation object of one role `worker` of `replicas` pods, each with a port `rpc`.
+pub fn allocation(name: &str, pool: &str, replicas: u32) -> portalloc::api::PortAllocation {
+    serde_yaml::from_str(&simple_allocation(name, pool, "worker", replicas, &["rpc"])).unwrap()
 }
