@@ -71,6 +71,8 @@ mod machine;
 mod metrics;
 #[path = "../../tests/common/nodes.rs"]
 mod nodes;
+// Quick mode, the cells asked for, the table's header and lines (shared with benches/node).
+mod report;
 mod scale;
 #[path = "../../tests/common/webhook.rs"]
 mod webhook;
@@ -90,6 +92,7 @@ use controlplane::ControlPlane;
 use portalloc::api::{PortAllocation, PortPool};
 use portalloc::k8s::Allocator;
 use portalloc::ledger::recorded_holdings;
+use report::{dash, yes_no};
 use workload::Cell;
 
 /// How much of everything to do.
@@ -138,20 +141,13 @@ impl Scale {
             duplicate_pods: if quick { 30 } else { 100 },
             burst: if quick { 20 } else { 1000 },
             group: if quick { 40 } else { 1000 },
-            cells: std::env::var("PORTALLOC_BENCH_CELLS").ok().map(|v| {
-                v.split(',')
-                    .map(|c| c.trim().to_string())
-                    .filter(|c| !c.is_empty())
-                    .collect()
-            }),
+            cells: report::cells_asked(),
         }
     }
 
     /// Whether cell `id` (`2a`, `2b`, ...) is to run.
     fn wants(&self, id: &str) -> bool {
-        self.cells
-            .as_ref()
-            .is_none_or(|cells| cells.iter().any(|c| c == id))
+        report::wants(&self.cells, id)
     }
 }
 
@@ -184,19 +180,8 @@ fn or_failed(id: &'static str, result: anyhow::Result<Vec<Row>>) -> anyhow::Resu
     }
 }
 
-fn dash() -> String {
-    "—".into()
-}
-
-fn yes_no(ok: bool) -> String {
-    if ok { "yes" } else { "**no**" }.into()
-}
-
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = std::env::var("PORTALLOC_BENCH_QUICK").is_ok_and(|v| v == "1")
-        || args.iter().any(|a| a == "--quick")
-        || !args.iter().any(|a| a == "--bench");
+    let quick = report::quick_mode();
     let scale = Scale::new(quick);
     let started = Instant::now();
     let load_before = machine::load_average();
@@ -963,35 +948,16 @@ fn table(
     elapsed: Duration,
 ) -> String {
     let mut out = String::new();
-    let command = if scale.quick {
-        "PORTALLOC_BENCH_QUICK=1 cargo test --locked --bench cluster"
-    } else {
-        "cargo bench --bench cluster"
-    };
-    let _ = writeln!(
-        out,
-        "\n**kubectl-portalloc cluster benchmark ({})**: `{command}`, {:.0} s  ",
-        if scale.quick {
-            "quick mode: tiny counts, the numbers mean nothing"
-        } else {
-            "full run"
-        },
-        elapsed.as_secs_f64()
-    );
-    let _ = writeln!(out, "machine: {}  ", machine::machine());
-    let _ = writeln!(out, "source: {}  ", machine::tree_state());
-    let _ = writeln!(out, "pool record: PortPoolShards of 256 ports  ");
-    if let Some(cells) = &scale.cells {
-        let _ = writeln!(
-            out,
-            "cells run (PORTALLOC_BENCH_CELLS): {}  ",
-            cells.join(", ")
-        );
+    report::Header {
+        bench: "cluster",
+        quick: scale.quick,
+        elapsed,
+        machine_extra: None,
+        setup: &["pool record: PortPoolShards of 256 ports"],
+        cells: &scale.cells,
+        load: (load_before, load_after),
     }
-    let _ = writeln!(
-        out,
-        "load average (1/5/15 min): {load_before} before, {load_after} after  "
-    );
+    .write(&mut out);
     let _ = writeln!(
         out,
         "control plane: kube-apiserver {version} + etcd {} on loopback (scripts/local-cluster.sh), \
@@ -1002,16 +968,29 @@ fn table(
         scale.rounds,
         scale.per_round
     );
-    let _ = writeln!(
-        out,
-        "| | measurement | kubectl-portalloc | Kubernetes / baseline | ours ÷ theirs | target | met |"
+    report::write_head(
+        &mut out,
+        &[
+            "measurement",
+            "kubectl-portalloc",
+            "Kubernetes / baseline",
+            "ours ÷ theirs",
+            "target",
+            "met",
+        ],
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for row in rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            row.id, row.what, row.ours, row.anchor, row.ratio, row.target, row.met
+        report::write_row(
+            &mut out,
+            &[
+                row.id,
+                &row.what,
+                &row.ours,
+                &row.anchor,
+                &row.ratio,
+                &row.target,
+                &row.met,
+            ],
         );
     }
     out

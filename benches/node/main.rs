@@ -30,6 +30,9 @@ mod agent_node;
 mod controlplane;
 #[path = "../cluster/machine.rs"]
 mod machine;
+// Quick mode, the cells asked for, the table's header and lines.
+#[path = "../cluster/report.rs"]
+mod report;
 
 mod agent;
 mod bind_cost;
@@ -40,6 +43,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use report::{dash, yes_no};
 
 /// How much of everything to do.
 pub struct Scale {
@@ -63,20 +67,13 @@ impl Scale {
             bind_rounds: if quick { 4 } else { 40 },
             ready_pods: if quick { 5 } else { 100 },
             pods: if quick { 50 } else { 1_000 },
-            cells: std::env::var("PORTALLOC_BENCH_CELLS").ok().map(|v| {
-                v.split(',')
-                    .map(|c| c.trim().to_string())
-                    .filter(|c| !c.is_empty())
-                    .collect()
-            }),
+            cells: report::cells_asked(),
         }
     }
 
     /// Whether cell `id` (`bind`, `ready`, `rss`) is to run.
     fn wants(&self, id: &str) -> bool {
-        self.cells
-            .as_ref()
-            .is_none_or(|cells| cells.iter().any(|c| c == id))
+        report::wants(&self.cells, id)
     }
 }
 
@@ -89,23 +86,12 @@ pub struct Row {
     met: String,
 }
 
-fn dash() -> String {
-    "—".into()
-}
-
-fn yes_no(ok: bool) -> String {
-    if ok { "yes" } else { "**no**" }.into()
-}
-
 fn main() -> anyhow::Result<()> {
     // A child first: the bind loop or the probe (child.rs).
     if let Ok(mode) = std::env::var(child::MODE) {
         return child::run(&mode);
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = std::env::var("PORTALLOC_BENCH_QUICK").is_ok_and(|v| v == "1")
-        || args.iter().any(|a| a == "--quick")
-        || !args.iter().any(|a| a == "--bench");
+    let quick = report::quick_mode();
     let scale = Scale::new(quick);
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -171,34 +157,16 @@ fn table(
     elapsed: Duration,
 ) -> String {
     let mut out = String::new();
-    let command = if scale.quick {
-        "PORTALLOC_BENCH_QUICK=1 cargo test --locked --bench node"
-    } else {
-        "cargo bench --bench node"
-    };
-    let _ = writeln!(
-        out,
-        "\n**kubectl-portalloc node benchmark ({})**: `{command}`, {:.0} s  ",
-        if scale.quick {
-            "quick mode: tiny counts, the numbers mean nothing"
-        } else {
-            "full run"
-        },
-        elapsed.as_secs_f64()
-    );
-    let _ = writeln!(out, "machine: {}; {}  ", machine::machine(), kernel());
-    let _ = writeln!(out, "source: {}  ", machine::tree_state());
-    if let Some(cells) = &scale.cells {
-        let _ = writeln!(
-            out,
-            "cells run (PORTALLOC_BENCH_CELLS): {}  ",
-            cells.join(", ")
-        );
+    report::Header {
+        bench: "node",
+        quick: scale.quick,
+        elapsed,
+        machine_extra: Some(kernel()),
+        setup: &[],
+        cells: &scale.cells,
+        load: (load_before, load_after),
     }
-    let _ = writeln!(
-        out,
-        "load average (1/5/15 min): {load_before} before, {load_after} after  "
-    );
+    .write(&mut out);
     let binary = if env!("CARGO_BIN_EXE_kubectl-portalloc").contains("/release/") {
         "release binary"
     } else {
@@ -213,13 +181,11 @@ fn table(
         );
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "| | measurement | figure | target | met |");
-    let _ = writeln!(out, "|---|---|---|---|---|");
+    report::write_head(&mut out, &["measurement", "figure", "target", "met"]);
     for row in rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} |",
-            row.id, row.what, row.figure, row.target, row.met
+        report::write_row(
+            &mut out,
+            &[row.id, &row.what, &row.figure, &row.target, &row.met],
         );
     }
     out
