@@ -59,6 +59,12 @@ pub async fn service_account_kubeconfig(
     std::fs::write(out, serde_yaml::to_string(&config).unwrap()).unwrap();
 }
 
+/// Write to `out` a kubeconfig for the ServiceAccount deploy/watcher.yaml ships
+/// (`portalloc-system/portalloc-watcher`), of the cluster behind `admin`.
+pub async fn watcher_kubeconfig(client: &Client, admin: &Path, out: &Path) {
+    service_account_kubeconfig(client, admin, "portalloc-system", "portalloc-watcher", out).await;
+}
+
 /// The ClusterRole of deploy/watcher.yaml without its one rule on `resource`, named `name`, and
 /// its binding to ServiceAccount `namespace/name`: the two objects to apply.
 pub fn watcher_role_without(resource: &str, name: &str, namespace: &str) -> [Value; 2] {

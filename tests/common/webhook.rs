@@ -9,7 +9,6 @@
 
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,11 +20,14 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-// Its own copy of the one source, so every crate including this file builds as it is.
+// Its own copies of the shared sources, so every crate including this file builds as it is.
 #[allow(clippy::duplicate_mod)]
 #[path = "ports.rs"]
 mod ports;
 use ports::{free_port, free_port_on};
+#[allow(clippy::duplicate_mod)]
+#[path = "probe_http.rs"]
+mod probe_http;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
 /// The configuration the webhook registers itself in.
@@ -246,12 +248,7 @@ impl Webhook {
 
     /// The whole HTTP answer to `GET path` on its probe port, if it answers.
     pub fn get(&self, path: &str) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.probes())).ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-        stream.write_all(request.as_bytes()).ok()?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).ok()?;
-        Some(answer)
+        probe_http::get(self.probes(), path)
     }
 
     /// Whether the configuration's webhook points at this process.

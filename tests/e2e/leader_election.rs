@@ -23,7 +23,7 @@ use crate::support::apply::apply_yaml;
 use crate::support::events::events_about;
 use crate::support::poll::until;
 use crate::support::private_cluster::PrivateCluster;
-use crate::support::service_account::service_account_kubeconfig;
+use crate::support::service_account::watcher_kubeconfig;
 use crate::support::watcher_process::WatcherProcess;
 use crate::support::{self, allocation};
 
@@ -56,7 +56,7 @@ pub(crate) async fn cluster_with_watcher_account(
     apply_yaml(&client, &manifests, None).await;
     let kubeconfig = dir.join("watcher.kubeconfig");
     let admin = cluster.kubeconfig.clone();
-    service_account_kubeconfig(&client, &admin, SYSTEM, "portalloc-watcher", &kubeconfig).await;
+    watcher_kubeconfig(&client, &admin, &kubeconfig).await;
     Some((cluster, client, kubeconfig))
 }
 

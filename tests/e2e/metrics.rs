@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use crate::support::apply::apply_yaml;
 use crate::support::private_cluster::PrivateCluster;
-use crate::support::service_account::service_account_kubeconfig;
+use crate::support::service_account::watcher_kubeconfig;
 use crate::support::watcher_process::WatcherProcess;
 use crate::support::{self, tools};
 
@@ -148,14 +148,7 @@ async fn the_watcher_exports_metrics_promtool_accepts_and_keeps_the_pools_usage(
     apply_yaml(&client, &manifests, None).await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("watcher");
-    service_account_kubeconfig(
-        &client,
-        &cluster.kubeconfig,
-        "portalloc-system",
-        "portalloc-watcher",
-        &kubeconfig,
-    )
-    .await;
+    watcher_kubeconfig(&client, &cluster.kubeconfig, &kubeconfig).await;
 
     // One object that fits (2 ports) and one the pool can never hold (PoolFull, Stalled).
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), "apps");

@@ -22,7 +22,9 @@ use crate::support::apply::{apply_value, apply_yaml};
 use crate::support::cli::BIN;
 use crate::support::poll::until_object;
 use crate::support::private_cluster::PrivateCluster;
-use crate::support::service_account::{service_account_kubeconfig, watcher_role_without};
+use crate::support::service_account::{
+    service_account_kubeconfig, watcher_kubeconfig, watcher_role_without,
+};
 use crate::support::watcher_process::WatcherProcess;
 use crate::support::{self, allocation};
 
@@ -198,14 +200,7 @@ async fn the_watcher_allocates_scales_frees_and_survives_kill_9_and_a_rival() {
         "portalloc-watcher"
     );
     let kubeconfig = dir.path().join("watcher");
-    service_account_kubeconfig(
-        &client,
-        &cluster.kubeconfig,
-        "portalloc-system",
-        "portalloc-watcher",
-        &kubeconfig,
-    )
-    .await;
+    watcher_kubeconfig(&client, &cluster.kubeconfig, &kubeconfig).await;
 
     // Apply, scale, delete: the watcher follows within the measured times.
     let watcher = WatcherProcess::start(&kubeconfig, "watcher", WATCH_ARGS, dir.path());

@@ -17,7 +17,7 @@ use kube::api::{Api, PostParams};
 use portalloc::api::PortAllocation;
 
 use crate::support::private_cluster::PrivateCluster;
-use crate::support::service_account::service_account_kubeconfig;
+use crate::support::service_account::watcher_kubeconfig;
 use crate::support::webhook::{Log, Webhook, WebhookCommand};
 use crate::support::{self, tools};
 
@@ -229,14 +229,7 @@ async fn labelled_pods_get_their_ports_and_the_rest_is_refused_or_left_alone() {
     }
     let dir = tempfile::tempdir().unwrap();
     let account = dir.path().join("watcher");
-    service_account_kubeconfig(
-        &client,
-        &cluster.kubeconfig,
-        "portalloc-system",
-        "portalloc-watcher",
-        &account,
-    )
-    .await;
+    watcher_kubeconfig(&client, &cluster.kubeconfig, &account).await;
 
     // Applied as GitOps would: nothing syncs them but the first pod's admission.
     let allocations: Api<PortAllocation> = Api::namespaced(client.clone(), "apps");

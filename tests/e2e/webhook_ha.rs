@@ -30,7 +30,7 @@ use portalloc::api::PortAllocation;
 
 use crate::support::endpoints::{Endpoints, routable_address};
 use crate::support::private_cluster::PrivateCluster;
-use crate::support::service_account::service_account_kubeconfig;
+use crate::support::service_account::watcher_kubeconfig;
 use crate::support::webhook::{Log, Webhook, WebhookCommand};
 use crate::support::{self, apply::apply_yaml};
 
@@ -363,14 +363,7 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
     apply_yaml(&client, &chart_lease_role, None).await;
     let dir = tempfile::tempdir().unwrap();
     let account = dir.path().join("watcher");
-    service_account_kubeconfig(
-        &client,
-        &cluster.kubeconfig,
-        SYSTEM,
-        "portalloc-watcher",
-        &account,
-    )
-    .await;
+    watcher_kubeconfig(&client, &cluster.kubeconfig, &account).await;
     let allocation: PortAllocation = serde_yaml::from_str(
         "apiVersion: portalloc.dev/v1alpha1\nkind: PortAllocation\nmetadata: {name: w, namespace: apps}\n\
          spec:\n  pool: gpu\n  roles:\n  - name: worker\n    replicas: 220\n    ports: [{name: rpc, env: RPC_PORT}]\n",

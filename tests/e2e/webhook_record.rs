@@ -26,7 +26,7 @@ use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardKey, shard_name, window_o
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::cli::Run;
 use crate::support::private_cluster::{PrivateCluster, client_from};
-use crate::support::service_account::service_account_kubeconfig;
+use crate::support::service_account::watcher_kubeconfig;
 use crate::support::webhook::{Log, Webhook, WebhookCommand};
 use crate::support::{self, USER_CONTEXT, USER_NAME, tools};
 
@@ -224,14 +224,7 @@ async fn a_pod_gets_only_ports_the_record_gives_its_allocation() {
     }
     let dir = tempfile::tempdir().unwrap();
     let account = dir.path().join("watcher");
-    service_account_kubeconfig(
-        &root,
-        &cluster.kubeconfig,
-        "portalloc-system",
-        "portalloc-watcher",
-        &account,
-    )
-    .await;
+    watcher_kubeconfig(&root, &cluster.kubeconfig, &account).await;
 
     // Each tenant allocates its own, client-side.
     create_as(

@@ -10,8 +10,6 @@
 //! PortAllocations and nothing that fails closed. Prints helm install -> first Ready.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,6 +31,7 @@ use super::{
 use crate::support::cli::BIN;
 use crate::support::ports::free_port;
 use crate::support::private_cluster::{PrivateCluster, client_from};
+use crate::support::probe_http;
 use crate::support::service_account::service_account_kubeconfig;
 use crate::support::{self, tools};
 
@@ -128,18 +127,9 @@ impl Replica {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn status(&self, path: &str) -> Option<u16> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.probes)).ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-        stream.write_all(request.as_bytes()).ok()?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).ok()?;
-        answer.split_whitespace().nth(1)?.parse().ok()
-    }
-
     fn wait_ready(&self) {
         let started = Instant::now();
-        while self.status("/readyz") != Some(200) {
+        while probe_http::status(self.probes, "/readyz") != Some(200) {
             assert!(
                 started.elapsed() < Duration::from_secs(60),
                 "the watcher from the chart's args never got ready:\n{}",
