@@ -1,5 +1,5 @@
-//! Waiting for a condition in the cluster: poll every 20 ms, fail the test past a deadline, and
-//! say how long it took (the tests print those times). Include this file with `#[path]`, as
+//! Waiting for a condition in the cluster: poll, fail the test past a deadline, and say how
+//! long it took (the tests print those times) or what the wait ended on. Include this file with `#[path]`, as
 //! `control_plane.rs`.
 
 #![allow(dead_code)]
@@ -49,5 +49,24 @@ where
             K::kind(&())
         );
         tokio::time::sleep(EVERY).await;
+    }
+}
+
+/// Retry `attempt` (a dry run) every 500 ms until the API server refuses it; the refusal.
+/// Admission policies take effect a moment after they are created. Panics after 60 s.
+pub async fn until_refused<F, Fut>(what: &str, attempt: F) -> String
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), kube::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match attempt().await {
+            Err(e) => return e.to_string(),
+            Ok(()) => {
+                assert!(Instant::now() < deadline, "{what}: never refused");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
     }
 }

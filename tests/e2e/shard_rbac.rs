@@ -7,9 +7,6 @@
 //!
 //! A control plane of its own: the policies would change what the other tests may do.
 
-use std::future::Future;
-use std::time::{Duration, Instant};
-
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -24,6 +21,7 @@ use portalloc::ledger::{
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::invariants::assert_consistent;
+use crate::support::poll::until_refused;
 use crate::support::private_cluster::{PrivateCluster, client_from};
 use crate::support::{self, USER_CONTEXT, tools};
 
@@ -89,25 +87,6 @@ async fn owners(client: &Client, index: u16) -> Vec<String> {
         .unwrap();
     let holders = shard.status.unwrap_or_default().holders;
     holders.into_iter().map(|h| h.owner).collect()
-}
-
-/// Retry `attempt` (a dry run) until the API server refuses it; the refusal. Policies take
-/// effect a moment after they are created.
-async fn until_refused<F, Fut>(what: &str, attempt: F) -> String
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<(), kube::Error>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match attempt().await {
-            Err(e) => return e.to_string(),
-            Ok(()) => {
-                assert!(Instant::now() < deadline, "{what}: never refused");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    }
 }
 
 fn assert_holders_refusal(error: &str, shard: &str, touched: &str) {

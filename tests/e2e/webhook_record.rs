@@ -25,6 +25,7 @@ use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardKey, shard_name, window_o
 
 use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::cli::Run;
+use crate::support::poll::until_refused;
 use crate::support::private_cluster::{PrivateCluster, client_from};
 use crate::support::service_account::watcher_kubeconfig;
 use crate::support::webhook::{Log, Webhook, WebhookCommand};
@@ -176,25 +177,6 @@ fn quantiles(mut times: Vec<Duration>) -> (Duration, Duration) {
     (p(0.5), p(0.99))
 }
 
-/// Retry `attempt` (a dry run) until the API server refuses it; the refusal. Policies take
-/// effect a moment after they are created.
-async fn until_refused<F, Fut>(attempt: F) -> String
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<(), kube::Error>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match attempt().await {
-            Err(e) => return e.to_string(),
-            Ok(()) => {
-                assert!(Instant::now() < deadline, "never refused");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_pod_gets_only_ports_the_record_gives_its_allocation() {
     let Some(cluster) = PrivateCluster::start("webhook-record", true) else {
@@ -252,7 +234,7 @@ async fn a_pod_gets_only_ports_the_record_gives_its_allocation() {
 
     // The policy: A cannot drop B's entry from B's shard...
     let shards_as_a: Api<PortPoolShard> = Api::all(tenant_a.clone());
-    let refusal = until_refused(|| async {
+    let refusal = until_refused("portalloc-pool-holders", || async {
         let mut shard = shards_as_a.get(&b_shard).await.unwrap();
         let status = shard.status.get_or_insert_with(Default::default);
         status.holders.retain(|h| h.owner != "tenant-b/b");
