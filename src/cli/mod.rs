@@ -30,8 +30,7 @@ mod resolve;
 mod session;
 mod sync;
 mod version;
-mod webhook_cert;
-mod webhook_server;
+mod webhook;
 
 use clap::{Parser, Subcommand};
 

@@ -80,7 +80,7 @@ pub struct SyncArgs {
     #[command(flatten)]
     pub dry_run: DryRunArg,
     #[command(flatten)]
-    pub webhook: super::webhook_server::WebhookArgs,
+    pub webhook: super::webhook::WebhookArgs,
 }
 
 pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
@@ -219,7 +219,7 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
     // read-only, and no later command would read them).
     let allocator =
         k8s::Allocator::new(session.client.clone()).with_policy(session.allocator.policy);
-    let webhook = super::webhook_server::start(
+    let webhook = super::webhook::start(
         &session.client,
         &args.webhook,
         allocator.clone(),

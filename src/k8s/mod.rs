@@ -10,7 +10,8 @@
 //!   `--leader-elect`, only while this replica holds the watcher's Lease (`leader`);
 //! - `events`: Kubernetes Events on what the watcher did (allocated, released, refused,
 //!   repaired);
-//! - [`webhook`]: the pod webhook and its TLS;
+//! - [`webhook`]: the pod webhook, whole: its decisions, HTTPS endpoint, certificates and
+//!   registration, kept current while it runs;
 //! - [`node_agent`]: `node-agent`, keeping a node's kernel ([`crate::node`]) in step with the
 //!   pools and the pods bound to the node.
 //!
@@ -56,8 +57,9 @@ pub use watch::{
     watch, watch_as,
 };
 pub use webhook::{
-    ClientConfig, PodWebhook, ServingCert, WEBHOOK_TIMEOUT, WebhookCa, WebhookTlsError,
-    register_webhook, repair_registration, serving_cert, webhook_ca,
+    CertificateError, ClientConfig, PodWebhook, ServingCert, StartError, WEBHOOK_TIMEOUT,
+    WebhookCa, WebhookOptions, WebhookServer, WebhookTlsError, WebhookUrl, register_webhook,
+    repair_registration, serving_cert, start_webhook, webhook_ca,
 };
 
 /// The field manager name our writes are recorded under.

@@ -36,7 +36,7 @@ use crate::support::{self, apply::apply_yaml};
 
 const SYSTEM: &str = "portalloc-system";
 const SERVICE: &str = "portalloc-webhook";
-/// How often a replica checks its certificate and the configuration (src/cli/webhook_cert.rs).
+/// How often a replica checks its certificate and the configuration (src/k8s/webhook/upkeep.rs).
 const CHECK_EVERY: Duration = Duration::from_secs(10);
 /// Pods per burst, as the issue asks.
 const BURST: usize = 100;

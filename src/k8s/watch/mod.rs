@@ -22,7 +22,7 @@
 //! resourceVersion of the pool shard it changes, so two watchers (or a watcher and any number of CLI clients) at once never
 //! hand out a port twice. They only cost each other conflicts and the API server twice the
 //! reads. So with a [`Replica`]'s Lease (`--leader-elect`) all of the above runs only while this
-//! replica holds it ([`watch_as`]); the pod webhook (served beside, `cli/webhook_server.rs`)
+//! replica holds it ([`watch_as`]); the pod webhook (served beside, `k8s/webhook/serve.rs`)
 //! never depends on it.
 
 mod access;

@@ -1,178 +1,28 @@
-//! The pod webhook's decisions: for a pod labelled `portalloc.dev/allocation: NAME`, read that
-//! PortAllocation, sync it first if it has not been (applied by GitOps, never synced), and
-//! answer with the patch that gives the pod exactly what `resolve --pod` prints for it (and, on
-//! hostNetwork, declares those ports in its spec, in the pool's protocol, for kube-scheduler);
-//! deny with one line when it cannot (no slot for the pod, a lasting refusal), so the workload
-//! controller retries. The HTTPS server around it is the CLI's (`sync --watch
-//! --webhook-address`).
+//! The pod webhook, whole: its decisions (`decision`, with the record check before a pod gets
+//! its ports), its HTTPS endpoint (`serve`), its serving certificate (`certificates`, signed by
+//! the CA of `tls` or mounted from cert-manager), its MutatingWebhookConfiguration
+//! (`registration`), all kept current while it runs (`upkeep`), and started together from one
+//! set of options (`start`). The CLI (`sync --watch --webhook-address`) only parses its flags.
 
+mod certificates;
+mod decision;
 mod record_check;
 mod registration;
+mod serve;
+mod start;
 mod tls;
+mod upkeep;
 
+use std::time::Duration;
+
+pub use certificates::CertificateError;
+pub use decision::PodWebhook;
 pub use registration::{
     ClientConfig, WEBHOOK_CONFIGURATION, register_webhook, repair_registration,
 };
-use std::time::{Duration, Instant};
+pub use serve::{ServeError, WebhookServer};
+pub use start::{StartError, WebhookOptions, WebhookUrl, start_webhook};
 pub use tls::{CA_SECRET, ServingCert, WebhookCa, WebhookTlsError, serving_cert, webhook_ca};
-
-use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
-use kube::api::Api;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-
-use crate::api::{POD_ALLOCATION_LABEL, PortAllocation, declares_ports, pod_patch};
-use crate::k8s::allocate::{AllocateError, Allocator};
-use crate::k8s::error::KubeError;
-use crate::k8s::resources::ALLOCATIONS;
-use crate::k8s::watch::Metrics;
-use crate::k8s::watch::is_current;
-use crate::ledger::owner_of;
-
-/// Answers AdmissionReviews for pods.
-#[derive(Clone)]
-pub struct PodWebhook {
-    client: kube::Client,
-    allocator: Allocator,
-    metrics: Metrics,
-}
-
-impl PodWebhook {
-    pub fn new(client: kube::Client, allocator: Allocator, metrics: Metrics) -> Self {
-        Self {
-            client,
-            allocator,
-            metrics,
-        }
-    }
-
-    /// One AdmissionReview (the request body) in, its answer out.
-    pub async fn review(&self, body: &[u8]) -> AdmissionReview<DynamicObject> {
-        let started = Instant::now();
-        let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
-            Ok(review) => review,
-            Err(e) => {
-                self.metrics.record_admission("invalid", started.elapsed());
-                return AdmissionResponse::invalid(format!("not an AdmissionReview: {e}"))
-                    .into_review();
-            }
-        };
-        let request: AdmissionRequest<Pod> = match review.try_into() {
-            Ok(request) => request,
-            Err(e) => {
-                self.metrics.record_admission("invalid", started.elapsed());
-                return AdmissionResponse::invalid(e.to_string()).into_review();
-            }
-        };
-        let response = AdmissionResponse::from(&request);
-        let (result, response) = match self.decide(&request).await {
-            Ok(Some(patch)) => match response.with_patch(patch) {
-                Ok(response) => ("allowed", response),
-                Err(e) => (
-                    "error",
-                    AdmissionResponse::from(&request).deny(format!("portalloc: {e}")),
-                ),
-            },
-            Ok(None) => ("allowed", response),
-            Err(denial) => ("denied", response.deny(format!("portalloc: {denial}"))),
-        };
-        let took = started.elapsed();
-        self.metrics.record_admission(result, took);
-        tracing::info!(
-            pod = %pod_label(&request),
-            result,
-            took_ms = took.as_millis() as u64,
-            "admission"
-        );
-        response.into_review()
-    }
-
-    /// The patch for the pod, `None` to let it pass untouched, or why it is denied.
-    async fn decide(
-        &self,
-        request: &AdmissionRequest<Pod>,
-    ) -> Result<Option<json_patch::Patch>, String> {
-        let Some(pod) = &request.object else {
-            return Ok(None);
-        };
-        let Some(name) = pod.labels().get(POD_ALLOCATION_LABEL) else {
-            // Only labelled pods are sent (objectSelector); anything else passes.
-            return Ok(None);
-        };
-        let namespace = request.namespace.clone().unwrap_or_default();
-        let api: Api<PortAllocation> = Api::namespaced(self.client.clone(), &namespace);
-        let pa = api
-            .get_opt(name)
-            .await
-            .map_err(|e| KubeError::from_kube(e, ALLOCATIONS.on("get", name, Some(&namespace))).to_string())?
-            .ok_or_else(|| {
-                format!(
-                    "pod label {POD_ALLOCATION_LABEL}={name} names PortAllocation {namespace}/{name}, which \
-                     does not exist: create it (kubectl portalloc create -f FILE) or fix the label"
-                )
-            })?;
-        let pa = if is_current(&pa) {
-            pa
-        } else if request.dry_run {
-            return Err(format!(
-                "PortAllocation {} is not allocated yet, and a dry run allocates nothing: run \
-                 kubectl portalloc sync {name} -n {namespace}",
-                owner_of(&pa)
-            ));
-        } else {
-            // Applied and never synced, or its spec changed (a scale-up raising replicas and
-            // the PortAllocation together): sync it now, as `kubectl portalloc sync` would.
-            match self.allocator.sync_or_record(pa).await {
-                Ok(report) => report.allocation,
-                Err(AllocateError::Refused(refusal)) => return Err(refusal.to_string()),
-                Err(e) => return Err(format!("{e} (the workload controller retries the pod)")),
-            }
-        };
-        let injection = pa.pod_injection(pod)?;
-        record_check::check(&self.client, &self.allocator, &pa, &injection).await?;
-        let protocol = if declares_ports(pod) {
-            Some(self.protocol(&pa).await?)
-        } else {
-            None
-        };
-        let patch = pod_patch(pod, &injection, protocol);
-        serde_json::from_value(serde_json::Value::Array(patch))
-            .map(Some)
-            .map_err(|e| format!("building the patch: {e}"))
-    }
-}
-
-impl PodWebhook {
-    /// The protocol of `pa`'s pool, which its pods' declared ports are in.
-    async fn protocol(&self, pa: &PortAllocation) -> Result<crate::api::Protocol, String> {
-        match self.allocator.pool_of(pa).await {
-            Ok(Some(pool)) => Ok(pool.spec.protocol),
-            Ok(None) => Err(format!(
-                "PortPool {:?} of PortAllocation {} does not exist, so the pod's ports cannot be \
-                 declared in its protocol: create the pool again and run kubectl portalloc repair \
-                 --pool {} --apply",
-                pa.spec.pool,
-                owner_of(pa),
-                pa.spec.pool
-            )),
-            Err(e) => Err(format!("{e} (the workload controller retries the pod)")),
-        }
-    }
-}
-
-/// `namespace/name` of the pod, or its generateName prefix.
-fn pod_label(request: &AdmissionRequest<Pod>) -> String {
-    let namespace = request.namespace.clone().unwrap_or_default();
-    match &request.object {
-        Some(pod) if !pod.name_any().is_empty() => format!("{namespace}/{}", pod.name_any()),
-        Some(pod) => format!(
-            "{namespace}/{}*",
-            pod.metadata.generate_name.clone().unwrap_or_default()
-        ),
-        None => format!("{namespace}/{}", request.name),
-    }
-}
 
 /// The API server's timeout for our webhook (`timeoutSeconds`); a sync that would take longer
 /// is cut short by it, and the pod is retried by its controller.

@@ -1,0 +1,123 @@
+//! The pod webhook's flags (`sync --watch --webhook-address`), parsed into
+//! [`WebhookOptions`] for [`k8s::start_webhook`], and its start-up errors as exit codes.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::k8s::{
+    self, Allocator, CertificateError, Metrics, StartError, WebhookOptions, WebhookServer,
+    WebhookTlsError, WebhookUrl,
+};
+
+use super::{CliError, Exit};
+
+/// The default `--webhook-shutdown-delay`. After SIGTERM the endpoints must drop this replica
+/// before it stops listening: kubelet marks a deleted pod's endpoint not ready at once, and the
+/// EndpointSlice controller and the API server's informer pass that on in about a second on a
+/// healthy cluster, a few on a loaded one; a failed readiness probe (SIGTERM without a pod
+/// deletion) takes the probe's period (2 s, as docs/webhook.md asks). 5 s covers both, and with
+/// the wait for answers in flight ([`WEBHOOK_TIMEOUT`]) stays well inside the default
+/// terminationGracePeriodSeconds of 30.
+const SHUTDOWN_DELAY: &str = "5s";
+
+/// `sync --watch` flags of the pod webhook.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct WebhookArgs {
+    /// With --watch: serve the pod webhook (HTTPS) on this address, e.g. 0.0.0.0:9443. Pods
+    /// labelled portalloc.dev/allocation=NAME get their ports as env vars at creation.
+    #[arg(long, value_name = "HOST:PORT", requires = "watch")]
+    pub webhook_address: Option<SocketAddr>,
+    /// Register the webhook at this base URL (https://HOST:PORT) instead of the Service, for a
+    /// webhook running outside the cluster.
+    #[arg(long, value_name = "URL", requires = "webhook_address")]
+    pub webhook_url: Option<String>,
+    /// The namespace of the webhook's Service and CA Secret (in a pod: its own namespace).
+    #[arg(
+        long,
+        value_name = "NAMESPACE",
+        env = "POD_NAMESPACE",
+        default_value = "portalloc-system"
+    )]
+    pub webhook_namespace: String,
+    /// The Service in front of the webhook (port 443).
+    #[arg(long, value_name = "NAME", default_value = "portalloc-webhook")]
+    pub webhook_service: String,
+    /// Serve the certificate in this directory (tls.crt, tls.key; e.g. cert-manager's Secret
+    /// mounted, re-read when renewed) and leave the caBundle to cert-manager's CA injector,
+    /// instead of the CA Secret.
+    #[arg(long, value_name = "DIR", requires = "webhook_address")]
+    pub webhook_cert_dir: Option<std::path::PathBuf>,
+    /// After SIGTERM, how long the webhook keeps answering while /readyz fails, so the
+    /// Service's endpoints drop this replica before it stops listening. Behind a Service only
+    /// (with --webhook-url nothing routes by readiness, and it stops at once).
+    #[arg(long, value_name = "DURATION", default_value = SHUTDOWN_DELAY,
+          value_parser = super::duration::parse_duration, conflicts_with = "webhook_url")]
+    pub webhook_shutdown_delay: Duration,
+}
+
+/// Start the webhook if asked.
+pub async fn start(
+    client: &kube::Client,
+    args: &WebhookArgs,
+    allocator: Allocator,
+    metrics: Metrics,
+) -> anyhow::Result<Option<WebhookServer>> {
+    let Some(options) = args.options()? else {
+        return Ok(None);
+    };
+    let server = k8s::start_webhook(client, &options, allocator, metrics)
+        .await
+        .map_err(|e| start_error(e, options.address))?;
+    Ok(Some(server))
+}
+
+impl WebhookArgs {
+    /// The webhook's options, `None` without `--webhook-address`.
+    fn options(&self) -> Result<Option<WebhookOptions>, CliError> {
+        let Some(address) = self.webhook_address else {
+            return Ok(None);
+        };
+        let url = match &self.webhook_url {
+            Some(url) => Some(WebhookUrl::parse(url).ok_or_else(|| {
+                CliError::new(
+                    Exit::Usage,
+                    format!("--webhook-url {url}: expected https://HOST[:PORT]"),
+                )
+            })?),
+            None => None,
+        };
+        Ok(Some(WebhookOptions {
+            address,
+            namespace: self.webhook_namespace.clone(),
+            service: self.webhook_service.clone(),
+            url,
+            cert_dir: self.webhook_cert_dir.clone(),
+            shutdown_delay: self.webhook_shutdown_delay,
+        }))
+    }
+}
+
+/// The exit code and message of a webhook that did not start: a flag's value that does not
+/// work is a usage error, a missing namespace names the flag that moves it.
+fn start_error(e: StartError, address: SocketAddr) -> anyhow::Error {
+    match e {
+        StartError::Certificate(CertificateError::Signed(
+            e @ WebhookTlsError::NamespaceMissing { .. },
+        )) => CliError::new(
+            Exit::NotFound,
+            format!(
+                "{e}, or pass --webhook-namespace NAMESPACE to keep it in a namespace that exists"
+            ),
+        )
+        .into(),
+        StartError::Certificate(CertificateError::Signed(e)) => e.into(),
+        StartError::Certificate(e) => e.into(),
+        StartError::Unusable(e) => {
+            CliError::new(Exit::Usage, format!("--webhook-address {address}: {e}")).into()
+        }
+        StartError::Serve(e) => {
+            CliError::new(Exit::Usage, format!("--webhook-address {address}: {e}")).into()
+        }
+        StartError::Register(e) => e.into(),
+    }
+}
