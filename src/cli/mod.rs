@@ -22,7 +22,6 @@ mod pool;
 mod pool_copies;
 mod pool_flags;
 mod pool_guard;
-mod probes;
 mod release;
 mod repair;
 mod report;

@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::k8s::node_agent::{NodeAgentOptions, run_node_agent};
-use crate::k8s::{Metrics, Readiness};
+use crate::k8s::{self, Metrics, Readiness};
 use crate::node::cgroups::CgroupDriver;
 
 /// Keep pools' ports reserved on this node and let only their holders bind them.
@@ -79,7 +79,7 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
     let signals = super::sync::listen_for_signals()?;
     let (readiness, metrics) = (Readiness::default(), Metrics::default());
     if let Some(address) = args.metrics_address {
-        let bound = super::probes::serve(address, readiness.clone(), metrics.clone())
+        let bound = k8s::serve_probes(address, readiness.clone(), metrics.clone())
             .await
             .map_err(|e| CliError::new(Exit::Usage, format!("--metrics-address {address}: {e}")))?;
         tracing::info!("serving /healthz, /readyz and /metrics on {bound}");

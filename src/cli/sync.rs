@@ -204,7 +204,7 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     let metrics = k8s::Metrics::default();
     if let Some(address) = args.probe_address {
-        let bound = super::probes::serve(address, readiness.clone(), metrics.clone())
+        let bound = k8s::serve_probes(address, readiness.clone(), metrics.clone())
             .await
             .map_err(|e| CliError::new(Exit::Usage, format!("--probe-address {address}: {e}")))?;
         tracing::info!("serving /healthz, /readyz and /metrics on {bound}");

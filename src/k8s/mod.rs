@@ -28,6 +28,7 @@ pub mod names;
 pub mod node_agent;
 pub mod node_ports;
 mod pages;
+mod probes;
 pub mod record;
 mod repair;
 mod resources;
@@ -45,6 +46,7 @@ pub use crds::install_crds;
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
 pub use events::Events;
 pub use leader::{LeaderElection, LeaseRef, Lost, default_identity};
+pub use probes::serve_probes;
 pub use record::{
     Applied, DeletedPool, PoolError, PoolView, ShardStore, apply_pool, carry_spec, create_pool,
     delete_pool, get_pool, list_pools, pool_ports, pool_view,
