@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::{Value, json};
 
-use super::{EnvVar, PortAllocation, Protocol, WorkloadKind};
+use super::{EnvVar, PortAllocation, Protocol, ResolveError, WorkloadKind};
 
 /// The label that sends a pod to the webhook: the PortAllocation (same namespace) it takes
 /// its ports from. The same key labels the env-file ConfigMaps.
@@ -61,10 +61,53 @@ impl PodInjection {
     }
 }
 
+/// Why a pod is not one of a PortAllocation's pods. Its text is the one line the API server
+/// shows the workload controller when the pod is denied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodInjectionError {
+    /// Named as a role's pod but past its replicas (a scale-up that raised the workload's
+    /// replicas before the PortAllocation's).
+    #[error(
+        "pod {pod} is pod {flat} of role {role} of PortAllocation {namespace}/{name}, which has \
+         {pods} pods: raise the role's replicas (or groups) in the PortAllocation; the workload \
+         controller retries the pod"
+    )]
+    BeyondReplicas {
+        pod: String,
+        flat: u32,
+        role: String,
+        namespace: String,
+        name: String,
+        pods: u32,
+    },
+    /// No name yet, and no Deployment role it could be.
+    #[error(
+        "pod {generate_name}* of PortAllocation {namespace}/{name} has no name yet and matches no \
+         Deployment role: label it {POD_ROLE_LABEL}=<role> with a role whose workload is a \
+         Deployment"
+    )]
+    NoDeploymentRole {
+        generate_name: String,
+        namespace: String,
+        name: String,
+    },
+    /// No name yet, and several Deployment roles it could be.
+    #[error(
+        "pod {generate_name}* fits the Deployment roles {}: label it {POD_ROLE_LABEL}=<role>",
+        roles.join(", ")
+    )]
+    ManyDeploymentRoles {
+        generate_name: String,
+        roles: Vec<String>,
+    },
+    /// Its role or index, or its env, cannot be resolved.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+}
+
 impl PortAllocation {
-    /// Which pod of this allocation `pod` is, and what it gets. The error is the one line the
-    /// API server shows the workload controller when the pod is denied.
-    pub fn pod_injection(&self, pod: &Pod) -> Result<PodInjection, String> {
+    /// Which pod of this allocation `pod` is, and what it gets.
+    pub fn pod_injection(&self, pod: &Pod) -> Result<PodInjection, PodInjectionError> {
         let role_label = pod
             .metadata
             .labels
@@ -76,9 +119,9 @@ impl PortAllocation {
             self.unnamed_pod(pod, role_label)?
         } else {
             self.locate_pod(role_label, name)
-                .map_err(|e| self.beyond_replicas(name).unwrap_or_else(|| e.to_string()))?
+                .map_err(|e| self.beyond_replicas(name).unwrap_or(e.into()))?
         };
-        let env = self.resolve_env(&role, index).map_err(|e| e.to_string())?;
+        let env = self.resolve_env(&role, index)?;
         let spec_role = self.spec.role(&role).expect("located in the spec");
         // From the env it gets: exactly the ports `resolve --pod` hands this pod.
         let ports = spec_role
@@ -108,25 +151,28 @@ impl PortAllocation {
 
     /// For a pod named as a role's pod but past its replicas (a scale-up that raised the
     /// workload's replicas before the PortAllocation's): what to change.
-    fn beyond_replicas(&self, name: &str) -> Option<String> {
+    fn beyond_replicas(&self, name: &str) -> Option<PodInjectionError> {
         let groups = self.spec.group_count();
         self.spec.roles.iter().find_map(|role| {
             let flat = role.flat_of(name, 1 << 16)?;
-            Some(format!(
-                "pod {name} is pod {flat} of role {} of PortAllocation {}/{}, which has {} pods: raise \
-                 the role's replicas (or groups) in the PortAllocation; the workload controller \
-                 retries the pod",
-                role.name,
-                self.metadata.namespace.as_deref().unwrap_or_default(),
-                self.metadata.name.as_deref().unwrap_or_default(),
-                groups * role.per_group(),
-            ))
+            Some(PodInjectionError::BeyondReplicas {
+                pod: name.to_string(),
+                flat,
+                role: role.name.clone(),
+                namespace: self.metadata.namespace.clone().unwrap_or_default(),
+                name: self.metadata.name.clone().unwrap_or_default(),
+                pods: groups * role.per_group(),
+            })
         })
     }
 
     /// A pod with no name yet (a Deployment's, named by generateName after admission): the
     /// Deployment role its label names, else the one whose workload its generateName starts with.
-    fn unnamed_pod(&self, pod: &Pod, role_label: Option<&str>) -> Result<(String, u32), String> {
+    fn unnamed_pod(
+        &self,
+        pod: &Pod,
+        role_label: Option<&str>,
+    ) -> Result<(String, u32), PodInjectionError> {
         let generate = pod.metadata.generate_name.as_deref().unwrap_or_default();
         let deployments: Vec<&str> = self
             .spec
@@ -143,17 +189,16 @@ impl PortAllocation {
             .map(|r| r.name.as_str())
             .collect();
         match deployments.as_slice() {
-            [role] => self.locate_pod(Some(role), role).map_err(|e| e.to_string()),
-            [] => Err(format!(
-                "pod {generate}* of PortAllocation {}/{} has no name yet and matches no Deployment \
-                 role: label it {POD_ROLE_LABEL}=<role> with a role whose workload is a Deployment",
-                self.metadata.namespace.as_deref().unwrap_or_default(),
-                self.metadata.name.as_deref().unwrap_or_default(),
-            )),
-            many => Err(format!(
-                "pod {generate}* fits the Deployment roles {}: label it {POD_ROLE_LABEL}=<role>",
-                many.join(", ")
-            )),
+            [role] => Ok(self.locate_pod(Some(role), role)?),
+            [] => Err(PodInjectionError::NoDeploymentRole {
+                generate_name: generate.to_string(),
+                namespace: self.metadata.namespace.clone().unwrap_or_default(),
+                name: self.metadata.name.clone().unwrap_or_default(),
+            }),
+            many => Err(PodInjectionError::ManyDeploymentRoles {
+                generate_name: generate.to_string(),
+                roles: many.iter().map(|r| r.to_string()).collect(),
+            }),
         }
     }
 }

@@ -129,7 +129,10 @@ fn a_deployment_pod_is_found_before_it_has_a_name() {
         .pod_injection(&pod("", "whatever-", &[(POD_ROLE_LABEL, "router")], &[]))
         .unwrap();
     assert_eq!(by_label.env, by_prefix.env);
-    let lost = pa.pod_injection(&pod("", "web-", &[], &[])).unwrap_err();
+    let lost = pa
+        .pod_injection(&pod("", "web-", &[], &[]))
+        .unwrap_err()
+        .to_string();
     assert!(lost.contains(POD_ROLE_LABEL), "{lost}");
 }
 
@@ -138,13 +141,17 @@ fn a_pod_beyond_replicas_or_of_no_role_is_denied_with_what_to_change() {
     let pa = sglang_pd();
     let beyond = pa
         .pod_injection(&pod("decode-2", "", &[], &[]))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(
         beyond.contains("pod decode-2 is pod 2 of role decode")
             && beyond.contains("which has 2 pods: raise the role's replicas"),
         "{beyond}"
     );
-    let stranger = pa.pod_injection(&pod("web-0", "", &[], &[])).unwrap_err();
+    let stranger = pa
+        .pod_injection(&pod("web-0", "", &[], &[]))
+        .unwrap_err()
+        .to_string();
     assert!(stranger.contains("web-0"), "{stranger}");
 }
 

@@ -23,7 +23,7 @@ mod workload;
 
 pub use admission::{
     DEFAULT_CONTAINER_ANNOTATION, POD_ALLOCATION_LABEL, POD_ROLE_LABEL, PORTS_ANNOTATION,
-    PodInjection, PodPort, declared_ports, declares_ports, pod_patch,
+    PodInjection, PodInjectionError, PodPort, declared_ports, declares_ports, pod_patch,
 };
 pub use allocation::*;
 pub use env_file::{ALLOCATION_LABEL, env_configmap, env_lines, quote_env_value};

@@ -69,7 +69,8 @@ pub use known_shards::{
     home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,
 };
 pub use pod_ports::{
-    Mismatch, PodPort, PortHolder, RecordDenial, pod_port_shards, pod_ports, unheld_ports,
+    Mismatch, PodPort, PodPortsError, PortHolder, RecordDenial, pod_port_shards, pod_ports,
+    unheld_ports,
 };
 pub use pool_record::PoolRecord;
 pub use pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};

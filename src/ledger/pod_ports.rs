@@ -27,9 +27,29 @@ pub struct PodPort {
     pub shard: ShardKey,
 }
 
+/// A port of a PortAllocation's status for a pod that is no port (a block that runs past port
+/// 65535, or no port at all): a denial, with what to run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the ports of PortAllocation {namespace}/{name} for this pod ({port}={first} and {more} more) \
+     are not ports: run kubectl portalloc sync {name} -n {namespace}, which rewrites its status \
+     from the pool's record"
+)]
+pub struct PodPortsError {
+    pub namespace: String,
+    pub name: String,
+    /// The port's name in the role.
+    pub port: String,
+    pub first: u16,
+    /// How many ports of the block after `first`.
+    pub more: u16,
+}
+
 /// Every port `injection` gives the pod (each port of a block): what the pod is told it binds.
-/// The error is a denial: a block that runs past port 65535, or no port at all.
-pub fn pod_ports(pa: &PortAllocation, injection: &PodInjection) -> Result<Vec<PodPort>, String> {
+pub fn pod_ports(
+    pa: &PortAllocation,
+    injection: &PodInjection,
+) -> Result<Vec<PodPort>, PodPortsError> {
     let copy = pa.pool_copy();
     let mut ports = Vec::new();
     for given in &injection.ports {
@@ -37,18 +57,13 @@ pub fn pod_ports(pa: &PortAllocation, injection: &PodInjection) -> Result<Vec<Po
         let last = match u16::try_from(last) {
             Ok(last) if given.first > 0 && given.count > 0 => last,
             _ => {
-                return Err(format!(
-                    "the ports of PortAllocation {}/{} for this pod ({}={} and {} more) are not \
-                     ports: run kubectl portalloc sync {} -n {}, which rewrites its status from the \
-                     pool's record",
-                    namespace(pa),
-                    name(pa),
-                    given.name,
-                    given.first,
-                    given.count.saturating_sub(1),
-                    name(pa),
-                    namespace(pa)
-                ));
+                return Err(PodPortsError {
+                    namespace: namespace(pa).to_string(),
+                    name: name(pa).to_string(),
+                    port: given.name.clone(),
+                    first: given.first,
+                    more: given.count.saturating_sub(1),
+                });
             }
         };
         ports.extend((given.first..=last).map(|port| PodPort {
@@ -188,6 +203,8 @@ impl RecordDenial {
         }
     }
 }
+
+impl std::error::Error for RecordDenial {}
 
 impl fmt::Display for RecordDenial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

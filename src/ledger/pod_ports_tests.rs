@@ -342,7 +342,7 @@ fn ports_that_are_no_ports_are_a_denial_that_says_what_to_run() {
             first,
             count,
         }];
-        let error = pod_ports(&pa, &injection).unwrap_err();
+        let error = pod_ports(&pa, &injection).unwrap_err().to_string();
         assert!(
             error.contains("kubectl portalloc sync a -n ns"),
             "{first}+{count}: {error}"

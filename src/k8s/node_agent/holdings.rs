@@ -87,7 +87,7 @@ pub(super) async fn holding_of(
     let Some(pool) = pools.get(&pa.spec.pool) else {
         return Ok(None);
     };
-    let ports = pod_ports(&pa, &injection)?;
+    let ports = pod_ports(&pa, &injection).map_err(|e| e.to_string())?;
     let mut read = BTreeMap::new();
     for key in pod_port_shards(&ports) {
         let shard = reads.shard(shards, &shard_name(&pa.spec.pool, key)).await?;

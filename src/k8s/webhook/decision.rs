@@ -13,6 +13,7 @@ use kube::api::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 
+use super::denial::Denial;
 use super::record_check;
 use crate::api::{POD_ALLOCATION_LABEL, PortAllocation, declares_ports, pod_patch};
 use crate::k8s::allocate::{AllocateError, Allocator};
@@ -84,7 +85,7 @@ impl PodWebhook {
     async fn decide(
         &self,
         request: &AdmissionRequest<Pod>,
-    ) -> Result<Option<json_patch::Patch>, String> {
+    ) -> Result<Option<json_patch::Patch>, Denial> {
         let Some(pod) = &request.object else {
             return Ok(None);
         };
@@ -97,28 +98,31 @@ impl PodWebhook {
         let pa = api
             .get_opt(name)
             .await
-            .map_err(|e| KubeError::from_kube(e, ALLOCATIONS.on("get", name, Some(&namespace))).to_string())?
-            .ok_or_else(|| {
-                format!(
-                    "pod label {POD_ALLOCATION_LABEL}={name} names PortAllocation {namespace}/{name}, which \
-                     does not exist: create it (kubectl portalloc create -f FILE) or fix the label"
-                )
+            .map_err(|e| {
+                Denial::Read(KubeError::from_kube(
+                    e,
+                    ALLOCATIONS.on("get", name, Some(&namespace)),
+                ))
+            })?
+            .ok_or_else(|| Denial::NoAllocation {
+                namespace: namespace.clone(),
+                name: name.clone(),
             })?;
         let pa = if is_current(&pa) {
             pa
         } else if request.dry_run {
-            return Err(format!(
-                "PortAllocation {} is not allocated yet, and a dry run allocates nothing: run \
-                 kubectl portalloc sync {name} -n {namespace}",
-                owner_of(&pa)
-            ));
+            return Err(Denial::DryRun {
+                owner: owner_of(&pa),
+                name: name.clone(),
+                namespace,
+            });
         } else {
             // Applied and never synced, or its spec changed (a scale-up raising replicas and
             // the PortAllocation together): sync it now, as `kubectl portalloc sync` would.
             match self.allocator.sync_or_record(pa).await {
                 Ok(report) => report.allocation,
-                Err(AllocateError::Refused(refusal)) => return Err(refusal.to_string()),
-                Err(e) => return Err(format!("{e} (the workload controller retries the pod)")),
+                Err(AllocateError::Refused(refusal)) => return Err(Denial::Refused(refusal)),
+                Err(e) => return Err(Denial::Sync(e)),
             }
         };
         let injection = pa.pod_injection(pod)?;
@@ -131,24 +135,20 @@ impl PodWebhook {
         let patch = pod_patch(pod, &injection, protocol);
         serde_json::from_value(serde_json::Value::Array(patch))
             .map(Some)
-            .map_err(|e| format!("building the patch: {e}"))
+            .map_err(Denial::Patch)
     }
 }
 
 impl PodWebhook {
     /// The protocol of `pa`'s pool, which its pods' declared ports are in.
-    async fn protocol(&self, pa: &PortAllocation) -> Result<crate::api::Protocol, String> {
+    async fn protocol(&self, pa: &PortAllocation) -> Result<crate::api::Protocol, Denial> {
         match self.allocator.pool_of(pa).await {
             Ok(Some(pool)) => Ok(pool.spec.protocol),
-            Ok(None) => Err(format!(
-                "PortPool {:?} of PortAllocation {} does not exist, so the pod's ports cannot be \
-                 declared in its protocol: create the pool again and run kubectl portalloc repair \
-                 --pool {} --apply",
-                pa.spec.pool,
-                owner_of(pa),
-                pa.spec.pool
-            )),
-            Err(e) => Err(format!("{e} (the workload controller retries the pod)")),
+            Ok(None) => Err(Denial::NoPool {
+                pool: pa.spec.pool.clone(),
+                owner: owner_of(pa),
+            }),
+            Err(e) => Err(Denial::Pool(e)),
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The pod webhook, whole: its decisions (`decision`, with the record check before a pod gets
-//! its ports), its HTTPS endpoint (`serve`), its serving certificate (`certificates`, signed by
+//! its ports, and why it denies one: `denial`), its HTTPS endpoint (`serve`), its serving certificate (`certificates`, signed by
 //! the CA of `tls` or mounted from cert-manager), its MutatingWebhookConfiguration
 //! (`registration`), all kept current while it runs (`upkeep`), and started together from one
 //! set of options (`start`). The CLI (`sync --watch --webhook-address`) only parses its flags.
 
 mod certificates;
 mod decision;
+mod denial;
 mod record_check;
 mod registration;
 mod serve;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 pub use certificates::CertificateError;
 pub use decision::PodWebhook;
+pub use denial::{Denial, RecordCheckError};
 pub use registration::{
     ClientConfig, WEBHOOK_CONFIGURATION, register_webhook, repair_registration,
 };

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
+use super::denial::RecordCheckError;
 use crate::api::{PodInjection, PortAllocation, PortPoolShard};
 use crate::k8s::allocate::Allocator;
 use crate::k8s::error::KubeError;
@@ -38,7 +39,7 @@ pub(super) async fn check(
     allocator: &Allocator,
     pa: &PortAllocation,
     injection: &PodInjection,
-) -> Result<(), String> {
+) -> Result<(), RecordCheckError> {
     if !*ENABLED {
         return Ok(());
     }
@@ -68,13 +69,9 @@ pub(super) async fn check(
             }
         });
         for (key, name, shard) in futures::future::join_all(reads).await {
-            let shard = shard.map_err(|(e, target)| {
-                format!(
-                    "checking the ports of PortAllocation {} against its pool's record: {} (the \
-                     workload controller retries the pod)",
-                    owner_of(pa),
-                    KubeError::from_kube(e, target)
-                )
+            let shard = shard.map_err(|(e, target)| RecordCheckError::Read {
+                owner: owner_of(pa),
+                source: KubeError::from_kube(e, target),
             })?;
             // The current object: the allocator may decide against it too. (Should it have
             // written a newer one meanwhile, this costs it one conflict, never a wrong port.)
@@ -109,6 +106,6 @@ pub(super) async fn check(
         if mismatches.is_empty() {
             return Ok(());
         }
-        return Err(RecordDenial::new(pa, injection, mismatches).to_string());
+        return Err(RecordDenial::new(pa, injection, mismatches).into());
     }
 }

@@ -47,8 +47,18 @@ pub struct WebhookCa {
 pub enum WebhookTlsError {
     #[error(transparent)]
     Kube(#[from] KubeError),
+    /// rcgen could not make a key or a certificate.
     #[error("webhook certificate: {0}")]
-    Certificate(String),
+    Certificate(#[source] rcgen::Error),
+    /// The Secret found at start lacks the CA.
+    #[error(
+        "webhook certificate: Secret {namespace}/{CA_SECRET} lacks ca.crt or ca.key: delete it \
+         and a new CA is made"
+    )]
+    CaIncomplete { namespace: String },
+    /// The Secret another watcher stored first lacks the CA.
+    #[error("webhook certificate: Secret {namespace}/{CA_SECRET} lacks ca.crt or ca.key")]
+    StoredCaIncomplete { namespace: String },
     /// The namespace meant for the CA Secret does not exist (a watcher run out of the cluster
     /// before anything was installed in it).
     #[error(
@@ -56,10 +66,6 @@ pub enum WebhookTlsError {
          does not exist: create it (kubectl create namespace {namespace})"
     )]
     NamespaceMissing { namespace: String },
-}
-
-fn cert_error(e: rcgen::Error) -> WebhookTlsError {
-    WebhookTlsError::Certificate(e.to_string())
 }
 
 /// A serving certificate for `hosts` (DNS names or IP addresses), signed by the CA of
@@ -75,12 +81,13 @@ pub async fn serving_cert(
 impl WebhookCa {
     /// A serving certificate for `hosts` signed by this CA.
     pub fn sign(&self, hosts: &[String]) -> Result<ServingCert, WebhookTlsError> {
-        let ca_key = KeyPair::from_pem(&self.key_pem).map_err(cert_error)?;
+        let ca_key = KeyPair::from_pem(&self.key_pem).map_err(WebhookTlsError::Certificate)?;
         // The issuer is rebuilt from the same name and key: the chain needs the CA's subject
         // and key identifier, both of which these reproduce.
         let issuer = Issuer::new(ca_params(), ca_key);
-        let key = KeyPair::generate().map_err(cert_error)?;
-        let mut params = CertificateParams::new(hosts.to_vec()).map_err(cert_error)?;
+        let key = KeyPair::generate().map_err(WebhookTlsError::Certificate)?;
+        let mut params =
+            CertificateParams::new(hosts.to_vec()).map_err(WebhookTlsError::Certificate)?;
         params.distinguished_name.push(
             DnType::CommonName,
             hosts.first().cloned().unwrap_or_default(),
@@ -90,7 +97,9 @@ impl WebhookCa {
             KeyUsagePurpose::KeyEncipherment,
         ];
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-        let cert = params.signed_by(&key, &issuer).map_err(cert_error)?;
+        let cert = params
+            .signed_by(&key, &issuer)
+            .map_err(WebhookTlsError::Certificate)?;
         Ok(ServingCert {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
@@ -128,14 +137,14 @@ pub async fn webhook_ca(client: &Client, namespace: &str) -> Result<WebhookCa, W
         .await
         .map_err(|e| KubeError::from_kube(e, at("get")))?
     {
-        return read(secret).ok_or_else(|| {
-            WebhookTlsError::Certificate(format!(
-                "Secret {namespace}/{CA_SECRET} lacks ca.crt or ca.key: delete it and a new CA is made"
-            ))
+        return read(secret).ok_or_else(|| WebhookTlsError::CaIncomplete {
+            namespace: namespace.to_string(),
         });
     }
-    let key = KeyPair::generate().map_err(cert_error)?;
-    let cert = ca_params().self_signed(&key).map_err(cert_error)?;
+    let key = KeyPair::generate().map_err(WebhookTlsError::Certificate)?;
+    let cert = ca_params()
+        .self_signed(&key)
+        .map_err(WebhookTlsError::Certificate)?;
     let (cert_pem, key_pem) = (cert.pem(), key.serialize_pem());
     let mut secret = Secret {
         data: Some(BTreeMap::from([
@@ -158,10 +167,8 @@ pub async fn webhook_ca(client: &Client, namespace: &str) -> Result<WebhookCa, W
                 .get(CA_SECRET)
                 .await
                 .map_err(|e| KubeError::from_kube(e, at("get")))?;
-            read(stored).ok_or_else(|| {
-                WebhookTlsError::Certificate(format!(
-                    "Secret {namespace}/{CA_SECRET} lacks ca.crt or ca.key"
-                ))
+            read(stored).ok_or_else(|| WebhookTlsError::StoredCaIncomplete {
+                namespace: namespace.to_string(),
             })
         }
         Err(e) => match KubeError::from_kube(e, at("create")) {
