@@ -12,6 +12,7 @@
 //!   repaired);
 //! - [`webhook`]: the pod webhook, whole: its decisions, HTTPS endpoint, certificates and
 //!   registration, kept current while it runs;
+//! - `probes`: `/healthz`, `/readyz` and `/metrics` of the long-running processes;
 //! - [`node_agent`]: `node-agent`, keeping a node's kernel ([`crate::node`]) in step with the
 //!   pools and the pods bound to the node.
 //!

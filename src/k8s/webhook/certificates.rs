@@ -12,7 +12,7 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 
-use super::tls::{WebhookTlsError, serving_cert};
+use super::ca::{WebhookTlsError, serving_cert};
 
 /// Where the serving certificate comes from.
 #[derive(Clone, Debug)]

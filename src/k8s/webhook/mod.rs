@@ -1,9 +1,11 @@
 //! The pod webhook, whole: its decisions (`decision`, with the record check before a pod gets
-//! its ports, and why it denies one: `denial`), its HTTPS endpoint (`serve`), its serving certificate (`certificates`, signed by
-//! the CA of `tls` or mounted from cert-manager), its MutatingWebhookConfiguration
-//! (`registration`), all kept current while it runs (`upkeep`), and started together from one
-//! set of options (`start`). The CLI (`sync --watch --webhook-address`) only parses its flags.
+//! its ports, and why it denies one: `denial`), its HTTPS endpoint (`serve`), its serving
+//! certificate (`certificates`, signed by the CA of `ca` or mounted from cert-manager), its
+//! MutatingWebhookConfiguration (`registration`), all kept current while it runs (`upkeep`),
+//! and started together from one set of options (`start`). The CLI (`sync --watch
+//! --webhook-address`) only parses its flags.
 
+mod ca;
 mod certificates;
 mod decision;
 mod denial;
@@ -11,11 +13,11 @@ mod record_check;
 mod registration;
 mod serve;
 mod start;
-mod tls;
 mod upkeep;
 
 use std::time::Duration;
 
+pub use ca::{CA_SECRET, ServingCert, WebhookCa, WebhookTlsError, serving_cert, webhook_ca};
 pub use certificates::CertificateError;
 pub use decision::PodWebhook;
 pub use denial::{Denial, RecordCheckError};
@@ -24,7 +26,6 @@ pub use registration::{
 };
 pub use serve::{ServeError, WebhookServer};
 pub use start::{StartError, WebhookOptions, WebhookUrl, start_webhook};
-pub use tls::{CA_SECRET, ServingCert, WebhookCa, WebhookTlsError, serving_cert, webhook_ca};
 
 /// The API server's timeout for our webhook (`timeoutSeconds`); a sync that would take longer
 /// is cut short by it, and the pod is retried by its controller.

@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::ca::{CA_SECRET, webhook_ca};
 use super::certificates::{CertSlot, CertSource, CertificateError, Pems};
 use super::registration::{ClientConfig, WEBHOOK_CONFIGURATION, repair_registration};
-use super::tls::{CA_SECRET, webhook_ca};
 use crate::k8s::error::{KubeError, error_chain};
 
 /// How often a replica checks its certificate's source and the configuration. After a CA
