@@ -212,7 +212,7 @@ const REFERENCED_PORTS_MESSAGE: &str = "a port reference (role.port) must name a
 
 const REFERENCE_SYNTAX_RULE: &str = r"self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?([.][a-z]([-a-z0-9]*[a-z0-9])?)?(\\[([0-9]+|\\*)\\])?$')";
 
-/// Observed state, written by the allocator after the pool write that commits the ports.
+/// Observed state, written by the allocator after the shard writes that commit the ports.
 ///
 /// The API server fills in a default status (generation 0 observed, phase Pending) for an object
 /// nobody has synced yet, since it stores none: health checks that follow kstatus (Flux,

@@ -14,7 +14,7 @@ use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
 use crate::k8s::{self, Readiness, WatchOptions, get_allocation, list_allocations};
 use crate::ledger::leader_lease::lease_name;
 
-/// With --all: how many PortAllocation statuses are written at once after the pool write.
+/// With --all: how many PortAllocation statuses are written at once after the shard writes.
 const STATUS_WRITES: usize = 16;
 
 /// Allocate or release ports so each PortAllocation's status matches its spec.
@@ -119,7 +119,7 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
     let total = targets.len();
     let mut failures = Vec::new();
     let mut synced = Vec::new();
-    // Several objects: one pool write per pool for all of them (group commit).
+    // Several objects: one write per changed shard of each pool for all of them (group commit).
     let results = if args.name.is_some() {
         let mut one = Vec::new();
         for pa in targets {

@@ -35,7 +35,7 @@
 //! - **Reports** what it must not decide alone: a port held by two entries, a held port outside
 //!   the pool's ranges or excluded, an unreadable entry of a live object, and statuses that are
 //!   merely stale (`status.poolUID` is this pool but the pool has no entry: a release or
-//!   scale-down was interrupted after its pool write; `sync` corrects the status). Repair never
+//!   scale-down was interrupted after its shard write; `sync` corrects the status). Repair never
 //!   moves a live workload's port: a duplicate or an excluded port may be in use by a running
 //!   pod, and which side should move is a decision for a person (`release`, then `sync`).
 //!

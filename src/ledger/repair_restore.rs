@@ -181,7 +181,7 @@ fn stale_status_reason(
         Some(recorded_uid) if recorded_uid == record.pool_uid() && scope.restore_own => None,
         Some(recorded_uid) if recorded_uid == record.pool_uid() => Some(
             "its status names this pool object, which has no entry for it: a release or \
-             scale-down was interrupted after its pool write",
+             scale-down was interrupted after its shard write",
         ),
         None => Some("its status names no pool object (poolUID is unset)"),
         Some(_) => None,

@@ -358,7 +358,7 @@ async fn refusals_name_the_cause_and_change_nothing() {
     assert_consistent(&client, &pool).await;
 }
 
-/// A client killed after its pool write but before its status write: the next sync completes
+/// A client killed after its shard write but before its status write: the next sync completes
 /// the status from the pool entry without moving a port.
 #[tokio::test]
 async fn sync_completes_an_allocation_interrupted_after_the_pool_write() {

@@ -1,6 +1,6 @@
-//! Group commit: `sync --all -A` allocates every PortAllocation of a pool in one pool write, and a
-//! refusal stays with its own PortAllocation. On a control plane of its own, since `-A` syncs
-//! every object in the cluster.
+//! Group commit: `sync --all -A` allocates every PortAllocation of a pool with one write per
+//! changed shard, and a refusal stays with its own PortAllocation. On a control plane of its
+//! own, since `-A` syncs every object in the cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -186,7 +186,7 @@ async fn sync_all_commits_each_pool_once_and_keeps_refusals_to_themselves() {
     let widened = per_object.values().filter(|&&n| n == 2).count();
     eprintln!("batch: {widened} of 206 left their home shard");
 
-    // Again: nothing to do, so no pool write and no status write, but t3's: its PoolFull message
+    // Again: nothing to do, so no shard write and no status write, but t3's: its PoolFull message
     // names the pool's holders, and t4 joined them after t3 was refused (one by one, the same).
     let again = cluster.run(&["sync", "--all", "-A", "-v", "2"]);
     assert_eq!(again.code, 4, "{again}");

@@ -3,7 +3,7 @@
 //!
 //! Each trial starts four `kubectl-portalloc` processes at once (create or scale, sync, release,
 //! delete, repair --apply on one pool) and kills each after a random delay: some die before
-//! their first request, some between the pool write and the status write, some after finishing.
+//! their first request, some between the shard write and the status write, some after finishing.
 //! Afterwards no port may be held twice, and `repair --apply` then `sync --all -A` must leave
 //! each pool's holders equal to exactly the union of the live PortAllocations' holdings.
 

@@ -349,7 +349,7 @@ async fn a_failed_sync_stops_claiming_ports_the_pool_no_longer_gives() {
     let a = api.get("a").await.unwrap();
     let claimed = recorded_holdings(a.status.as_ref().unwrap());
     let port = claimed.ports().next().unwrap();
-    // What a release killed after its pool write leaves: no entry, the old status.
+    // What a release killed after its shard write leaves: no entry, the old status.
     set_holders(&client, &pool, vec![]).await;
     // Someone else takes one of those ports, legitimately.
     let b = format!(

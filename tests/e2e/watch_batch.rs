@@ -1,5 +1,5 @@
-//! The watcher's reconciles of one pool that are in flight together share one pool write (group
-//! commit through the combiner), in process and namespace-scoped, on the shared cluster.
+//! The watcher's reconciles of one pool that are in flight together share one write per changed
+//! shard (group commit), in process and namespace-scoped, on the shared cluster.
 
 use std::time::{Duration, Instant};
 
