@@ -413,7 +413,10 @@ fn elsewhere(
         // Two neighbouring windows as one record: the free ports at their shared edge are one
         // run, which a block longer than either side's part still fits. Ranked with the single
         // windows, so a pair wins only where it fits tighter.
+        // Only a block can need the edge: a single port fits in one window or not at all, and
+        // building a pair's record is the dear part of placing an owner in a full pool.
         let pairs = neighbours(work, present.first().copied())
+            .filter(|_| asks_for_blocks(operation))
             .map(|pair| Cow::Owned(work.pair_record(&pair)));
         let places = windows.chain(pairs);
         if let Some(decision) = best_place(places, &runs, &before, uid, owner, operation, rng)? {
@@ -443,6 +446,11 @@ fn elsewhere(
         }
     }
     decide(&work.union_record(), uid, owner, operation, rng)
+}
+
+/// Whether the operation asks for a block of contiguous ports.
+fn asks_for_blocks(operation: &Operation) -> bool {
+    matches!(operation, Operation::Sync(demands) if demands.iter().any(|d| d.count > 1))
 }
 
 /// Each pair of neighbouring windows of the layout (with `only` among them, when given).
@@ -546,3 +554,7 @@ mod fill_tests;
 #[cfg(test)]
 #[path = "shard_choice_reuse_tests.rs"]
 mod reuse_tests;
+
+#[cfg(test)]
+#[path = "shard_choice_batch_tests.rs"]
+mod batch_tests;

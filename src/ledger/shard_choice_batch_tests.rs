@@ -1,0 +1,102 @@
+//! Group commit to the last port: one batch of one-port owners filling a pool exactly, decided
+//! as `sync --all` decides it (pass 1 within each owner's home, its writes committed, then
+//! pass 2 for the owners whose home was full), writes each shard at most once per pass.
+
+use std::collections::BTreeSet;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use super::*;
+use crate::ledger::copy_record::new_shard;
+use crate::ledger::fixtures::{allocation, pool_of, sharded};
+use crate::ledger::{Operation, known_shards, owner_of};
+
+/// `writes` as the API server would return them: each shard at a new version.
+fn commit(record: &mut PoolRecord, writes: &[ShardWrite], version: &mut u64) {
+    for write in writes {
+        let mut shard = new_shard(&record.pool, write.key);
+        *version += 1;
+        shard.metadata.resource_version = Some(format!("w{version}"));
+        shard.status = Some(write.status.clone());
+        record.replace(shard);
+    }
+}
+
+/// One-port owners spread over 50 namespaces, as a GitOps repository of many teams applies them.
+fn owners(count: usize, record: &PoolRecord) -> Vec<BatchItem> {
+    (0..count)
+        .map(|i| {
+            let mut pa = allocation(&format!("job-{i:05}"), 1, None);
+            pa.metadata.namespace = Some(format!("team-{:02}", i % 50));
+            let owner = owner_of(&pa);
+            BatchItem {
+                uid: format!("job-{i:05}"),
+                known: known_shards(None, &record.layout, &owner),
+                owner,
+                operation: Operation::sync_of(&pa),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn filling_a_pool_to_its_last_port_writes_each_shard_at_most_once_per_pass() {
+    // 16 windows of 256 ports, every one of them asked for.
+    let pool = pool_of(&["20000-24095"], &[]);
+    let mut record = sharded(&pool, vec![]);
+    let windows = record.first().layout.shards().len();
+    let items = owners(4096, &record);
+    let mut rng = StdRng::seed_from_u64(34);
+    let mut version = 0;
+
+    let first = decide_pool_batch(&record, &items, Pass::WithinKnown, true, &mut rng);
+    assert!(
+        first.writes.len() <= windows,
+        "pass 1: {} writes",
+        first.writes.len()
+    );
+    commit(&mut record, &first.writes, &mut version);
+    let left: Vec<BatchItem> = items
+        .iter()
+        .zip(&first.outcomes)
+        .filter(|(_, outcome)| outcome.is_none())
+        .map(|(item, _)| item.clone())
+        .collect();
+    // Homes are uneven (hashing 4,096 owners onto 16 windows): some overflow, and those owners
+    // are what pass 2 is for.
+    assert!(
+        !left.is_empty(),
+        "no home overflowed: the test does not reach pass 2"
+    );
+
+    let second = decide_pool_batch(&record, &left, Pass::Anywhere, false, &mut rng);
+    assert!(
+        second.writes.len() <= windows,
+        "pass 2: {} writes",
+        second.writes.len()
+    );
+    assert_eq!(
+        second.widen.len(),
+        left.len(),
+        "each moved owner's status widens first"
+    );
+    commit(&mut record, &second.writes, &mut version);
+
+    let outcomes = first
+        .outcomes
+        .iter()
+        .flatten()
+        .chain(second.outcomes.iter().flatten());
+    let mut held = BTreeSet::new();
+    for outcome in outcomes {
+        let ItemOutcome::Changed { holdings, .. } = outcome else {
+            panic!("every owner gets its port while one is free: {outcome:?}");
+        };
+        for port in holdings.ports() {
+            assert!(held.insert(port), "port {port} given twice");
+        }
+    }
+    assert_eq!(held.len(), 4096, "every port held once");
+    assert_eq!(record.first().union_record().state.free_count(), 0);
+}
