@@ -406,7 +406,16 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
         let pods = pods.clone();
         async move { burst(&pods, 1..BURST + 1, None).await }
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A restart is worth something only once the burst reaches the replicas: 10 pods admitted
+    // (each routed to either replica), however busy the machine.
+    let burst_began = Instant::now();
+    while pods.list(&Default::default()).await.unwrap().items.len() < 11 {
+        assert!(
+            burst_began.elapsed() < Duration::from_secs(60),
+            "the burst admitted fewer than 10 pods in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut stopped = Vec::new();
     for (old, new) in [("a", "a2"), ("b", "b2")] {
         let position = replicas.iter().position(|r| r.name == old).unwrap();
