@@ -4,13 +4,20 @@
 //!
 //! 2m: `kubectl portalloc sync --all -A` of N freshly applied one-port PortAllocations into one
 //! 1-65535 pool, for N = 25,000 and 65,535: wall time, shard writes, failures. Every write is one
-//! shard's (≤ 256 entries), so no request can outgrow what etcd takes.
+//! shard's (≤ 256 entries), so no request can outgrow what etcd takes. Each sync ends in one
+//! status write per PortAllocation; the same number of bare status writes (the objects as
+//! synced, `observedGeneration` changed so each is a real write), by 16 and by 64 clients, is
+//! the server's floor for that part.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use std::sync::{Arc, Mutex};
+
 use anyhow::ensure;
-use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use portalloc::api::PortAllocation;
 
 use crate::controlplane::ControlPlane;
 use crate::{Row, cli, group_commit, workload, yes_no};
@@ -183,6 +190,15 @@ pub async fn sync_all_at_scale(
             log.as_bytes(),
         )?;
         group_commit::ensure_allocated(admin, &ns, count).await?;
+        let mut floors = Vec::new();
+        for writers in [16, 64] {
+            floors.push((writers, status_floor(&clients, admin, &ns, writers).await?));
+        }
+        let floor = floors
+            .iter()
+            .map(|(w, d)| format!("{w} clients {:.1} s", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", ");
         // Left in place: deleting 65,535 objects takes longer than the measurement, and this
         // cell runs on its own control plane's last minutes.
         rows.push(Row {
@@ -193,7 +209,8 @@ pub async fn sync_all_at_scale(
                 applied.as_secs_f64()
             ),
             ours: format!(
-                "{:.1} s, 0 failures; {shard_writes} shard writes, {conflicts} conflicts",
+                "{:.1} s, 0 failures; {shard_writes} shard writes, {conflicts} conflicts; \
+                 floor, {count} bare status writes: {floor}",
                 wall.as_secs_f64()
             ),
             anchor: crate::dash(),
@@ -207,4 +224,57 @@ pub async fn sync_all_at_scale(
         });
     }
     Ok(rows)
+}
+
+/// The time `writers` clients take to write every PortAllocation's status in `ns` once more,
+/// with nothing else to do: what the API server gives for the sync's last step.
+async fn status_floor(
+    clients: &[Client],
+    admin: &Client,
+    ns: &str,
+    writers: usize,
+) -> anyhow::Result<Duration> {
+    let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
+    let mut objects = Vec::new();
+    let mut params = ListParams::default().limit(2_000);
+    loop {
+        let page = api.list(&params).await?;
+        objects.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    let count = objects.len();
+    let objects = Arc::new(Mutex::new(objects));
+    let apis: Arc<Vec<Api<PortAllocation>>> = Arc::new(
+        (0..writers)
+            .map(|w| Api::namespaced(clients[w % clients.len()].clone(), ns))
+            .collect(),
+    );
+    let cell = workload::drive(writers, count, move |worker, _| {
+        let (apis, objects) = (apis.clone(), objects.clone());
+        async move {
+            let mut pa = objects.lock().unwrap().pop().expect("one object per item");
+            let status = pa.status.get_or_insert_with(Default::default);
+            status.observed_generation = Some(status.observed_generation.unwrap_or(0) + 1_000);
+            let name = pa.name_any();
+            apis[worker]
+                .replace_status(&name, &PostParams::default(), &pa)
+                .await?;
+            Ok(workload::Sample {
+                latency: Duration::ZERO,
+                ports: 0,
+                attempts: 1,
+                conflicts: 0,
+            })
+        }
+    })
+    .await;
+    ensure!(
+        cell.failures.is_empty(),
+        "status floor: {:?}",
+        cell.failures
+    );
+    Ok(cell.wall)
 }
