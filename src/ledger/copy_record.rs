@@ -421,6 +421,18 @@ impl CopyRecord {
         new_shard(&self.pool, ShardKey::new(self.copy, index))
     }
 
+    /// How many of this copy's ports no entry holds.
+    pub fn free_ports(&self) -> u32 {
+        self.layout
+            .shards()
+            .iter()
+            .map(|span| match self.shards.get(&span.index) {
+                Some(shard) => shard.record.state.free_count(),
+                None => span.ports.len(),
+            })
+            .sum()
+    }
+
     /// How many ports are held in this copy.
     pub fn held(&self) -> u32 {
         self.shards

@@ -27,6 +27,22 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// How many ports it asks for in all (every slot's ports).
+    pub fn ports_asked(&self) -> u32 {
+        match self {
+            Operation::Sync(demands) => demands
+                .iter()
+                .map(|d| d.slot_count() * d.count.max(1))
+                .sum(),
+            Operation::Release { .. } | Operation::Remove => 0,
+        }
+    }
+
+    /// Whether it asks for a block of contiguous ports.
+    pub fn asks_for_blocks(&self) -> bool {
+        matches!(self, Operation::Sync(demands) if demands.iter().any(|d| d.count > 1))
+    }
+
     /// The sync operation for a PortAllocation's current spec.
     pub fn sync_of(pa: &PortAllocation) -> Result<Operation, Refusal> {
         pa.spec

@@ -287,7 +287,8 @@ fn decide_in_known_shard(
 }
 
 /// The copy it is in, else every copy in order: the first that takes it whole, and the
-/// decision there. A new owner refused by every copy is refused as such.
+/// decision there. A new owner refused by every copy is refused as such, with the lowest
+/// copy's refusal.
 fn choose_copy(
     work: &mut PoolRecord,
     seen: &Seen,
@@ -297,25 +298,54 @@ fn choose_copy(
         Some(&copy) => vec![copy],
         None => (0..work.reuse()).collect(),
     };
-    let mut first_refusal: Option<Refusal> = None;
+    let needed = seen.operation.ports_asked();
+    // A new owner skips a copy with fewer free ports than it asks for: that copy would refuse
+    // it, and learning how costs a record of the whole copy. Only the lowest copy's refusal is
+    // ever shown, so only that one is worked out, and only if every copy refuses.
+    let mut lowest_skipped: Option<u16> = None;
+    let mut first_refusal: Option<(u16, Refusal)> = None;
     for copy in candidates {
-        let windows: BTreeSet<u16> = seen
-            .present
-            .iter()
-            .filter(|k| k.copy == copy)
-            .map(|k| k.window)
-            .collect();
-        let record = work.copy_mut(copy);
-        match elsewhere(record, &windows, seen.uid, seen.owner, seen.operation, rng) {
+        if seen.movable && work.copy(copy).is_some_and(|c| c.free_ports() < needed) {
+            lowest_skipped.get_or_insert(copy);
+            continue;
+        }
+        match decide_in_copy(work, seen, copy, rng) {
             Ok(decision) => return Ok((copy, decision)),
             Err(refusal @ (Refusal::Core { .. } | Refusal::PortHeld { .. })) if seen.movable => {
-                first_refusal.get_or_insert(refusal);
+                first_refusal.get_or_insert((copy, refusal));
             }
             Err(refusal) => return Err(refusal),
         }
     }
-    let refusal = first_refusal.expect("a refusal for every copy tried");
+    let refusal = match first_refusal {
+        Some((copy, refusal)) if lowest_skipped.is_none_or(|skipped| copy < skipped) => refusal,
+        _ => {
+            let skipped = lowest_skipped.expect("a refusal or a skipped copy for every copy");
+            match decide_in_copy(work, seen, skipped, rng) {
+                // Cannot happen while the count is right; if it does, the placement is sound.
+                Ok(decision) => return Ok((skipped, decision)),
+                Err(refusal) => refusal,
+            }
+        }
+    };
     Err(refusal.in_every_copy(work.reuse()))
+}
+
+/// The owner decided in one copy, where its entries there are (see [`elsewhere`]).
+fn decide_in_copy(
+    work: &mut PoolRecord,
+    seen: &Seen,
+    copy: u16,
+    rng: &mut impl Rng,
+) -> Result<Decision, Refusal> {
+    let windows: BTreeSet<u16> = seen
+        .present
+        .iter()
+        .filter(|k| k.copy == copy)
+        .map(|k| k.window)
+        .collect();
+    let record = work.copy_mut(copy);
+    elsewhere(record, &windows, seen.uid, seen.owner, seen.operation, rng)
 }
 
 /// Applies the decision in `copy`, drops the owner's entries in any other copy, and names the
@@ -416,7 +446,7 @@ fn elsewhere(
         // Only a block can need the edge: a single port fits in one window or not at all, and
         // building a pair's record is the dear part of placing an owner in a full pool.
         let pairs = neighbours(work, present.first().copied())
-            .filter(|_| asks_for_blocks(operation))
+            .filter(|_| operation.asks_for_blocks())
             .map(|pair| Cow::Owned(work.pair_record(&pair)));
         let places = windows.chain(pairs);
         if let Some(decision) = best_place(places, &runs, &before, uid, owner, operation, rng)? {
@@ -446,11 +476,6 @@ fn elsewhere(
         }
     }
     decide(&work.union_record(), uid, owner, operation, rng)
-}
-
-/// Whether the operation asks for a block of contiguous ports.
-fn asks_for_blocks(operation: &Operation) -> bool {
-    matches!(operation, Operation::Sync(demands) if demands.iter().any(|d| d.count > 1))
 }
 
 /// Each pair of neighbouring windows of the layout (with `only` among them, when given).

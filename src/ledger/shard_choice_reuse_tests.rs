@@ -128,6 +128,30 @@ fn copies_fill_in_order_and_the_last_refusal_names_every_copy() {
 }
 
 #[test]
+fn a_copy_with_too_few_free_ports_is_passed_over_and_one_with_enough_is_not() {
+    let pool = pool_reused(&["100-104"], 3);
+    let mut record = pool_record(&pool, vec![]);
+    let mut rng = rng();
+    let mut place = |record: &mut PoolRecord, name: &str, ports: i32| {
+        let it = item(record, &allocation(name, ports, None));
+        let outcome = preview(record, &it, &mut rng).outcome;
+        assert!(
+            matches!(outcome, ItemOutcome::Changed { .. }),
+            "{name}: {outcome:?}"
+        );
+        record.copies_of(name)
+    };
+    // Copy 0 keeps one free port after `a`; `b` asks for two and goes to copy 1.
+    assert_eq!(place(&mut record, "a", 4), BTreeSet::from([0]));
+    assert_eq!(place(&mut record, "b", 2), BTreeSet::from([1]));
+    // One port fits copy 0's last free one: the skip counts, it does not guess.
+    assert_eq!(place(&mut record, "c", 1), BTreeSet::from([0]));
+    // Copies 0 and 1 cannot take four; copy 2 can.
+    assert_eq!(place(&mut record, "d", 4), BTreeSet::from([2]));
+    check_invariants(&record, 3).unwrap();
+}
+
+#[test]
 fn a_new_owner_in_a_later_copy_widens_its_status_to_that_copys_shards_first() {
     let pool = pool_reused(&["100-103"], 3);
     let full = holders(&[("a", "web.http=100,101,102,103")]);
