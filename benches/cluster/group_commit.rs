@@ -147,12 +147,7 @@ pub async fn apply(clients: &[Client], ns: &str, pool: &str, count: usize) -> an
         let pa = workload::allocation(&format!("app-{item:04}"), &ns, &pool, 1, 1);
         async move {
             apis[worker].create(&Default::default(), &pa).await?;
-            Ok(workload::Sample {
-                latency: Duration::ZERO,
-                ports: 0,
-                attempts: 1,
-                conflicts: 0,
-            })
+            Ok(workload::Sample::untimed())
         }
     })
     .await;
@@ -162,25 +157,18 @@ pub async fn apply(clients: &[Client], ns: &str, pool: &str, count: usize) -> an
 
 pub async fn ensure_allocated(admin: &Client, ns: &str, count: usize) -> anyhow::Result<()> {
     let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
-    let mut ports = Vec::new();
-    // In pages: one list of 65,535 objects outlasts the API server's request timeout.
-    let mut params = ListParams::default().limit(2_000);
-    loop {
-        let page = api.list(&params).await?;
-        for pa in &page.items {
-            ports.extend(
-                pa.status
-                    .as_ref()
-                    .map(recorded_holdings)
-                    .unwrap_or_default()
-                    .ports(),
-            );
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
-    }
+    let mut ports: Vec<u16> = workload::list_all(&api)
+        .await?
+        .iter()
+        .flat_map(|pa| {
+            pa.status
+                .as_ref()
+                .map(recorded_holdings)
+                .unwrap_or_default()
+                .ports()
+                .collect::<Vec<_>>()
+        })
+        .collect();
     let held = ports.len();
     ports.sort_unstable();
     ports.dedup();

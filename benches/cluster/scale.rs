@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use std::sync::{Arc, Mutex};
 
 use anyhow::ensure;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use portalloc::api::PortAllocation;
 
@@ -235,16 +235,7 @@ async fn status_floor(
     writers: usize,
 ) -> anyhow::Result<Duration> {
     let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
-    let mut objects = Vec::new();
-    let mut params = ListParams::default().limit(2_000);
-    loop {
-        let page = api.list(&params).await?;
-        objects.extend(page.items);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
-    }
+    let objects = workload::list_all(&api).await?;
     let count = objects.len();
     let objects = Arc::new(Mutex::new(objects));
     let apis: Arc<Vec<Api<PortAllocation>>> = Arc::new(
@@ -262,12 +253,7 @@ async fn status_floor(
             apis[worker]
                 .replace_status(&name, &PostParams::default(), &pa)
                 .await?;
-            Ok(workload::Sample {
-                latency: Duration::ZERO,
-                ports: 0,
-                attempts: 1,
-                conflicts: 0,
-            })
+            Ok(workload::Sample::untimed())
         }
     })
     .await;

@@ -27,6 +27,18 @@ pub struct Sample {
     pub conflicts: u32,
 }
 
+impl Sample {
+    /// One operation done once, whose own time is not looked at (setup, or a cell's wall time).
+    pub fn untimed() -> Sample {
+        Sample {
+            latency: Duration::ZERO,
+            ports: 0,
+            attempts: 1,
+            conflicts: 0,
+        }
+    }
+}
+
 /// Many operations from one run of the driver (or several, absorbed).
 #[derive(Default)]
 pub struct Cell {
@@ -123,6 +135,24 @@ pub async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()>
         .await
         .with_context(|| format!("create namespace {name}"))?;
     Ok(())
+}
+
+/// Every object `api` lists, in pages: one list of 65,535 objects outlasts the API server's
+/// request timeout.
+pub async fn list_all<K>(api: &Api<K>) -> anyhow::Result<Vec<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut objects = Vec::new();
+    let mut params = kube::api::ListParams::default().limit(2_000);
+    loop {
+        let page = api.list(&params).await?;
+        objects.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(objects),
+        }
+    }
 }
 
 /// A pool as `kubectl portalloc pool create` makes it: the PortPool and every window's shard.
@@ -337,12 +367,7 @@ pub async fn delete_services(clients: &[Client], namespace: &str) -> anyhow::Res
             apis[worker]
                 .delete(&names[item], &DeleteParams::default())
                 .await?;
-            Ok(Sample {
-                latency: Duration::ZERO,
-                ports: 0,
-                attempts: 1,
-                conflicts: 0,
-            })
+            Ok(Sample::untimed())
         }
     })
     .await;
