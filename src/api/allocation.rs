@@ -276,6 +276,29 @@ impl PortAllocationStatus {
     }
 }
 
+impl PortAllocationStatus {
+    /// The copy of its pool holding value `value` of `role.port` (its index in `values`):
+    /// what `copies` says, else the one copy of [`pool_copy`](Self::pool_copy).
+    pub fn copy_of(&self, role: &str, port: &str, value: usize) -> u16 {
+        self.assignments
+            .iter()
+            .find(|a| a.role == role && a.port == port)
+            .and_then(|a| a.copies.get(value))
+            .and_then(|&copy| u16::try_from(copy).ok())
+            .unwrap_or_else(|| self.pool_copy())
+    }
+
+    /// The highest copy any of its ports is in.
+    pub fn highest_copy(&self) -> u16 {
+        let spread = self.assignments.iter().flat_map(|a| &a.copies);
+        spread
+            .filter_map(|&copy| u16::try_from(copy).ok())
+            .chain([self.pool_copy()])
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 impl PortAllocation {
     /// The copy of its pool its ports are in (see [`PortAllocationStatus::pool_copy`]).
     pub fn pool_copy(&self) -> u16 {
@@ -287,7 +310,10 @@ impl PortAllocation {
     /// For ports in a copy beyond the first: the one-line warning for whoever hands them to a
     /// pod other than through the pod webhook (`resolve`, the env files).
     pub fn reused_ports_warning(&self) -> Option<String> {
-        let copy = self.pool_copy();
+        let copy = self
+            .status
+            .as_ref()
+            .map_or(0, PortAllocationStatus::highest_copy);
         (copy > 0).then(|| {
             format!(
                 "the ports of PortAllocation {}/{} are in copy {copy} of pool {}: pods on other \
@@ -337,4 +363,9 @@ pub struct PortAssignment {
     /// RoleScoped), so value `f` belongs to group `f / groupSize`. Omitted without groups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_size: Option<i32>,
+    /// When the workload's pods are spread over copies of a pool with reuse (it is bigger than
+    /// one copy): the copy each value is in, in the order of `values`. Omitted when every
+    /// value is in the copy `shards` names first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<i32>,
 }

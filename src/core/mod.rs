@@ -24,7 +24,7 @@ pub use fragmentation::{Fragmentation, RunSummary};
 pub use hazards::{DEFAULT_NODE_PORTS, Hazard, LINUX_EPHEMERAL, hazards};
 pub use holding::{Holdings, HoldingsError, SlotKey, is_valid_name};
 pub use placement_policy::{Lean, Placement};
-pub use planner::{Plan, PortDemand, Scope, Want, desired_slots, execute, plan};
+pub use planner::{Plan, PortDemand, Scope, Want, desired_slots, execute, plan, plan_slots};
 pub use pool_state::{BandUsage, PoolState};
 pub use range::{MAX_PORT, MIN_PORT, PortRange, PortSet, RangeError};
 pub use reference::{

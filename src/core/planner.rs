@@ -143,7 +143,12 @@ impl Plan {
 /// exactly the removed indices, and changing a count moves only that
 /// port's slots.
 pub fn plan(demands: &[PortDemand], current: &Holdings) -> Plan {
-    let desired = desired_slots(demands);
+    plan_slots(desired_slots(demands), current)
+}
+
+/// [`plan`] for slots already listed: part of a demand (the pods of a workload that one copy
+/// of a pool holds, see `ledger::spread`).
+pub fn plan_slots(desired: BTreeMap<SlotKey, Want>, current: &Holdings) -> Plan {
     let mut keep = Holdings::new();
     let mut release = Vec::new();
     for (slot, block) in current.iter() {

@@ -1,6 +1,8 @@
 //! What a PortAllocation's status says, computed from its spec and its holdings in the pool.
 //! Pure, so the status is a function of the committed pool state and can be recomputed any time.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -47,7 +49,15 @@ pub fn allocation_status(
     let allocated: usize = assignments.iter().map(|a| a.values.len()).sum();
     let verdict = Verdict::of(outcome, allocated, desired);
     let generation = pa.metadata.generation;
-    PortAllocationStatus {
+    // Where a spread workload's pods are stays as recorded until a sync says otherwise
+    // (`set_slot_copies`), so a refusal keeps it.
+    let spread = previous.assignments.iter().any(|a| !a.copies.is_empty());
+    let prior_copies = if spread {
+        recorded_copies(&previous)
+    } else {
+        BTreeMap::new()
+    };
+    let mut status = PortAllocationStatus {
         observed_generation: generation,
         phase: Some(verdict.phase),
         pool_uid: pool_uid.map(str::to_string).or(previous.pool_uid),
@@ -64,7 +74,9 @@ pub fn allocation_status(
         ports: Some(format!("{allocated}/{desired}")),
         assignments,
         conditions: verdict.conditions(generation, &previous.conditions),
-    }
+    };
+    set_slot_copies(&mut status, &prior_copies);
+    status
 }
 
 /// What `port` of `role` holds, in flat order (group-major), up to the first slot not held;
@@ -103,6 +115,77 @@ fn assignment(
         values,
         count: (count > 1).then_some(i32::from(count)),
         group_size: (groups > 1).then_some(group_size as i32),
+        copies: Vec::new(),
+    })
+}
+
+/// Write in `status` the copy of each value, for a workload whose pods are spread over copies
+/// (`slot_copies`: the copy of each of its slots); an empty map clears them (one copy).
+pub fn set_slot_copies(status: &mut PortAllocationStatus, slot_copies: &BTreeMap<SlotKey, u16>) {
+    for assignment in &mut status.assignments {
+        assignment.copies = if slot_copies.is_empty() {
+            Vec::new()
+        } else {
+            value_slots(assignment)
+                .map(|slot| slot_copies.get(&slot).map_or(0, |&copy| i32::from(copy)))
+                .collect()
+        };
+    }
+}
+
+/// The copy of each slot its status records: `copies` where the workload is spread, else the
+/// one copy its shards name.
+pub fn recorded_copies(status: &PortAllocationStatus) -> BTreeMap<SlotKey, u16> {
+    let one = status.pool_copy();
+    let mut copies = BTreeMap::new();
+    for assignment in &status.assignments {
+        for (n, slot) in value_slots(assignment).enumerate() {
+            let copy = assignment
+                .copies
+                .get(n)
+                .and_then(|&c| u16::try_from(c).ok());
+            copies.insert(slot, copy.unwrap_or(one));
+        }
+    }
+    copies
+}
+
+/// What its status records in copy `copy` of the pool: all of it but for a workload spread
+/// over copies, whose other pods' ports are in the others.
+pub fn recorded_holdings_in(status: &PortAllocationStatus, copy: u16) -> Holdings {
+    let copies = recorded_copies(status);
+    let mut holdings = recorded_holdings(status);
+    for (slot, in_copy) in copies {
+        if in_copy != copy {
+            holdings.remove(&slot);
+        }
+    }
+    holdings
+}
+
+/// The copies its status records ports in.
+pub fn recorded_copy_set(status: &PortAllocationStatus) -> BTreeSet<u16> {
+    let mut copies: BTreeSet<u16> = recorded_copies(status).into_values().collect();
+    copies.insert(status.pool_copy());
+    copies
+}
+
+/// The slot of each of an assignment's values, in order.
+fn value_slots(assignment: &PortAssignment) -> impl Iterator<Item = SlotKey> + '_ {
+    // Without groups every value is group 0's; with groups, groupSize values per group.
+    let group_size = assignment
+        .group_size
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(usize::MAX);
+    (0..assignment.values.len()).map(move |flat| {
+        let (group, index) = (flat / group_size, flat % group_size);
+        SlotKey::in_group(
+            &assignment.role,
+            assignment.port.clone(),
+            group as u32,
+            index as u32,
+        )
     })
 }
 
@@ -194,28 +277,13 @@ fn keep_transition_time(mut condition: Condition, previous: &[Condition]) -> Con
 pub fn recorded_holdings(status: &PortAllocationStatus) -> Holdings {
     let mut holdings = Holdings::new();
     for assignment in &status.assignments {
-        // Without groups every value is group 0's; with groups, groupSize values per group.
-        let group_size = assignment
-            .group_size
-            .and_then(|n| usize::try_from(n).ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(usize::MAX);
         let count = assignment.count.unwrap_or(1).max(1) as u32;
-        for (flat, value) in assignment.values.iter().enumerate() {
+        for (slot, value) in value_slots(assignment).zip(&assignment.values) {
             let block = u16::try_from(*value)
                 .ok()
                 .and_then(|first| crate::core::PortBlock::new(first, count));
             if let Some(block) = block {
-                let (group, index) = (flat / group_size, flat % group_size);
-                holdings.insert_block(
-                    SlotKey::in_group(
-                        &assignment.role,
-                        assignment.port.clone(),
-                        group as u32,
-                        index as u32,
-                    ),
-                    block,
-                );
+                holdings.insert_block(slot, block);
             }
         }
     }
@@ -437,5 +505,38 @@ mod tests {
         assert_eq!(status.assignments[0].count, Some(8));
         assert_eq!(status.assignments[1].count, None);
         assert_eq!(recorded_holdings(&status), held);
+    }
+
+    #[test]
+    fn a_spread_workload_records_each_pods_copy_and_a_refusal_keeps_them() {
+        let held = holdings(&[("http", 0, 100), ("http", 1, 100), ("http", 2, 101)]);
+        let copies: BTreeMap<SlotKey, u16> = [
+            (SlotKey::new("web", "http", 0), 0),
+            (SlotKey::new("web", "http", 1), 1),
+            (SlotKey::new("web", "http", 2), 0),
+        ]
+        .into_iter()
+        .collect();
+        let mut object = pa();
+        object.spec.roles[0].replicas = 3;
+        let mut status = allocation_status(&object, &held, None, Outcome::Converged);
+        assert!(status.assignments[0].copies.is_empty(), "one copy: none");
+        set_slot_copies(&mut status, &copies);
+        assert_eq!(status.assignments[0].copies, vec![0, 1, 0]);
+        assert_eq!(recorded_copies(&status), copies);
+        assert_eq!(
+            recorded_holdings_in(&status, 1),
+            holdings(&[("http", 1, 100)])
+        );
+        assert_eq!(recorded_copy_set(&status), BTreeSet::from([0, 1]));
+        assert_eq!(status.copy_of("web", "http", 1), 1);
+
+        object.status = Some(status);
+        let refusal = Refusal::PoolNotFound {
+            pool: "p".into(),
+            owner: "ns/x".into(),
+        };
+        let refused = allocation_status(&object, &held, None, Outcome::Refused(&refusal));
+        assert_eq!(refused.assignments[0].copies, vec![0, 1, 0]);
     }
 }

@@ -4,10 +4,12 @@
 //! the holdings it returns with the resourceVersion it read, and on a conflict reads again and
 //! decides again. Nothing here does I/O, so every decision is tested without a server.
 
+use std::collections::BTreeMap;
+
 use rand::Rng;
 
 use crate::api::PortAllocation;
-use crate::core::{self, Holdings, PortDemand};
+use crate::core::{self, Holdings, PortDemand, SlotKey, Want};
 
 use super::owner_of;
 use super::refusal::Refusal;
@@ -20,6 +22,9 @@ pub enum Operation {
     /// Hold exactly what these demands ask for: allocate new slots, release removed ones, keep
     /// the rest.
     Sync(Vec<PortDemand>),
+    /// Hold exactly these slots: the part of a `Sync` that one copy of a pool holds, when a
+    /// workload's pods are spread over copies (`spread`).
+    Slots(BTreeMap<SlotKey, Want>),
     /// Give back one role's ports, or all of them, without touching the spec.
     Release { role: Option<String> },
     /// Drop the owner's entry entirely: its PortAllocation is gone.
@@ -34,13 +39,18 @@ impl Operation {
                 .iter()
                 .map(|d| d.slot_count() * d.count.max(1))
                 .sum(),
+            Operation::Slots(slots) => slots.values().map(|want| want.count.max(1)).sum(),
             Operation::Release { .. } | Operation::Remove => 0,
         }
     }
 
     /// Whether it asks for a block of contiguous ports.
     pub fn asks_for_blocks(&self) -> bool {
-        matches!(self, Operation::Sync(demands) if demands.iter().any(|d| d.count > 1))
+        match self {
+            Operation::Sync(demands) => demands.iter().any(|d| d.count > 1),
+            Operation::Slots(slots) => slots.values().any(|want| want.count > 1),
+            Operation::Release { .. } | Operation::Remove => false,
+        }
     }
 
     /// The sync operation for a PortAllocation's current spec.
@@ -91,22 +101,25 @@ pub fn decide(
     rng: &mut impl Rng,
 ) -> Result<Decision, Refusal> {
     match operation {
-        Operation::Sync(demands) => decide_sync(record, uid, owner, demands, rng),
+        Operation::Sync(demands) => {
+            decide_slots(record, uid, owner, core::desired_slots(demands), rng)
+        }
+        Operation::Slots(slots) => decide_slots(record, uid, owner, slots.clone(), rng),
         Operation::Release { role } => Ok(decide_release(record, uid, role.as_deref())),
         Operation::Remove => Ok(decide_remove(record, uid)),
     }
 }
 
 /// Plan against what `uid` holds now, and carry the plan out on a copy of the record's state.
-fn decide_sync(
+fn decide_slots(
     record: &WindowRecord,
     uid: &str,
     owner: &str,
-    demands: &[PortDemand],
+    desired: BTreeMap<SlotKey, Want>,
     rng: &mut impl Rng,
 ) -> Result<Decision, Refusal> {
     let current = record.holdings_of(uid);
-    let plan = core::plan(demands, &current);
+    let plan = core::plan_slots(desired, &current);
     if plan.is_noop() {
         return Ok(Decision::Unchanged(current));
     }

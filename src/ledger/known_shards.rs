@@ -81,7 +81,7 @@ pub fn single_shard(known: &BTreeSet<ShardKey>, operation: &Operation) -> Option
     };
     match operation {
         Operation::Sync(demands) if requested_inside(demands) => Some(key),
-        Operation::Sync(_) | Operation::Remove => None,
+        Operation::Sync(_) | Operation::Slots(_) | Operation::Remove => None,
         Operation::Release { .. } => Some(key),
     }
 }

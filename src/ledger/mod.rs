@@ -53,12 +53,13 @@ mod repair_plan;
 mod repair_restore;
 mod repair_text;
 mod shard_choice;
+mod spread;
 mod window_record;
 mod windows;
 
 pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
-    allocation_status, recorded_holdings,
+    allocation_status, recorded_copies, recorded_holdings, set_slot_copies,
 };
 pub use copy_record::{
     CopyRecord, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,

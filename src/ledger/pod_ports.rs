@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::api::{PodInjection, PortAllocation, PortPoolShard};
+use crate::api::{PodInjection, PortAllocation, PortPoolShard, Scope};
 use crate::core::Holdings;
 
 use super::windows::{ShardKey, shard_name, window, window_of};
@@ -50,9 +50,9 @@ pub fn pod_ports(
     pa: &PortAllocation,
     injection: &PodInjection,
 ) -> Result<Vec<PodPort>, PodPortsError> {
-    let copy = pa.pool_copy();
     let mut ports = Vec::new();
     for given in &injection.ports {
+        let copy = copy_of_pod_port(pa, injection, &given.name);
         let last = u32::from(given.first) + u32::from(given.count.max(1)) - 1;
         let last = match u16::try_from(last) {
             Ok(last) if given.first > 0 && given.count > 0 => last,
@@ -73,6 +73,21 @@ pub fn pod_ports(
         }));
     }
     Ok(ports)
+}
+
+/// The copy holding the pod's port `port`: its value's (the pod's own for PodScoped, its
+/// group's for RoleScoped), which differs between pods of a workload spread over copies.
+fn copy_of_pod_port(pa: &PortAllocation, injection: &PodInjection, port: &str) -> u16 {
+    let Some(status) = pa.status.as_ref() else {
+        return 0;
+    };
+    let role = pa.spec.role(&injection.role);
+    let scope = role.and_then(|r| r.ports.iter().find(|p| p.name == port).map(|p| p.scope));
+    let value = match (scope, role) {
+        (Some(Scope::RoleScoped), Some(role)) => injection.index / role.per_group().max(1),
+        _ => injection.index,
+    };
+    status.copy_of(&injection.role, port, value as usize)
 }
 
 /// The shards to read for `ports`, each once.

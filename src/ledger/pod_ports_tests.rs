@@ -27,6 +27,7 @@ fn pa(http: [i32; 2], nixl: [i32; 2], shards: Vec<i32>) -> PortAllocation {
         values: values.to_vec(),
         count,
         group_size: None,
+        copies: Vec::new(),
     };
     pa.status = Some(PortAllocationStatus {
         assignments: vec![
@@ -97,6 +98,40 @@ fn the_shards_of_the_copy_the_status_names() {
         ports.iter().all(|p| p.shard == ShardKey::new(2, 117)),
         "{ports:?}"
     );
+}
+
+#[test]
+fn each_pod_of_a_workload_spread_over_copies_is_checked_in_its_own_copy() {
+    // Pod 0 in copy 0, pod 1 in copy 1, both with port 30200 (kept apart by the scheduler).
+    let mut pa = pa([30200, 30200], [30204, 30204], vec![117, 256 + 117]);
+    for assignment in &mut pa.status.as_mut().unwrap().assignments {
+        assignment.copies = vec![0, 1];
+    }
+    for (index, copy) in [(0, 0), (1, 1)] {
+        let (_, ports) = ports_of(&pa, index);
+        assert_eq!(ports.len(), 5);
+        assert!(
+            ports.iter().all(|p| p.shard == ShardKey::new(copy, 117)),
+            "pod {index}: {ports:?}"
+        );
+    }
+    // And the record agrees: each copy's entry of `a` holds that pod's ports alone.
+    let pool = pool_reused(&["29952-30207"], 2);
+    let own = holder("a", "web.http=30200 web.nixl=30204-30207");
+    let shards = read(vec![
+        (
+            ShardKey::new(0, 117),
+            shard_in(&pool, ShardKey::new(0, 117), vec![own.clone()]),
+        ),
+        (
+            ShardKey::new(1, 117),
+            shard_in(&pool, ShardKey::new(1, 117), vec![own]),
+        ),
+    ]);
+    for index in [0, 1] {
+        let (_, ports) = ports_of(&pa, index);
+        assert_eq!(unheld_ports(&pa, &ports, &shards), vec![], "pod {index}");
+    }
 }
 
 #[test]
@@ -299,6 +334,7 @@ fn a_port_another_entry_holds_too_is_denied_to_both_owners() {
             values: vec![30190],
             count: None,
             group_size: None,
+            copies: Vec::new(),
         }],
         shards: vec![117],
         ..Default::default()

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{PortPoolShard, SpecError};
-use crate::core::{Holdings, PortSet};
+use crate::core::{Holdings, PortSet, SlotKey};
 
 use super::copy_record::{CopyRecord, ShardWrite, newest_snapshot};
 use super::holdings_across_shards::ShardAnomaly;
@@ -120,11 +120,47 @@ impl PoolRecord {
         self.shards_of(uid).into_iter().map(|k| k.copy).collect()
     }
 
-    /// Everything `uid` holds, in the lowest copy where it has entries (its only one, normally).
+    /// Everything `uid` holds, in every copy where it has entries: one copy normally, several
+    /// when its pods are spread over copies. A slot held in two copies (a race between two
+    /// clients on one new object, resolved by its next sync) counts in the lower one.
     pub fn holdings_of(&self, uid: &str) -> Holdings {
-        match self.copies_of(uid).first() {
-            Some(copy) => self.copies[copy].holdings_of(uid),
-            None => Holdings::new(),
+        let mut merged = Holdings::new();
+        for (_, part) in self.parts_of(uid) {
+            for (slot, block) in part.iter() {
+                if !merged.contains(slot) {
+                    merged.insert_block(slot.clone(), block);
+                }
+            }
+        }
+        merged
+    }
+
+    /// What `uid` holds in each copy where it has entries, ascending by copy.
+    pub fn parts_of(&self, uid: &str) -> Vec<(u16, Holdings)> {
+        self.copies_of(uid)
+            .into_iter()
+            .map(|copy| (copy, self.copies[&copy].holdings_of(uid)))
+            .collect()
+    }
+
+    /// The copy holding each of `uid`'s slots (the lowest, when a race left it in two).
+    pub fn slot_copies(&self, uid: &str) -> BTreeMap<SlotKey, u16> {
+        let mut copies = BTreeMap::new();
+        for (copy, part) in self.parts_of(uid) {
+            for (slot, _) in part.iter() {
+                copies.entry(slot.clone()).or_insert(copy);
+            }
+        }
+        copies
+    }
+
+    /// For a workload whose pods are spread over copies, the copy of each of its slots (what
+    /// its status records); empty when it is in one copy at most.
+    pub fn spread_copies(&self, uid: &str) -> BTreeMap<SlotKey, u16> {
+        if self.copies_of(uid).len() > 1 {
+            self.slot_copies(uid)
+        } else {
+            BTreeMap::new()
         }
     }
 

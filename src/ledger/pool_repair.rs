@@ -17,7 +17,8 @@
 //! deleted (a garbage collector would have; none may run): they would block this pool's.
 //!
 //! A pool with reuse is repaired copy by copy: an owner's status names the copy its ports are
-//! in (`status_copy`), so its holdings are restored there; whether an entry's owner is alive is
+//! in (`recorded_copies`: one copy, or each pod's where its workload is spread), so its
+//! holdings are restored there; whether an entry's owner is alive is
 //! asked of every copy alike.
 //!
 //! [`plan_repair`]: super::plan_repair
@@ -26,10 +27,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube::ResourceExt;
 
-use super::allocation_status::recorded_holdings;
+use super::allocation_status::{recorded_copy_set, recorded_holdings_in};
 use super::copy_record::{CopyRecord, ShardWrite, load_shard, new_shard};
 use super::holdings_across_shards::ShardAnomaly;
-use super::known_shards::status_copy;
 use super::pool_record::PoolRecord;
 use super::repair_outcome::{Change, Finding, RepairPlan, RepairScope, Restored};
 use super::repair_plan::plan_repair_scoped;
@@ -87,7 +87,7 @@ pub fn plan_pool_repair(
             .filter(|pa| pa.spec.pool == pool_name)
             .filter_map(|pa| pa.status.as_ref())
             .filter(|status| !status.shards.is_empty())
-            .map(|status| status_copy(Some(status))),
+            .flat_map(recorded_copy_set),
     );
     let mut whole: Option<PoolRepairPlan> = None;
     for copy in copies {
@@ -183,11 +183,8 @@ fn missing_windows(
         let Some(status) = pa.status.as_ref() else {
             continue;
         };
-        if status_copy(Some(status)) != sharded.copy {
-            continue;
-        }
         missing.extend(
-            recorded_holdings(status)
+            recorded_holdings_in(status, sharded.copy)
                 .ports()
                 .map(window_of)
                 .filter(|k| !sharded.shards.contains_key(k)),

@@ -130,10 +130,24 @@ impl Refusal {
         if reuse <= 1 {
             return self;
         }
-        let note = format!(
+        self.with_note(&format!(
             " (in copy 0; each of the pool's {} other copies, nodeReuse {reuse}, refused too)",
             reuse - 1
-        );
+        ))
+    }
+
+    /// This refusal of the whole workload, after its pods spread over the copies did not fit
+    /// either: how far they got, and the first pod that fits nowhere.
+    pub fn spread_too(self, placed: usize, pods: usize, unplaced: &str) -> Refusal {
+        self.with_note(&format!(
+            "; spread pod by pod over the copies, {placed} of its {pods} pods fit, and pod \
+             {unplaced} fits in none: free ports in the pool, raise its nodeReuse, or scale the \
+             workload down"
+        ))
+    }
+
+    /// A pool's refusal with `note` after what it says of the holders (or of the held port).
+    fn with_note(self, note: &str) -> Refusal {
         match self {
             Refusal::Core {
                 owner,

@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 
 use kube::ResourceExt;
 
-use super::allocation_status::recorded_holdings;
-use super::known_shards::status_copy;
+use super::allocation_status::{recorded_holdings, recorded_holdings_in};
 use super::owner_of;
 use super::repair_outcome::{Change, Finding, RepairScope, Restored, describe_ports};
 use super::window_record::WindowRecord;
@@ -56,12 +55,6 @@ pub(super) fn restore_lost(
         let Some(status) = pa.status.as_ref() else {
             continue;
         };
-        if scope
-            .copy
-            .is_some_and(|copy| status_copy(Some(status)) != copy)
-        {
-            continue;
-        }
         let holdings = restorable(record, pa, status, scope, held, &mut restoring.findings);
         if holdings.is_empty() {
             continue;
@@ -100,7 +93,11 @@ fn restorable(
     held: &BTreeMap<u16, String>,
     findings: &mut Vec<Finding>,
 ) -> Holdings {
-    let recorded = recorded_holdings(status);
+    // Of a pool with reuse, only what the status records in this copy.
+    let recorded = match scope.copy {
+        Some(copy) => recorded_holdings_in(status, copy),
+        None => recorded_holdings(status),
+    };
     // The part of the recorded holdings this record covers (all of it for a whole pool).
     let here: Holdings = recorded
         .iter()

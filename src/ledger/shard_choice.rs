@@ -24,11 +24,11 @@
 //! committed, so that a widening that fails never leaves shard writes depending on it.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rand::Rng;
 
-use crate::core::{Band, Holdings};
+use crate::core::{Band, Holdings, SlotKey, Want, desired_slots};
 
 use super::copy_record::{CopyRecord, ShardWrite};
 use super::decision::{Decision, Operation, decide};
@@ -37,6 +37,7 @@ use super::holdings_across_shards::split_by_shard;
 use super::known_shards::single_shard;
 use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
+use super::spread;
 use super::window_record::WindowRecord;
 use super::windows::ShardKey;
 
@@ -98,6 +99,9 @@ pub struct PoolBatch {
     /// One per item: the shards its entries are in once the writes are committed (what its
     /// `status.shards` says afterwards).
     pub shards: Vec<BTreeSet<ShardKey>>,
+    /// One per item: where its pods are spread over copies, the copy of each of its slots
+    /// (what its status records), else empty.
+    pub copies: Vec<BTreeMap<SlotKey, u16>>,
     /// Items whose `status.shards` must be widened to these shards before any write.
     pub widen: Vec<(usize, BTreeSet<ShardKey>)>,
     /// One per changed shard, copy after copy, ascending by window.
@@ -117,6 +121,7 @@ pub fn decide_pool_batch(
     let mut batch = PoolBatch {
         outcomes: Vec::with_capacity(items.len()),
         shards: Vec::with_capacity(items.len()),
+        copies: Vec::with_capacity(items.len()),
         widen: Vec::new(),
         writes: Vec::new(),
     };
@@ -126,6 +131,7 @@ pub fn decide_pool_batch(
             batch.widen.push((i, widened.clone()));
         }
         batch.shards.push(work.shards_of(&item.uid));
+        batch.copies.push(work.spread_copies(&item.uid));
         batch.outcomes.push(decided.map(|(outcome, _)| outcome));
     }
     batch.writes = work.writes(propagate);
@@ -141,13 +147,15 @@ pub fn place(sharded: &PoolRecord, item: &BatchItem, rng: &mut impl Rng) -> Plac
         false,
         rng,
     );
-    let (outcome, shards) = (
+    let (outcome, shards, copies) = (
         batch.outcomes.into_iter().next().flatten(),
         batch.shards.into_iter().next().unwrap_or_default(),
+        batch.copies.into_iter().next().unwrap_or_default(),
     );
     Placed {
         outcome: outcome.expect("the Anywhere pass decides every item"),
         shards,
+        copies,
         widen: batch.widen.into_iter().next().map(|(_, w)| w),
         writes: batch.writes,
     }
@@ -159,6 +167,8 @@ pub struct Placed {
     pub outcome: ItemOutcome,
     /// Where the owner's entries are once `writes` are committed.
     pub shards: BTreeSet<ShardKey>,
+    /// Where its pods are spread over copies, the copy of each slot (else empty).
+    pub copies: BTreeMap<SlotKey, u16>,
     /// Its status must name these shards before the writes.
     pub widen: Option<BTreeSet<ShardKey>>,
     pub writes: Vec<ShardWrite>,
@@ -183,6 +193,9 @@ fn decide_item(
     if matches!(operation, Operation::Remove) {
         return Some((remove_everywhere(work, seen), None));
     }
+    if seen.copies.len() > 1 && spread::is_spread(work, seen.uid) {
+        return decide_spread(work, item, seen, pass, None, rng);
+    }
     match decide_in_known_shard(work, item, &seen, rng) {
         Some(Ok(outcome)) => return Some((outcome, None)),
         Some(Err(refusal)) => return Some((refused(refusal, seen.before), None)),
@@ -193,12 +206,100 @@ fn decide_item(
     }
     let (copy, decision) = match choose_copy(work, &seen, rng) {
         Ok(chosen) => chosen,
+        Err(whole) if may_spread(work, &seen, &whole) => {
+            return decide_spread(work, item, seen, pass, Some(whole), rng);
+        }
         Err(refusal) => return Some((refused(refusal, seen.before), None)),
     };
     if let Some(refusal) = beyond_reuse(work, copy, &decision, seen.owner) {
         return Some((refused(refusal, seen.before), None));
     }
     Some(apply_in_copy(work, item, seen, copy, decision))
+}
+
+/// Whether a workload no copy takes whole may have its pods spread over the copies: a pool
+/// with reuse, a sync, a refusal for room or a held port, and entries in one copy at most.
+fn may_spread(work: &PoolRecord, seen: &Seen, whole: &Refusal) -> bool {
+    work.reuse() > 1
+        && matches!(seen.operation, Operation::Sync(_))
+        && matches!(whole, Refusal::Core { .. } | Refusal::PortHeld { .. })
+        && seen.copies.len() <= 1
+}
+
+/// The owner decided pod by pod over the copies (see `spread`). `whole`: the refusal of the
+/// workload in one copy, which a failure to spread it too extends.
+fn decide_spread(
+    work: &mut PoolRecord,
+    item: &BatchItem,
+    seen: Seen,
+    pass: Pass,
+    whole: Option<Refusal>,
+    rng: &mut impl Rng,
+) -> Option<(ItemOutcome, Option<BTreeSet<ShardKey>>)> {
+    let desired = match seen.operation {
+        Operation::Sync(demands) => desired_slots(demands),
+        Operation::Slots(slots) => slots.clone(),
+        Operation::Release { role } => kept_slots(&seen.before, role.as_deref()),
+        Operation::Remove => return Some((remove_everywhere(work, seen), None)),
+    };
+    let decided = match spread::spread(work, seen.uid, seen.owner, &desired, work.reuse(), rng) {
+        Ok(decided) => decided,
+        Err(unplaced) => {
+            let refusal = match whole {
+                Some(whole) => unplaced.explain(whole),
+                None => unplaced.into_refusal(),
+            };
+            return Some((refused(refusal, seen.before), None));
+        }
+    };
+    let mut touched: BTreeSet<ShardKey> = BTreeSet::new();
+    for (&copy, after) in &decided.parts {
+        let windows: BTreeSet<u16> = match work.copy(copy) {
+            Some(record) => touched_by(record, seen.uid, after),
+            None => split_by_shard(after).into_keys().collect(),
+        };
+        touched.extend(
+            windows
+                .into_iter()
+                .map(|window| ShardKey::new(copy, window)),
+        );
+    }
+    let widened = (!touched.is_subset(&item.known)).then(|| {
+        let mut all = item.known.clone();
+        all.extend(touched);
+        all.extend(seen.present.iter().copied());
+        all
+    });
+    if pass == Pass::WithinKnown && widened.is_some() {
+        return None;
+    }
+    let holdings = decided.holdings();
+    let (allocated, released) = (decided.allocated, decided.released);
+    work.copies.extend(decided.copies);
+    let outcome = if allocated == 0 && released == 0 {
+        ItemOutcome::Unchanged(holdings)
+    } else {
+        ItemOutcome::Changed {
+            holdings,
+            allocated,
+            released,
+        }
+    };
+    Some((outcome, widened))
+}
+
+/// `held` without `role`'s slots (all of them without a role), each kept exactly as held.
+fn kept_slots(held: &Holdings, role: Option<&str>) -> BTreeMap<SlotKey, Want> {
+    held.iter()
+        .filter(|(slot, _)| role.is_some_and(|r| slot.spec_role() != r))
+        .map(|(slot, block)| {
+            let want = Want {
+                requested: Some(block.first),
+                count: u32::from(block.count),
+            };
+            (slot.clone(), want)
+        })
+        .collect()
 }
 
 /// Where an item's entries are before it is decided, read once: the decision paths below ask
@@ -418,7 +519,7 @@ fn beyond_reuse(work: &PoolRecord, copy: u16, decision: &Decision, owner: &str) 
 /// The decision for an owner its known shard cannot serve alone: whole in the best window or
 /// pair of neighbouring windows that takes it (see [`best_place`]), else on as few shards as it
 /// fits. Each try is one decision in memory; nothing is read again.
-fn elsewhere(
+pub(super) fn elsewhere(
     work: &CopyRecord,
     present: &BTreeSet<u16>,
     uid: &str,

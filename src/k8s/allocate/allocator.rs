@@ -3,13 +3,13 @@
 //! compare-and-swap loop over a pool's shards (`commit.rs`) and many at once (`batch.rs`) — and
 //! the errors they end with.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 use crate::api::{PortAllocation, PortAllocationStatus};
-use crate::core::Holdings;
+use crate::core::{Holdings, SlotKey};
 use crate::k8s::error::{KubeError, Target};
 use crate::k8s::record::{ListingCache, PoolCache, ShardCache, read_pool};
 use crate::k8s::resources::POOLS;
@@ -90,6 +90,8 @@ pub(super) struct Committed {
     pub(super) written: bool,
     /// The shards where the owner's entries now are (`status.shards`).
     pub(super) shards: BTreeSet<ShardKey>,
+    /// Where its pods are spread over copies, the copy of each slot (else empty).
+    pub(super) copies: BTreeMap<SlotKey, u16>,
 }
 
 /// Allocates and releases ports for PortAllocations.

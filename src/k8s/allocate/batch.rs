@@ -28,12 +28,13 @@ use super::commit::blocked_shard;
 use super::configmaps::keep_env_configmap;
 use super::sync::SyncReport;
 use crate::api::{PortAllocation, PortPoolShard};
+use crate::core::SlotKey;
 use crate::k8s::record::{ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, POOLS};
 use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{
     BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolRecord, PoolSnapshot, Refusal, ShardKey,
-    ShardWrite, allocation_status, decide_pool_batch, known_shards, owner_of,
+    ShardWrite, allocation_status, decide_pool_batch, known_shards, owner_of, set_slot_copies,
 };
 
 type ItemResult = Result<SyncReport, AllocateError>;
@@ -45,6 +46,8 @@ const WRITES_AT_ONCE: usize = 8;
 struct Done {
     outcome: ItemOutcome,
     shards: BTreeSet<ShardKey>,
+    /// Where its pods are spread over copies, the copy of each slot (else empty).
+    copies: BTreeMap<SlotKey, u16>,
     written: bool,
 }
 
@@ -168,7 +171,12 @@ impl Allocator {
         }
         let failed: BTreeSet<ShardKey> = failed_shards(&first.writes, &sharded);
         let mut second: Vec<usize> = Vec::new();
-        for (n, (outcome, shards)) in first.outcomes.into_iter().zip(first.shards).enumerate() {
+        let decided = first
+            .outcomes
+            .into_iter()
+            .zip(first.shards)
+            .zip(first.copies);
+        for (n, ((outcome, shards), copies)) in decided.enumerate() {
             let i = open[n];
             match outcome {
                 None => second.push(n),
@@ -177,6 +185,7 @@ impl Allocator {
                     done[i] = Some(Done {
                         outcome,
                         shards,
+                        copies,
                         written,
                     });
                 }
@@ -292,7 +301,12 @@ impl Allocator {
             }
         }
         let failed = failed_shards(&batch.writes, sharded);
-        for (n, (outcome, shards)) in batch.outcomes.into_iter().zip(batch.shards).enumerate() {
+        let decided = batch
+            .outcomes
+            .into_iter()
+            .zip(batch.shards)
+            .zip(batch.copies);
+        for (n, ((outcome, shards), copies)) in decided.enumerate() {
             let Some(outcome) = outcome else { continue };
             let touched: BTreeSet<ShardKey> = shards.union(&rest[n].known).copied().collect();
             if touched.is_disjoint(&failed) || !changes(&outcome) {
@@ -300,6 +314,7 @@ impl Allocator {
                 done[second[n]] = Some(Done {
                     outcome,
                     shards,
+                    copies,
                     written,
                 });
             }
@@ -385,6 +400,7 @@ impl Allocator {
         };
         let mut status = allocation_status(&pa, &holdings, Some(pool_uid), Outcome::Converged);
         status.shards = crate::ledger::status_shards(&done.shards);
+        set_slot_copies(&mut status, &done.copies);
         let report = |allocation, status_written| SyncReport {
             namespace: pa.namespace().unwrap_or_default(),
             name: pa.name_any(),

@@ -12,6 +12,8 @@
 //! status is widened to name them, so a client killed between two shard writes leaves parts
 //! that the next sync finds, keeps and completes.
 
+use std::collections::BTreeMap;
+
 use super::allocator::{AllocateError, Allocator, Committed, Failed, Where, exhausted_error};
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::core::Holdings;
@@ -387,6 +389,7 @@ fn committed(
             .map(|window| ShardKey::new(in_copy, window))
             .collect(),
         holdings,
+        copies: BTreeMap::new(),
         pool_uid: copy.uid.clone(),
         allocated,
         released,

@@ -121,6 +121,7 @@ pub async fn preview(
             };
             let mut status = allocation_status(&pa, holdings, Some(&record.pool.uid), outcome);
             status.shards = crate::ledger::status_shards(&record.shards_of(&item.uid));
+            crate::ledger::set_slot_copies(&mut status, &record.spread_copies(&item.uid));
             pa.status = Some(status);
             if mode == DryRun::Server {
                 let writes = &previewed.writes;

@@ -196,6 +196,7 @@ impl Allocator {
             let mut status =
                 allocation_status(&pa, &committed.holdings, Some(&committed.pool_uid), outcome);
             status.shards = crate::ledger::status_shards(&committed.shards);
+            crate::ledger::set_slot_copies(&mut status, &committed.copies);
             let report = |pa: PortAllocation, attempts: &Attempts, status_written| SyncReport {
                 namespace: namespace.clone(),
                 name: name.clone(),

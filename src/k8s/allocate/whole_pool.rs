@@ -56,6 +56,7 @@ impl Allocator {
                     released: 0,
                     written: false,
                     shards: placed.shards,
+                    copies: placed.copies,
                 }));
             }
             ItemOutcome::Changed {
@@ -94,6 +95,7 @@ impl Allocator {
             released,
             written: true,
             shards: placed.shards,
+            copies: placed.copies,
         }))
     }
 
