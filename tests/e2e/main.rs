@@ -33,6 +33,7 @@ mod shard_rbac;
 mod shard_repair;
 mod sharded;
 mod simulation;
+mod spread;
 mod verbs;
 mod watch;
 mod watch_batch;

@@ -8,7 +8,7 @@ use portalloc::api::{Phase, PoolHolder, PortAllocation, PortPool, PortPoolShard}
 use portalloc::core::{Holdings, SlotKey};
 use portalloc::k8s::ShardStore;
 use portalloc::ledger::{
-    CopyRecord, PoolRecord, PoolSnapshot, ShardAnomaly, WindowRecord, load_shard,
+    CopyRecord, PoolRecord, PoolSnapshot, ShardAnomaly, WindowRecord, load_shard, recorded_copies,
     recorded_holdings, window_of,
 };
 
@@ -74,15 +74,16 @@ pub async fn allocations_of(client: &Client, pool: &str) -> BTreeMap<String, Por
 }
 
 /// No port held twice in one copy of the pool, nor by more holders than its `nodeReuse`,
-/// nothing outside the pool, every holder in one copy, and every live PortAllocation's status
-/// records exactly what the pool holds for it and names the copy it is in (but for ports a
-/// refused spec dropped: see `undesired_after_refusal`). Returns the holdings by UID, less
+/// nothing outside the pool, each of a holder's slots in one copy (all in one, or its pods
+/// spread over several), and every live PortAllocation's status records exactly what the pool
+/// holds for it and the copy of each slot (but for ports a refused spec dropped: see
+/// `undesired_after_refusal`). Returns the holdings by UID, less
 /// those ports.
 pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, Holdings> {
     let record = pool_record(client, pool).await;
     let reuse = usize::from(record.reuse());
     let mut holders_of_port: BTreeMap<u16, Vec<(u16, String)>> = BTreeMap::new();
-    let mut copy_of: BTreeMap<String, u16> = BTreeMap::new();
+    let mut copy_of: BTreeMap<String, BTreeMap<SlotKey, u16>> = BTreeMap::new();
     for (&copy, shards) in &record.copies {
         let union = shards.union_record();
         assert!(
@@ -91,8 +92,11 @@ pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, 
             union.anomalies
         );
         for (uid, holder) in &union.holders {
-            if let Some(other) = copy_of.insert(uid.clone(), copy) {
-                panic!("{uid} holds ports in copies {other} and {copy} of pool {pool}");
+            let slots = copy_of.entry(uid.clone()).or_default();
+            for (slot, _) in holder.holdings.iter() {
+                if let Some(other) = slots.insert(slot.clone(), copy) {
+                    panic!("{uid} holds {slot:?} in copies {other} and {copy} of pool {pool}");
+                }
             }
             for port in holder.holdings.ports() {
                 let holders = holders_of_port.entry(port).or_default();
@@ -133,13 +137,17 @@ pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, 
             pa.namespace().unwrap(),
             pa.name_any()
         );
-        if let Some(&copy) = copy_of.get(uid)
-            && !recorded.is_empty()
+        if let Some(slots) = copy_of.get(uid)
+            && let Some(status) = pa.status.as_ref()
         {
+            let mut in_copies = recorded_copies(status);
+            in_copies.retain(|slot, _| expected.contains(slot));
+            let mut expected_copies = slots.clone();
+            expected_copies.retain(|slot, _| expected.contains(slot));
             assert_eq!(
-                pa.pool_copy(),
-                copy,
-                "status of {}/{} names another copy than its entries are in",
+                in_copies,
+                expected_copies,
+                "status of {}/{} names other copies than its entries are in",
                 pa.namespace().unwrap(),
                 pa.name_any()
             );
