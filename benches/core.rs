@@ -125,6 +125,7 @@ fn full_shard(ports_each: u32) -> (PoolSnapshot, PortPoolShard) {
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
             node_reuse: None,
+            follow_nodes: None,
             guard: None,
         },
     );

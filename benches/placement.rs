@@ -416,6 +416,7 @@ fn sharded_run(seed: u64, make: MakeAllocation) -> (f64, f64) {
             // As mix_pool: the KEP-3668 split, automatic ports in the upper band first.
             static_band: StaticBandSetting::Auto,
             node_reuse: None,
+            follow_nodes: None,
             guard: None,
         },
     );

@@ -106,6 +106,7 @@ pub async fn measure(admin: &Client, quick: bool) -> anyhow::Result<Vec<Row>> {
             protocol: Default::default(),
             static_band: portalloc::api::StaticBandSetting::None,
             node_reuse: None,
+            follow_nodes: None,
             guard: None,
         },
     );

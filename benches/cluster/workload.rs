@@ -165,6 +165,7 @@ pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Re
             protocol: Default::default(),
             static_band: StaticBandSetting::Auto,
             node_reuse: None,
+            follow_nodes: None,
             guard: None,
         },
     );

@@ -1,6 +1,6 @@
 //! `PortPool`: a cluster-scoped set of ports that PortAllocations draw from.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -29,12 +29,14 @@ use super::{PortRangeText, StaticBandSetting};
     printcolumn = r#"{"name":"Counted","type":"date","jsonPath":".status.usage.countedAt","description":"When the watcher last counted the usage (at least every 5 minutes while one runs); empty: no watcher keeps it, kubectl portalloc pool get counts on demand"}"#,
     printcolumn = r#"{"name":"Static","type":"string","priority":1,"jsonPath":".spec.staticBand"}"#,
     printcolumn = r#"{"name":"Reuse","type":"integer","priority":1,"jsonPath":".spec.nodeReuse"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"integer","priority":1,"jsonPath":".status.nodes","description":"With spec.followNodes: the nodes able to run the pool's pods, as last counted"}"#,
     printcolumn = r#"{"name":"Guard","type":"string","priority":1,"jsonPath":".spec.guard"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(exclusions_inside_ranges()).message("every exclusion must lie inside one of spec.ranges").field_path(".exclude"))]
 #[x_kube(validation = Rule::new(ranges_disjoint()).message("spec.ranges must not overlap: list each port once").field_path(".ranges"))]
+#[x_kube(validation = Rule::new(FIXED_OR_FOLLOWING).message("set either nodeReuse (a fixed number of copies) or followNodes (copies that follow the nodes), not both: keep followNodes and remove nodeReuse, or the reverse").field_path(".followNodes"))]
 pub struct PortPoolSpec {
     /// Inclusive port ranges ("A-B") or single ports ("A") in 1..65535; they must not overlap.
     #[schemars(length(min = 1, max = 64))]
@@ -66,6 +68,13 @@ pub struct PortPoolSpec {
     #[schemars(range(min = 1, max = 256))]
     pub node_reuse: Option<i32>,
 
+    /// Let the pool's copies follow the nodes that can run its pods, instead of a fixed
+    /// `nodeReuse`: a port gets another holder (in the next copy) only while the nodes its
+    /// holders' pods could be kept off (ports per pod x other holders of each port) stay fewer
+    /// than the nodes counted (`status.nodes`, kept by the watcher). Not with `nodeReuse` > 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow_nodes: Option<FollowNodes>,
+
     /// What the node agent (`kubectl portalloc node-agent`) does with a bind of one of these
     /// ports, in the node's network namespace, from a pod that does not hold it: `Off` (allow),
     /// `Audit` (allow, and report it as an Event on the pod), `Enforce` (refuse it with EPERM,
@@ -87,7 +96,26 @@ impl PortPoolSpec {
     pub fn reuse(&self) -> u16 {
         self.node_reuse.unwrap_or(1).clamp(1, MAX_NODE_REUSE) as u16
     }
+
+    /// Whether a port may have more than one holder: `nodeReuse` > 1, or `followNodes`.
+    pub fn may_reuse(&self) -> bool {
+        self.reuse() > 1 || self.follow_nodes.is_some()
+    }
 }
+
+/// `spec.followNodes`: which nodes count as able to run the pool's pods.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FollowNodes {
+    /// The nodes that count (matchLabels, matchExpressions); absent: every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+}
+
+/// Refuses `nodeReuse` > 1 beside `followNodes` (the CEL rule; [`PortPoolSpec::port_set`]
+/// repeats it client-side).
+const FIXED_OR_FOLLOWING: &str =
+    "!has(self.followNodes) || !has(self.nodeReuse) || self.nodeReuse <= 1";
 
 /// The most copies a pool may keep: a shard's copy number is 0-255.
 pub const MAX_NODE_REUSE: i32 = 256;
@@ -180,6 +208,15 @@ pub struct PortPoolStatus {
     /// runs (or before its first count).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<PortPoolUsage>,
+
+    /// With `spec.followNodes`: how many nodes match its node selector (every node without
+    /// one), as last counted by the watcher. Absent: never counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i32>,
+
+    /// When `nodes` was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_counted_at: Option<Time>,
 }
 
 /// The pool's usage over all its ports (both bands), as counted from its shards at `countedAt`.

@@ -34,6 +34,7 @@ impl PortPoolSpec {
     /// The ports this pool hands out: its ranges (which must not overlap) minus its exclusions
     /// (which must lie inside the ranges).
     pub fn port_set(&self) -> Result<PortSet, SpecError> {
+        self.check_copies()?;
         if self.ranges.is_empty() {
             return Err(spec_error(
                 "spec.ranges",
@@ -63,6 +64,23 @@ impl PortPoolSpec {
             StaticBandSetting::Auto => core::StaticBand::Auto,
             StaticBandSetting::None => core::StaticBand::None,
             StaticBandSetting::Count(n) => core::StaticBand::Count(n),
+        }
+    }
+
+    /// A fixed number of copies or copies that follow the nodes, not both (the schema's CEL
+    /// rule, repeated for specs from any source).
+    pub fn check_copies(&self) -> Result<(), SpecError> {
+        match (self.node_reuse, &self.follow_nodes) {
+            (Some(n), Some(_)) if n > 1 => Err(spec_error(
+                "spec.followNodes",
+                format!(
+                    "nodeReuse is {n} and followNodes is set: a pool has either a fixed number \
+                     of copies or copies that follow the nodes. Keep followNodes and remove \
+                     nodeReuse (the copies then follow the nodes counted), or keep nodeReuse and \
+                     remove followNodes"
+                ),
+            )),
+            _ => Ok(()),
         }
     }
 }

@@ -370,6 +370,7 @@ fn pool_ports_subtract_exclusions() {
         protocol: Default::default(),
         static_band: StaticBandSetting::Auto,
         node_reuse: None,
+        follow_nodes: None,
         guard: None,
     };
     assert_eq!(

@@ -16,6 +16,7 @@ pub(super) fn pool() -> PortPool {
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
             node_reuse: None,
+            follow_nodes: None,
             guard: None,
         },
     );

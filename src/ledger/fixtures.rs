@@ -21,6 +21,7 @@ pub fn pool_of(ranges: &[&str], exclude: &[&str]) -> PortPool {
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
             node_reuse: None,
+            follow_nodes: None,
             guard: None,
         },
     );

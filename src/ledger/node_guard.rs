@@ -222,6 +222,7 @@ mod tests {
                 protocol,
                 static_band: StaticBandSetting::default(),
                 node_reuse: None,
+                follow_nodes: None,
                 guard,
             },
         )

@@ -25,6 +25,7 @@ fn pool_with_uid(uid: &str) -> PortPool {
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
             node_reuse: None,
+            follow_nodes: None,
             guard: None,
         },
     );

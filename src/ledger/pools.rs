@@ -45,6 +45,7 @@ mod tests {
                 protocol,
                 static_band: StaticBandSetting::Auto,
                 node_reuse: None,
+                follow_nodes: None,
                 guard: None,
             },
         )

@@ -25,6 +25,7 @@ fn pool_object() -> PortPool {
             protocol: Default::default(),
             static_band: StaticBandSetting::None,
             node_reuse: None,
+            follow_nodes: None,
             guard: None,
         },
     );

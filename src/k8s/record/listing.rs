@@ -64,6 +64,7 @@ mod tests {
                 protocol: Default::default(),
                 static_band: StaticBandSetting::None,
                 node_reuse: None,
+                follow_nodes: None,
                 guard: None,
             },
         );

@@ -98,6 +98,8 @@ pub fn status_to_write(counted: &CountedPool, now: Timestamp) -> Option<PortPool
     (!fresh || current.size != size).then_some(PortPoolStatus {
         size,
         usage: Some(usage),
+        // The node count is kept apart (`node_count`): carried as listed.
+        ..current
     })
 }
 
@@ -153,6 +155,7 @@ mod tests {
             record,
             reused: vec![],
             reuse: 1,
+            nodes: None,
             shards: 1,
             warnings: vec![],
         };
