@@ -134,9 +134,10 @@ fn refusal_exit(refusal: &Refusal) -> Exit {
     match refusal {
         Refusal::Spec { .. } | Refusal::PoolSpec { .. } => Exit::Invalid,
         Refusal::PoolNotFound { .. } => Exit::NotFound,
-        Refusal::PortHeld { .. } | Refusal::Core { .. } | Refusal::BeyondReuse { .. } => {
-            Exit::Refused
-        }
+        Refusal::PortHeld { .. }
+        | Refusal::Core { .. }
+        | Refusal::BeyondReuse { .. }
+        | Refusal::NodeBound { .. } => Exit::Refused,
     }
 }
 

@@ -221,6 +221,32 @@ impl Holdings {
         self.0.iter().map(|(_, b)| u32::from(b.count)).sum()
     }
 
+    /// The most ports one pod holds (a block's every port counts): pod i of a role holds its
+    /// slots of index i plus the role's RoleScoped ports, which are at index 0 only. A port
+    /// held at index 0 alone is taken for RoleScoped, so a pod whose PodScoped slot is not
+    /// filled yet counts it anyway: never fewer than the pod will hold.
+    pub fn ports_per_pod(&self) -> u32 {
+        let mut largest = 0;
+        for role in self.0.chunk_by(|a, b| a.0.role == b.0.role) {
+            let mut pods: std::collections::BTreeMap<u32, (u32, Vec<&str>)> = Default::default();
+            for (slot, block) in role {
+                let pod = pods.entry(slot.index).or_default();
+                pod.0 += u32::from(block.count);
+                pod.1.push(&slot.port);
+            }
+            for (index, (ports, names)) in &pods {
+                let shared: u32 = role
+                    .iter()
+                    .filter(|(slot, _)| slot.index == 0 && *index != 0)
+                    .filter(|(slot, _)| !names.contains(&slot.port.as_str()))
+                    .map(|(_, block)| u32::from(block.count))
+                    .sum();
+                largest = largest.max(ports + shared);
+            }
+        }
+        largest
+    }
+
     /// Slots and their blocks, ordered by slot.
     pub fn iter(&self) -> impl Iterator<Item = (&SlotKey, PortBlock)> + '_ {
         self.0.iter().map(|(slot, block)| (slot, *block))

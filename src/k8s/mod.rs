@@ -14,7 +14,8 @@
 //!   registration, kept current while it runs;
 //! - `probes`: `/healthz`, `/readyz` and `/metrics` of the long-running processes;
 //! - [`node_agent`]: `node-agent`, keeping a node's kernel ([`crate::node`]) in step with the
-//!   pools and the pods bound to the node.
+//!   pools and the pods bound to the node;
+//! - [`nodes`]: the Nodes a pool that follows them counts (`spec.followNodes`).
 //!
 //! Every write that protects consistency lives here: the shard compare-and-swaps of allocation
 //! and repair, pool creation and deletion, and the create-then-allocate of a manifest.
@@ -28,6 +29,7 @@ mod leader;
 pub mod names;
 pub mod node_agent;
 pub mod node_ports;
+pub mod nodes;
 mod pages;
 mod probes;
 pub mod record;
@@ -49,8 +51,8 @@ pub use events::Events;
 pub use leader::{LeaderElection, LeaseRef, Lost, default_identity};
 pub use probes::serve_probes;
 pub use record::{
-    Applied, DeletedPool, PoolError, PoolView, ShardStore, apply_pool, carry_spec, create_pool,
-    delete_pool, get_pool, list_pools, pool_ports, pool_view,
+    Applied, DeletedPool, NodesView, PoolError, PoolView, ShardStore, apply_pool, carry_spec,
+    create_pool, delete_pool, get_pool, list_pools, pool_ports, pool_view,
 };
 pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};

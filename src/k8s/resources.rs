@@ -49,6 +49,10 @@ pub const LEASES: Resource = Resource {
     plural: "leases.coordination.k8s.io",
     kind: "Lease",
 };
+pub const NODES: Resource = Resource {
+    plural: "nodes",
+    kind: "Node",
+};
 pub const NAMESPACES: Resource = Resource {
     plural: "namespaces",
     kind: "Namespace",

@@ -13,6 +13,7 @@
 //! joins the pieces again; [`split_by_shard`] cuts them.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
 use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
 use crate::core::{Holdings, Lean, PoolState, PortSet, StaticBand};
@@ -155,6 +156,10 @@ pub struct CopyRecord {
     /// By window index, ascending.
     pub shards: BTreeMap<u16, ShardRecord>,
     pub anomalies: Vec<ShardAnomaly>,
+    /// The most ports one pod of any holder here has (`Holdings::ports_per_pod`), worked out
+    /// when first asked and raised by each [`CopyRecord::set`] after: never lowered before the
+    /// next load, so an owner that shrank still counts as it was, which errs on the safe side.
+    largest_pod: OnceLock<u32>,
 }
 
 impl CopyRecord {
@@ -237,6 +242,7 @@ impl CopyRecord {
             copy,
             shards: loaded,
             anomalies,
+            largest_pod: OnceLock::new(),
         }
     }
 
@@ -275,6 +281,9 @@ impl CopyRecord {
     /// ports (a block across a window edge in pieces), and the owner's entries in shards where
     /// `decided` has nothing are dropped. A window without a shard gets a new, empty one.
     pub fn set(&mut self, uid: &str, owner: &str, decided: &Holdings) {
+        if let Some(largest) = self.largest_pod.get_mut() {
+            *largest = (*largest).max(decided.ports_per_pod());
+        }
         let mut parts = split_by_shard(decided);
         for index in self.shards_of(uid) {
             parts.entry(index).or_default();
@@ -403,6 +412,26 @@ impl CopyRecord {
         let record = load_shard(&self.pool, &self.layout, index, written);
         let key = ShardKey::new(self.copy, index);
         self.shards.insert(index, ShardRecord::new(key, record));
+        self.largest_pod = OnceLock::new();
+    }
+
+    /// The most ports one pod of any holder in this copy has (0 when none holds any).
+    pub fn largest_pod(&self) -> u32 {
+        *self.largest_pod.get_or_init(|| {
+            let mut largest = 0;
+            for shard in self.shards.values() {
+                for (uid, entry) in &shard.record.holders {
+                    let pod = if self.shards_of(uid).len() > 1 {
+                        // A holder across windows: its pods' ports joined.
+                        self.holdings_of(uid).ports_per_pod()
+                    } else {
+                        entry.holdings.ports_per_pod()
+                    };
+                    largest = largest.max(pod);
+                }
+            }
+            largest
+        })
     }
 
     /// The shards where `uid` has an entry, ascending.

@@ -44,6 +44,19 @@ impl Operation {
         }
     }
 
+    /// The most ports one pod asks for: its role's RoleScoped ports and one pod's PodScoped
+    /// ports, every port of a block counted (0 for a release or a removal).
+    pub fn ports_per_pod(&self) -> u32 {
+        let Operation::Sync(demands) = self else {
+            return 0;
+        };
+        let mut by_role: std::collections::BTreeMap<&str, u32> = Default::default();
+        for demand in demands.iter().filter(|d| d.slot_count() > 0) {
+            *by_role.entry(&demand.role).or_default() += demand.count.max(1);
+        }
+        by_role.into_values().max().unwrap_or(0)
+    }
+
     /// Whether it asks for a block of contiguous ports.
     pub fn asks_for_blocks(&self) -> bool {
         match self {

@@ -23,6 +23,8 @@
 //! - [`node_guard`]: what the node agent makes the kernel hold: every pool's ports reserved,
 //!   the guarded ports' modes, which pod on the node holds each.
 //! - [`node_report`]: what a node agent reports (its Lease) and what `pool describe` makes of it.
+//! - [`node_bound`]: which copies a pool lets a holder use: a fixed `nodeReuse`, or copies that
+//!   follow the nodes, never where its pods could be kept off every node able to run them.
 //! - [`leader_lease`]: one worker among the watcher's replicas, elected through a Lease.
 //! - [`event_notice`]: what the watcher says on the objects it acts on (Kubernetes Events).
 //!
@@ -38,6 +40,7 @@ mod free_runs;
 mod holdings_across_shards;
 mod known_shards;
 pub mod leader_lease;
+pub mod node_bound;
 pub mod node_guard;
 pub mod node_report;
 mod pod_ports;
@@ -69,6 +72,7 @@ pub use holdings_across_shards::{ShardAnomaly, split_by_shard};
 pub use known_shards::{
     home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,
 };
+pub use node_bound::{CopyBound, CopyRefusal, InUse, NodeCount};
 pub use pod_ports::{
     Mismatch, PodPort, PodPortsError, PortHolder, RecordDenial, pod_port_shards, pod_ports,
     unheld_ports,

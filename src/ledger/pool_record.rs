@@ -20,6 +20,7 @@ use crate::core::{Holdings, PortSet, SlotKey};
 
 use super::copy_record::{CopyRecord, ShardWrite, newest_snapshot};
 use super::holdings_across_shards::ShardAnomaly;
+use super::node_bound::{CopyBound, CopyRefusal, InUse};
 use super::pool_snapshot::PoolSnapshot;
 use super::windows::{ShardKey, WindowLayout};
 
@@ -76,6 +77,56 @@ impl PoolRecord {
     /// How many copies new holders may use: the pool's `nodeReuse`.
     pub fn reuse(&self) -> u16 {
         self.pool.spec.reuse()
+    }
+
+    /// How the pool bounds its copies: a fixed `nodeReuse`, or the nodes it follows.
+    pub fn copy_bound(&self) -> CopyBound {
+        self.pool.copy_bound()
+    }
+
+    /// Whether a port may have more than one holder here (another copy may take an owner one
+    /// copy refuses).
+    pub fn may_reuse(&self) -> bool {
+        self.pool.spec.may_reuse()
+    }
+
+    /// The highest copy in use and the largest pod of any holder: what the copies allowed
+    /// depend on (see [`super::node_bound`]).
+    pub fn in_use(&self) -> InUse {
+        InUse {
+            highest_copy: self.copies_in_use().last().copied(),
+            largest_pod: self.largest_pod(),
+        }
+    }
+
+    /// The most ports one pod of any holder in any copy has.
+    pub fn largest_pod(&self) -> u32 {
+        self.copies
+            .values()
+            .map(CopyRecord::largest_pod)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether an owner whose largest pod has `ports_per_pod` ports may take new ports in
+    /// `copy`: below a fixed `nodeReuse`, or where following the nodes keeps its pods (and
+    /// every holder's) schedulable. The one question the allocator asks before a placement.
+    pub fn copy_allowed(&self, copy: u16, ports_per_pod: u32) -> Result<(), CopyRefusal> {
+        let bound = self.copy_bound();
+        if matches!(bound, CopyBound::Fixed(_)) {
+            // Nothing else to count: the copy number decides.
+            return bound.copy_allowed(copy, ports_per_pod, InUse::default());
+        }
+        bound.copy_allowed(copy, ports_per_pod, self.in_use())
+    }
+
+    /// The copies a new owner is tried in, in order (see [`CopyBound::candidates`]).
+    pub fn copy_candidates(&self, ports_per_pod: u32) -> std::ops::Range<u16> {
+        let bound = self.copy_bound();
+        if matches!(bound, CopyBound::Fixed(_)) {
+            return bound.candidates(ports_per_pod, InUse::default());
+        }
+        bound.candidates(ports_per_pod, self.in_use())
     }
 
     /// Copy 0: the whole record of a pool without reuse.

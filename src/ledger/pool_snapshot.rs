@@ -9,6 +9,7 @@
 use crate::api::{PortPool, PortPoolShard, PortPoolSpec, SpecError};
 use crate::core::PortSet;
 
+use super::node_bound::{CopyBound, NodeCount};
 use super::windows::WindowLayout;
 
 /// One PortPool as a decision sees it.
@@ -18,6 +19,11 @@ pub struct PoolSnapshot {
     pub uid: String,
     pub generation: i64,
     pub spec: PortPoolSpec,
+    /// With `spec.followNodes`: the nodes able to run the pool's pods, from its
+    /// `status.nodes` or counted by this client (see `k8s::nodes`); `None`: not known here (a
+    /// copy carried by a shard, which has no status of the pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodeCount>,
 }
 
 impl PoolSnapshot {
@@ -28,6 +34,11 @@ impl PoolSnapshot {
             uid: pool.metadata.uid.clone().unwrap_or_default(),
             generation: pool.metadata.generation.unwrap_or_default(),
             spec: pool.spec.clone(),
+            nodes: pool
+                .status
+                .as_ref()
+                .and_then(|status| status.nodes)
+                .map(|nodes| NodeCount::Counted(u32::try_from(nodes).unwrap_or(0))),
         }
     }
 
@@ -40,15 +51,38 @@ impl PoolSnapshot {
             uid: shard.spec.pool_uid.clone(),
             generation: status.pool_generation,
             spec: status.pool_spec.clone()?,
+            nodes: None,
         })
     }
 
-    /// The newer of this copy and `other`, when `other` is of the same pool object.
+    /// The newer of this copy and `other`, when `other` is of the same pool object. The node
+    /// count (status, not spec) is kept from whichever has one.
     pub fn newest(self, other: Option<PoolSnapshot>) -> PoolSnapshot {
         match other {
-            Some(other) if other.uid == self.uid && other.generation > self.generation => other,
+            Some(other) if other.uid == self.uid && other.generation > self.generation => {
+                PoolSnapshot {
+                    nodes: other.nodes.or(self.nodes),
+                    ..other
+                }
+            }
+            Some(other) if other.uid == self.uid && self.nodes.is_none() => PoolSnapshot {
+                nodes: other.nodes,
+                ..self
+            },
             _ => self,
         }
+    }
+
+    /// How the pool bounds its copies: `followNodes` by the nodes counted, else `nodeReuse`.
+    pub fn copy_bound(&self) -> CopyBound {
+        if self.spec.follow_nodes.is_none() {
+            return CopyBound::Fixed(self.spec.reuse());
+        }
+        CopyBound::FollowNodes(self.nodes.clone().unwrap_or_else(|| {
+            NodeCount::Unknown(
+                "status.nodes is empty: no watcher (sync --watch) has counted them yet".into(),
+            )
+        }))
     }
 
     pub fn ports(&self) -> Result<PortSet, SpecError> {
@@ -79,6 +113,7 @@ mod tests {
                 protocol: Default::default(),
                 static_band: StaticBandSetting::None,
                 node_reuse: None,
+                follow_nodes: None,
                 guard: None,
             },
         );

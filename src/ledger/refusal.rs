@@ -5,6 +5,7 @@
 use crate::api::SpecError;
 use crate::core::{AllocError, PortBlock, SlotKey};
 
+use super::node_bound::{CopyBound, CopyRefusal};
 use super::window_record::WindowRecord;
 
 /// The CamelCase `reason` of the PortAllocation's conditions.
@@ -103,9 +104,49 @@ pub enum Refusal {
         copy: u16,
         reuse: u16,
     },
+
+    /// A pool that follows its nodes refuses the owner new ports in a copy: its pods (or the
+    /// pool's largest) could be kept off every node counted, or the nodes are not counted.
+    #[error("PortAllocation {owner}: pool {pool:?}: {refusal}. {}", node_advice(.refusal))]
+    NodeBound {
+        owner: String,
+        pool: String,
+        refusal: CopyRefusal,
+    },
+}
+
+fn node_advice(refusal: &CopyRefusal) -> &'static str {
+    match refusal {
+        CopyRefusal::NodesUncounted { .. } => {
+            "Run the watcher (kubectl portalloc sync --watch, or the chart), which keeps \
+             status.nodes, or let this identity list nodes"
+        }
+        _ => {
+            "Add nodes the pool's followNodes selector matches (the watcher counts them and the \
+             next resync places it), ask for fewer ports per pod, or widen the pool so that \
+             fewer copies are needed"
+        }
+    }
 }
 
 impl Refusal {
+    /// `owner` may not take new ports in a copy of `pool`, as the pool's copy bound says.
+    pub fn of_copy(owner: &str, pool: &str, refusal: CopyRefusal) -> Refusal {
+        match refusal {
+            CopyRefusal::BeyondReuse { copy, reuse } => Refusal::BeyondReuse {
+                owner: owner.into(),
+                pool: pool.into(),
+                copy,
+                reuse,
+            },
+            refusal => Refusal::NodeBound {
+                owner: owner.into(),
+                pool: pool.into(),
+                refusal,
+            },
+        }
+    }
+
     /// The reason recorded on the PortAllocation's conditions.
     pub fn reason(&self) -> Reason {
         match self {
@@ -121,19 +162,30 @@ impl Refusal {
             {
                 Reason::PoolFull
             }
+            // No copy its pods may use has room: full, for this owner.
+            Refusal::NodeBound { .. } => Reason::PoolFull,
             Refusal::Core { .. } | Refusal::BeyondReuse { .. } => Reason::Refused,
         }
     }
 
-    /// This refusal of copy 0, made when every copy of a pool with reuse refused: said so.
-    pub fn in_every_copy(self, reuse: u16) -> Refusal {
-        if reuse <= 1 {
+    /// This refusal of copy 0, made when each of the `tried` copies of a pool with reuse
+    /// refused: said so.
+    pub fn in_every_copy(self, tried: u16, bound: &CopyBound) -> Refusal {
+        if tried <= 1 {
             return self;
         }
-        self.with_note(&format!(
-            " (in copy 0; each of the pool's {} other copies, nodeReuse {reuse}, refused too)",
-            reuse - 1
-        ))
+        let note = match bound {
+            CopyBound::Fixed(reuse) => format!(
+                " (in copy 0; each of the pool's {} other copies, nodeReuse {reuse}, refused too)",
+                tried - 1
+            ),
+            CopyBound::FollowNodes(_) => format!(
+                " (in copy 0; each of the {} other copies its pods may use while following the \
+                 pool's nodes refused too)",
+                tried - 1
+            ),
+        };
+        self.with_note(&note)
     }
 
     /// This refusal of the whole workload, after its pods spread over the copies did not fit

@@ -326,7 +326,7 @@ impl<'a> Seen<'a> {
             owner: &item.owner,
             operation,
             present: work.shards_of(&item.uid),
-            movable: copies.is_empty() && work.reuse() > 1,
+            movable: copies.is_empty() && work.may_reuse(),
             before: work.holdings_of(&item.uid),
             copies,
         }
@@ -397,8 +397,11 @@ fn choose_copy(
 ) -> Result<(u16, Decision), Refusal> {
     let candidates: Vec<u16> = match seen.copies.first() {
         Some(&copy) => vec![copy],
-        None => (0..work.reuse()).collect(),
+        None => work
+            .copy_candidates(seen.operation.ports_per_pod())
+            .collect(),
     };
+    let tried = candidates.len() as u16;
     let needed = seen.operation.ports_asked();
     // A new owner skips a copy with fewer free ports than it asks for: that copy would refuse
     // it, and learning how costs a record of the whole copy. Only the lowest copy's refusal is
@@ -429,7 +432,7 @@ fn choose_copy(
             }
         }
     };
-    Err(refusal.in_every_copy(work.reuse()))
+    Err(refusal.in_every_copy(tried, &work.copy_bound()))
 }
 
 /// The owner decided in one copy, where its entries there are (see [`elsewhere`]).
@@ -504,16 +507,17 @@ fn drop_entries(work: &mut PoolRecord, uid: &str, owner: &str, copies: &BTreeSet
     released
 }
 
-/// A decision that takes new ports in a copy past the pool's `nodeReuse` (it was lowered while
-/// the owner held ports there): refused, the owner keeps what it has.
+/// A decision that takes new ports in a copy the pool does not allow its pods (past its
+/// `nodeReuse`, lowered while the owner held ports there; or where following the nodes, its
+/// pods could be kept off every node): refused, the owner keeps what it has.
 fn beyond_reuse(work: &PoolRecord, copy: u16, decision: &Decision, owner: &str) -> Option<Refusal> {
     let allocates = matches!(decision, Decision::Write { allocated, .. } if *allocated > 0);
-    (allocates && copy >= work.reuse()).then(|| Refusal::BeyondReuse {
-        owner: owner.into(),
-        pool: work.name().into(),
-        copy,
-        reuse: work.reuse(),
-    })
+    if !allocates {
+        return None;
+    }
+    let ports_per_pod = decision.holdings().ports_per_pod();
+    let refused = work.copy_allowed(copy, ports_per_pod).err()?;
+    Some(Refusal::of_copy(owner, work.name(), refused))
 }
 
 /// The decision for an owner its known shard cannot serve alone: whole in the best window or

@@ -228,10 +228,11 @@ impl Allocator {
             }
             Err(e) => Err((e, POOLS.on("get", pool, None))),
         };
-        let (copy, shards) = match read {
+        let (mut copy, shards) = match read {
             Ok(read) => read,
             Err((e, target)) => return Err(waited(attempts.backoff(e, target, label).await, pool)),
         };
+        crate::k8s::nodes::count_if_unknown(&self.client, &mut copy).await;
         PoolRecord::load(copy, shards).map_err(|error| {
             Round::Stop(StopAll::Refused(Refusal::PoolSpec {
                 pool: pool.into(),

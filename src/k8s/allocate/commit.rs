@@ -116,7 +116,8 @@ impl Allocator {
         }
         match read_pool(&self.client, request.pool).await {
             Ok(Some(pool)) => {
-                let copy = PoolSnapshot::of_pool(&pool);
+                let mut copy = PoolSnapshot::of_pool(&pool);
+                crate::k8s::nodes::count_if_unknown(&self.client, &mut copy).await;
                 self.pools.remember(request.pool, &copy);
                 Ok(Some(copy))
             }
@@ -194,14 +195,18 @@ impl Allocator {
             Err(Refusal::Core { .. }) => return Ok(Step::WholePool),
             // With reuse, another copy may have the requested port free: the whole pool tells.
             Err(Refusal::PortHeld { .. })
-                if read.copy.spec.reuse() > 1
+                if read.copy.spec.may_reuse()
                     && read.record.holdings_of(request.uid).is_empty() =>
             {
                 return Ok(Step::WholePool);
             }
             // New ports in a copy past nodeReuse: the whole pool refuses it with the reason.
+            // A pool that follows its nodes: whether any copy may take new ports depends on
+            // every copy (the highest in use, the largest pod), which only the whole pool shows.
             Ok(Decision::Write { allocated, .. })
-                if allocated > 0 && key.copy >= read.copy.spec.reuse() =>
+                if allocated > 0
+                    && (key.copy >= read.copy.spec.reuse()
+                        || read.copy.spec.follow_nodes.is_some()) =>
             {
                 return Ok(Step::WholePool);
             }

@@ -147,7 +147,7 @@ impl Allocator {
             // No room there, or a port of another window: the whole pool decides;
             // with reuse, a held requested port may be free in another copy.
             Err(Refusal::Core { .. }) => Ok(Checked::Undecided),
-            Err(Refusal::PortHeld { .. }) if copy.spec.reuse() > 1 => Ok(Checked::Undecided),
+            Err(Refusal::PortHeld { .. }) if copy.spec.may_reuse() => Ok(Checked::Undecided),
             Err(refusal) => Err(refusal.into()),
         }
     }

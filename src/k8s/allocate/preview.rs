@@ -251,8 +251,10 @@ async fn load_pool(
         .list(pool)
         .await
         .map_err(|(e, target)| KubeError::from_kube(e, target))?;
+    let mut copy = PoolSnapshot::of_pool(&read);
+    crate::k8s::nodes::count_if_unknown(client, &mut copy).await;
     Ok(
-        PoolRecord::load(PoolSnapshot::of_pool(&read), shards).map_err(|error| Refusal::PoolSpec {
+        PoolRecord::load(copy, shards).map_err(|error| Refusal::PoolSpec {
             pool: pool.into(),
             error,
         }),
