@@ -40,6 +40,15 @@ and full pools on the PortPools, whose Events go to namespace default. */}}
   verbs: [create, patch]
 {{- end }}
 
+{{/* Nodes, read as metadata only: the watcher of every namespace counts the nodes each pool
+with spec.followNodes may use (status.nodes). Read only; without it such pools use copy 0 only,
+unless a client allowed to list nodes counts them at allocation. */}}
+{{- define "portalloc.nodeRules" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
+{{- end }}
+
 {{/* The watcher's Lease (--leader-elect), per watched scope as the watcher names it. */}}
 {{- define "portalloc.leaseName" -}}
 {{- if .Values.watchNamespace -}}

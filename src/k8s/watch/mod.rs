@@ -13,7 +13,8 @@
 //!
 //! Beside them, every [`metrics::REFRESH`]: the gauges of `/metrics` and, with every namespace
 //! in view and where this identity may write pools' status, each PortPool's usage summary
-//! ([`pool_usage`]).
+//! ([`pool_usage`]); with every namespace in view, a watch of the Nodes that keeps the node
+//! count of each pool that follows them ([`node_count`]).
 //!
 //! Each sync, release and repair is said on its object as a Kubernetes Event
 //! ([`Events`]).
@@ -27,6 +28,7 @@
 
 mod access;
 pub mod metrics;
+pub mod node_count;
 pub mod pool_usage;
 
 pub use access::{check_access, check_leader_access};
@@ -296,6 +298,12 @@ async fn work(
     // Pools are cluster-wide: their usage is kept by the watcher of every namespace, as the
     // repair pass is, not by one confined to a namespace (a tenant's, or a webhook's).
     let cluster_wide = options.namespace.is_none();
+    if cluster_wide {
+        tasks.0.push(tokio::spawn(node_count::keep_node_counts(
+            client.clone(),
+            stop_rx.clone(),
+        )));
+    }
     tasks.0.push(tokio::spawn(refresh_gauges(
         client.clone(),
         store.clone(),
