@@ -9,7 +9,11 @@ use tabled::Tabled;
 use super::output::{OutputFormat, age, bar, print_names, print_objects, print_rows_without};
 use super::pool_flags::{ProtocolFlag, StaticBandParser};
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::api::{GuardMode, PortPool, PortPoolSpec, PortRangeText, StaticBandSetting};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::api::{
+    FollowNodes, GuardMode, PortPool, PortPoolSpec, PortRangeText, StaticBandSetting,
+};
 use crate::core::{Band, PoolState, hazards};
 use crate::k8s::{self, PoolView, get_pool};
 use crate::ledger::{Anomaly, PoolSnapshot, WindowRecord};
@@ -44,7 +48,12 @@ Node reuse: with --node-reuse N a port may be held by up to N pods, each on anot
 kube-scheduler can keep them apart, and only through ports a pod declares: pods that get their
 ports through the pod webhook (label portalloc.dev/allocation) have every port declared as a
 hostPort for them. A pod that reads its ports from the env ConfigMap or `resolve` must declare
-them itself (containers[].ports with hostPort); `resolve` warns when it hands out such a port.")]
+them itself (containers[].ports with hostPort); `resolve` warns when it hands out such a port.
+
+Following the nodes: with --follow-nodes (optionally --node-selector pool=gpu) the pool uses as
+many copies as its nodes allow: a copy is used only while the largest pod's ports times the other
+holders of each port stay fewer than the nodes counted, so no pod can be kept off every node.
+  kubectl portalloc pool create ray --range 20000-23999 --follow-nodes --node-selector pool=gpu")]
 pub struct CreateArgs {
     /// Pool name (cluster-scoped).
     pub name: String,
@@ -73,6 +82,19 @@ pub struct CreateArgs {
     /// How many pods may hold one port at once, each on another node (1-256). See below.
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=256))]
     pub node_reuse: Option<i32>,
+    /// Let the copies follow the nodes able to run the pool's pods instead of a fixed
+    /// --node-reuse: a port gets another holder only while its holders' pods cannot be kept
+    /// off every node (the watcher keeps the count). See below.
+    #[arg(long)]
+    pub follow_nodes: bool,
+    /// With --follow-nodes: only nodes with these labels count (key=value, comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "KEY=VALUE",
+        requires = "follow_nodes"
+    )]
+    pub node_selector: Vec<String>,
     /// What the node agent does with a bind of a pool port by a pod that does not hold it:
     /// Off, Audit (allow and report) or Enforce (refuse with EPERM and report). Default: Off.
     #[arg(long, value_name = "MODE")]
@@ -126,6 +148,29 @@ pub async fn run(global: &GlobalArgs, args: PoolArgs) -> anyhow::Result<()> {
     }
 }
 
+/// `spec.followNodes` from `--follow-nodes` and `--node-selector`.
+fn follow_nodes(args: &CreateArgs) -> Result<Option<FollowNodes>, CliError> {
+    if !args.follow_nodes {
+        return Ok(None);
+    }
+    let mut labels = std::collections::BTreeMap::new();
+    for pair in &args.node_selector {
+        let Some((key, value)) = pair.split_once('=').filter(|(k, _)| !k.trim().is_empty()) else {
+            return Err(CliError::new(
+                Exit::Invalid,
+                format!("--node-selector {pair:?}: write key=value, e.g. pool=gpu"),
+            ));
+        };
+        labels.insert(key.trim().to_string(), value.trim().to_string());
+    }
+    Ok(Some(FollowNodes {
+        node_selector: (!labels.is_empty()).then_some(LabelSelector {
+            match_labels: Some(labels),
+            match_expressions: None,
+        }),
+    }))
+}
+
 async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
     let spec = PortPoolSpec {
         ranges: args
@@ -141,8 +186,18 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         protocol: args.protocol.into(),
         static_band: args.static_band,
         node_reuse: args.node_reuse.filter(|&n| n > 1),
+        follow_nodes: follow_nodes(&args)?,
         guard: args.guard,
     };
+    spec.check_copies().map_err(|e| {
+        CliError::new(
+            Exit::Invalid,
+            format!(
+                "PortPool {:?}: {e} (--follow-nodes or --node-reuse)",
+                args.name
+            ),
+        )
+    })?;
     let pool = PortPool::new(&args.name, spec);
     let written = k8s::create_pool(client, pool, args.allow_overlap).await?;
     let ports = k8s::pool_ports(&written)?;
@@ -168,6 +223,9 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
                     n => format!("its holders recorded in {n} PortPoolShards"),
                 },
                 match written.spec.reuse() {
+                    1 if written.spec.follow_nodes.is_some() => {
+                        "; its copies follow the nodes (the watcher counts them)".to_string()
+                    }
                     1 => String::new(),
                     n => format!(
                         "; each port held by up to {n} pods, never two on one node ({} in all)",
@@ -284,7 +342,7 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
         "{}",
         describe_text(&view.record, &view.record_kind(), &warnings)
     );
-    if view.reuse > 1 || !view.reused.is_empty() {
+    if view.reuse > 1 || !view.reused.is_empty() || view.nodes.is_some() {
         print!("{}", super::pool_copies::copies_text(&view));
     }
     let reports = k8s::node_agent::node_reports(client)
@@ -475,6 +533,7 @@ mod tests {
                 protocol: Default::default(),
                 static_band: StaticBandSetting::None,
                 node_reuse: None,
+                follow_nodes: None,
                 guard: None,
             },
         );

@@ -10,7 +10,7 @@ mod shards;
 
 pub use cache::{ObjectCache, PoolCache, ShardCache, cluster_cache_dir};
 pub use listing::{Listing, ListingCache};
-pub use pool_view::{PoolView, pool_view};
+pub use pool_view::{NodesView, PoolView, pool_view};
 pub(crate) use pools::read_pool;
 pub use pools::{
     Applied, DeletedPool, PoolError, apply_pool, carry_spec, create_pool, delete_pool, get_pool,

@@ -1,12 +1,15 @@
 //! The record a reader of a pool sees: the union of its shards, copy by copy, with what only the
 //! shards show.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Client, ResourceExt};
 
 use super::shards::ShardStore;
 use crate::api::{PortPool, SpecError};
 use crate::k8s::error::KubeError;
-use crate::ledger::{PoolRecord, PoolSnapshot, WindowRecord, record_warnings};
+use crate::ledger::{
+    CopyBound, InUse, NodeCount, PoolRecord, PoolSnapshot, WindowRecord, record_warnings,
+};
 
 /// A pool as `pool describe` and `pool get` show it.
 #[derive(Clone, Debug)]
@@ -16,8 +19,11 @@ pub struct PoolView {
     /// The other copies (`nodeReuse`), ascending: every copy below the pool's `nodeReuse`
     /// (empty when it has no shard yet), and any past it that still has shards.
     pub reused: Vec<(u16, WindowRecord)>,
-    /// The pool's `nodeReuse`.
+    /// The copies new holders may use: the pool's `nodeReuse`; following the nodes, those
+    /// allowed to pods the size of its largest holder's (at least copy 0).
     pub reuse: u16,
+    /// With `spec.followNodes`: the nodes counted and what they allow.
+    pub nodes: Option<NodesView>,
     /// How many shards were loaded.
     pub shards: usize,
     /// What only the shards show (shards not loaded, ports in the wrong shard, shards that
@@ -64,6 +70,20 @@ impl PoolView {
     }
 }
 
+/// What `pool describe` says of a pool that follows its nodes.
+#[derive(Clone, Debug)]
+pub struct NodesView {
+    /// The node selector, as a label selector string (`every node` without one).
+    pub selector: String,
+    pub count: NodeCount,
+    /// `status.nodesCountedAt`; `None` when the count was made by this reader (no watcher).
+    pub counted_at: Option<Time>,
+    pub bound: CopyBound,
+    pub in_use: InUse,
+    /// Ports per pod of the pool's holders, each size once, ascending.
+    pub sizes: Vec<u32>,
+}
+
 /// Reads the pool's shards (one LIST). The inner error: the pool's spec is unusable.
 pub async fn pool_view(
     client: &Client,
@@ -73,7 +93,43 @@ pub async fn pool_view(
         .list(&pool.name_any())
         .await
         .map_err(|(e, target)| KubeError::from_kube(e, target))?;
-    Ok(PoolRecord::load(PoolSnapshot::of_pool(&pool), shards).map(|record| view_of(&record)))
+    let mut snapshot = PoolSnapshot::of_pool(&pool);
+    crate::k8s::nodes::count_if_unknown(client, &mut snapshot).await;
+    let counted_at = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes_counted_at.clone());
+    Ok(PoolRecord::load(snapshot, shards).map(|record| {
+        let mut view = view_of(&record);
+        if let Some(nodes) = &mut view.nodes {
+            nodes.counted_at = counted_at;
+        }
+        view
+    }))
+}
+
+/// The nodes part of a view, for a pool that follows them.
+fn nodes_of(record: &PoolRecord) -> Option<NodesView> {
+    let follow = record.pool.spec.follow_nodes.as_ref()?;
+    let bound = record.copy_bound();
+    let CopyBound::FollowNodes(count) = bound.clone() else {
+        return None;
+    };
+    let sizes: std::collections::BTreeSet<u32> = record
+        .copies
+        .values()
+        .flat_map(|copy| copy.shards.values())
+        .flat_map(|shard| shard.record.holders.keys())
+        .map(|uid| record.holdings_of(uid).ports_per_pod())
+        .collect();
+    Some(NodesView {
+        selector: crate::k8s::nodes::selector_text(follow),
+        count,
+        counted_at: None,
+        bound,
+        in_use: record.in_use(),
+        sizes: sizes.into_iter().collect(),
+    })
 }
 
 /// What readers see of a loaded record.
@@ -87,7 +143,13 @@ pub fn view_of(record: &PoolRecord) -> PoolView {
             .filter(|&copy| copy > 0)
             .map(|copy| (copy, record.copy_or_empty(copy).union_record()))
             .collect(),
-        reuse: record.reuse(),
+        reuse: match record.copy_bound() {
+            CopyBound::Fixed(reuse) => reuse,
+            bound => bound
+                .copies_allowed(record.largest_pod(), record.in_use())
+                .max(1),
+        },
+        nodes: nodes_of(record),
         shards: record.shard_count(),
         warnings: record_warnings(record),
     }

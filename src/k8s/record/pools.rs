@@ -260,7 +260,7 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
             if existing.spec == pool.spec {
                 return Ok(Applied::Unchanged);
             }
-            if pool.spec.reuse() < existing.spec.reuse() {
+            if pool.spec.follow_nodes.is_none() && pool.spec.reuse() < existing.spec.reuse() {
                 refuse_reuse_below_use(client, &existing, pool.spec.reuse()).await?;
             }
             existing.spec = pool.spec;
