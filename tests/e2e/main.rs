@@ -15,6 +15,7 @@ mod dry_run;
 mod events;
 mod examples;
 mod faults;
+mod follow_nodes;
 mod health;
 mod helm;
 mod import;

@@ -109,7 +109,28 @@ pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, 
             }
         }
     }
-    for (port, holders) in &holders_of_port {
+    // Following the nodes: a port's other holders times the largest pod stay below the nodes
+    // counted (the rule of `ledger::node_bound`); else at most `nodeReuse` holders.
+    if record.pool.spec.follow_nodes.is_some() {
+        let nodes = match &record.pool.nodes {
+            Some(portalloc::ledger::NodeCount::Counted(n)) => u64::from(*n),
+            _ => 0,
+        };
+        let largest = u64::from(record.largest_pod().max(1));
+        for (port, holders) in &holders_of_port {
+            let others = holders.len() as u64 - 1;
+            assert!(
+                others == 0 || largest * others < nodes,
+                "port {port} of pool {pool} has {} holders, pods of {largest} ports, {nodes} \
+                 nodes counted: {holders:?}",
+                holders.len()
+            );
+        }
+    }
+    for (port, holders) in holders_of_port
+        .iter()
+        .filter(|_| record.pool.spec.follow_nodes.is_none())
+    {
         assert!(
             holders.len() <= reuse,
             "port {port} of pool {pool} has {} holders, nodeReuse {reuse}: {holders:?}",
