@@ -257,3 +257,89 @@ async fn node_reuse_and_follow_nodes_together_are_refused_saying_which_to_keep()
         .to_string();
     assert!(error.contains("set either nodeReuse"), "{error}");
 }
+
+#[tokio::test]
+async fn a_user_who_may_not_list_nodes_gets_copy_0_only_and_is_told_why() {
+    use crate::support::apply::{apply_yaml, bind, create_namespace};
+    use crate::support::private_cluster::PrivateCluster;
+    use crate::support::{USER_CONTEXT, USER_NAME};
+
+    // Cluster-wide bindings: a control plane of its own, as the RBAC tests have.
+    let Some(cluster) = PrivateCluster::start("follow-rbac", true) else {
+        return;
+    };
+    let admin = cluster.client().await;
+    let rbac =
+        |name: &str| std::fs::read_to_string(support::repo_root().join("rbac").join(name)).unwrap();
+    apply_yaml(&admin, &rbac("portalloc-user.yaml"), None).await;
+    create_namespace(&admin, "team-a").await;
+    bind(
+        &admin,
+        "portalloc-user",
+        "portalloc-user",
+        USER_NAME,
+        Some("team-a"),
+    )
+    .await;
+    bind(
+        &admin,
+        "portalloc-pool-user",
+        "portalloc-pool-user",
+        USER_NAME,
+        None,
+    )
+    .await;
+    add_nodes(&admin, "rbac-nodes", 0, 3).await;
+    let created = cluster.run(&[
+        "pool",
+        "create",
+        "fp",
+        "--range",
+        "23000-23003",
+        "--follow-nodes",
+    ]);
+    assert!(created.ok(), "{created}");
+
+    let as_user = |name: &str| {
+        let manifest = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            manifest.path(),
+            support::simple_allocation(name, "fp", "web", 4, &["http"]),
+        )
+        .unwrap();
+        let path = manifest.path().to_str().unwrap().to_string();
+        cluster.run(&[
+            "--context",
+            USER_CONTEXT,
+            "create",
+            "-n",
+            "team-a",
+            "-f",
+            &path,
+        ])
+    };
+    let first = as_user("a");
+    assert!(first.ok(), "copy 0 needs no count: {first}");
+    let second = as_user("b");
+    assert!(!second.ok(), "{second}");
+    assert!(
+        second.stderr.contains(
+            "copy 1 refused: the pool follows the nodes, but they are not counted (status.nodes \
+             is empty (no watcher counts them) and this identity may not list nodes \
+             (Forbidden: list nodes)), so only copy 0 is used"
+        ),
+        "{second}"
+    );
+    // An identity that may list them (the admin) counts 3 and takes copy 1.
+    let manifest = support::simple_allocation("b", "fp", "web", 4, &["http"]);
+    let path = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(path.path(), manifest).unwrap();
+    let by_admin = cluster.run(&[
+        "create",
+        "-n",
+        "team-a",
+        "-f",
+        path.path().to_str().unwrap(),
+    ]);
+    assert!(by_admin.ok(), "{by_admin}");
+}
