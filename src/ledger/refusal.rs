@@ -190,10 +190,20 @@ impl Refusal {
 
     /// This refusal of the whole workload, after its pods spread over the copies did not fit
     /// either: how far they got, and the first pod that fits nowhere.
-    pub fn spread_too(self, placed: usize, pods: usize, unplaced: &str) -> Refusal {
+    pub fn spread_too(
+        self,
+        placed: usize,
+        pods: usize,
+        unplaced: &str,
+        bound: &CopyBound,
+    ) -> Refusal {
+        let more_copies = match bound {
+            CopyBound::Fixed(_) => "raise its nodeReuse",
+            CopyBound::FollowNodes(_) => "add nodes it follows",
+        };
         self.with_note(&format!(
             "; spread pod by pod over the copies, {placed} of its {pods} pods fit, and pod \
-             {unplaced} fits in none: free ports in the pool, raise its nodeReuse, or scale the \
+             {unplaced} fits in none: free ports in the pool, {more_copies}, or scale the \
              workload down"
         ))
     }

@@ -220,7 +220,7 @@ fn decide_item(
 /// Whether a workload no copy takes whole may have its pods spread over the copies: a pool
 /// with reuse, a sync, a refusal for room or a held port, and entries in one copy at most.
 fn may_spread(work: &PoolRecord, seen: &Seen, whole: &Refusal) -> bool {
-    work.reuse() > 1
+    work.may_reuse()
         && matches!(seen.operation, Operation::Sync(_))
         && matches!(whole, Refusal::Core { .. } | Refusal::PortHeld { .. })
         && seen.copies.len() <= 1
@@ -242,12 +242,24 @@ fn decide_spread(
         Operation::Release { role } => kept_slots(&seen.before, role.as_deref()),
         Operation::Remove => return Some((remove_everywhere(work, seen), None)),
     };
-    let decided = match spread::spread(work, seen.uid, seen.owner, &desired, work.reuse(), rng) {
+    // Its largest pod, as asked or as held: what the copies it may use depend on.
+    let ports_per_pod = seen
+        .operation
+        .ports_per_pod()
+        .max(seen.before.ports_per_pod());
+    let asked = spread::Asked {
+        uid: seen.uid,
+        owner: seen.owner,
+        desired: &desired,
+        ports_per_pod,
+    };
+    let decided = match spread::spread(work, &asked, rng) {
         Ok(decided) => decided,
         Err(unplaced) => {
+            let bound = work.copy_bound();
             let refusal = match whole {
-                Some(whole) => unplaced.explain(whole),
-                None => unplaced.into_refusal(),
+                Some(whole) => unplaced.explain(whole, &bound),
+                None => unplaced.into_refusal(&bound),
             };
             return Some((refused(refusal, seen.before), None));
         }
@@ -401,7 +413,12 @@ fn choose_copy(
             .copy_candidates(seen.operation.ports_per_pod())
             .collect(),
     };
-    let tried = candidates.len() as u16;
+    // The copies it may use (a follow-nodes pool also tries the first it may not, to say why).
+    let ports_per_pod = seen.operation.ports_per_pod();
+    let tried = candidates
+        .iter()
+        .filter(|&&copy| work.copy_allowed(copy, ports_per_pod).is_ok())
+        .count() as u16;
     let needed = seen.operation.ports_asked();
     // A new owner skips a copy with fewer free ports than it asks for: that copy would refuse
     // it, and learning how costs a record of the whole copy. Only the lowest copy's refusal is

@@ -20,6 +20,7 @@ use crate::core::{Holdings, SlotKey, Want};
 
 use super::copy_record::CopyRecord;
 use super::decision::{Decision, Operation};
+use super::node_bound::CopyBound;
 use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
 use super::shard_choice::elsewhere;
@@ -90,28 +91,35 @@ pub(super) struct Unplaced {
 
 impl Unplaced {
     /// `whole`, the refusal of the workload in one copy, with how spreading it went.
-    pub fn explain(self, whole: Refusal) -> Refusal {
-        whole.spread_too(self.placed, self.pods, &self.pod)
+    pub fn explain(self, whole: Refusal, bound: &CopyBound) -> Refusal {
+        whole.spread_too(self.placed, self.pods, &self.pod, bound)
     }
 
     /// The lowest copy's refusal of the pod, with how spreading went (a workload spread
     /// already, which has no refusal of its own as a whole).
-    pub fn into_refusal(self) -> Refusal {
+    pub fn into_refusal(self, bound: &CopyBound) -> Refusal {
         let refusal = (*self.refusal).clone();
-        self.explain(refusal)
+        self.explain(refusal, bound)
     }
 }
 
-/// Decide `desired` for `uid` with its pods spread over the copies below `usable`: each pod
+/// What a spread decides for: the owner, the slots it asks for, and its largest pod (which
+/// copies it may use, see `node_bound`).
+pub(super) struct Asked<'a> {
+    pub uid: &'a str,
+    pub owner: &'a str,
+    pub desired: &'a Part,
+    pub ports_per_pod: u32,
+}
+
+/// Decide what `asked` asks for with its pods spread over the copies it may use: each pod
 /// where its ports are, new pods in the first copy that takes them whole.
 pub(super) fn spread(
     work: &PoolRecord,
-    uid: &str,
-    owner: &str,
-    desired: &Part,
-    usable: u16,
+    asked: &Asked,
     rng: &mut impl Rng,
 ) -> Result<Spread, Unplaced> {
+    let (uid, owner, desired) = (asked.uid, asked.owner, asked.desired);
     let held_in = work.slot_copies(uid);
     let mut assigned: BTreeMap<u16, Part> = BTreeMap::new();
     let mut new_pods: Vec<Part> = Vec::new();
@@ -127,6 +135,7 @@ pub(super) fn spread(
         work,
         uid,
         owner,
+        ports_per_pod: asked.ports_per_pod,
         copies: BTreeMap::new(),
         asked: BTreeMap::new(),
         parts: BTreeMap::new(),
@@ -154,7 +163,7 @@ pub(super) fn spread(
     }
     let unplaced = new_pods.len();
     for (i, pod) in new_pods.iter().enumerate() {
-        if let Err(refusal) = state.place_new(pod, usable, rng) {
+        if let Err(refusal) = state.place_new(pod, rng) {
             let placed = total - unplaced + i;
             return Err(Unplaced {
                 refusal: Box::new(refusal),
@@ -203,6 +212,8 @@ struct State<'a> {
     work: &'a PoolRecord,
     uid: &'a str,
     owner: &'a str,
+    /// The owner's largest pod: which copies may take new ports of it.
+    ports_per_pod: u32,
     copies: BTreeMap<u16, CopyRecord>,
     /// Per copy decided: the slots asked of it.
     asked: BTreeMap<u16, Part>,
@@ -213,9 +224,11 @@ struct State<'a> {
 }
 
 impl State<'_> {
-    /// The owner holds exactly `part` in `copy`, if that copy can take it.
+    /// The owner holds exactly `part` in `copy`, if that copy can take it: room, and new
+    /// ports only where the pool allows its pods (`nodeReuse`, or the nodes it follows).
     fn decide(&mut self, copy: u16, part: &Part, rng: &mut impl Rng) -> Result<(), Refusal> {
         let (uid, owner) = (self.uid, self.owner);
+        let allowed = self.work.copy_allowed(copy, self.ports_per_pod);
         let record = self
             .copies
             .entry(copy)
@@ -224,6 +237,10 @@ impl State<'_> {
         let operation = Operation::Slots(part.clone());
         let holdings = match elsewhere(record, &windows, uid, owner, &operation, rng)? {
             Decision::Unchanged(holdings) => holdings,
+            Decision::Write { allocated, .. } if allocated > 0 && allowed.is_err() => {
+                let refused = allowed.expect_err("matched as refused");
+                return Err(Refusal::of_copy(owner, self.work.name(), refused));
+            }
             Decision::Write {
                 holdings,
                 allocated,
@@ -243,10 +260,15 @@ impl State<'_> {
     /// A new pod in the first usable copy that takes it whole, beside the owner's other pods
     /// there. A copy with fewer free ports than the pod asks for is skipped untried; when
     /// every copy is, copy 0's refusal is worked out to be shown.
-    fn place_new(&mut self, pod: &Part, usable: u16, rng: &mut impl Rng) -> Result<(), Refusal> {
+    fn place_new(&mut self, pod: &Part, rng: &mut impl Rng) -> Result<(), Refusal> {
         let needed: u32 = pod.values().map(|want| want.count.max(1)).sum();
         let mut first_refusal = None;
-        for copy in 0..usable {
+        let mut candidates = self.work.copy_candidates(self.ports_per_pod);
+        if candidates.is_empty() {
+            // Copy 0 alone, to be refused with the reason.
+            candidates = 0..1;
+        }
+        for copy in candidates {
             let free = match self.copies.get(&copy) {
                 Some(record) => record.free_ports(),
                 None => self

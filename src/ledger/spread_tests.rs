@@ -253,3 +253,42 @@ fn a_new_spread_owner_widens_its_status_to_every_copy_before_writing() {
     );
     assert_eq!(placed.widen, Some(placed.shards.clone()));
 }
+
+#[test]
+fn a_pool_that_follows_its_nodes_spreads_a_workload_only_over_the_copies_its_pods_may_use() {
+    let mut pool = crate::ledger::fixtures::pool_of(&["100-107"], &[]);
+    pool.spec.follow_nodes = Some(crate::api::FollowNodes::default());
+    let with_nodes = |nodes| {
+        let mut snapshot = crate::ledger::PoolSnapshot::of_pool(&pool);
+        snapshot.nodes = Some(crate::ledger::NodeCount::Counted(nodes));
+        PoolRecord::load(snapshot, Vec::new()).unwrap()
+    };
+    // Pods of 2 ports: 6 nodes allow copies 0-2 (2 x 2 other holders < 6), room for 12 pods.
+    let mut six = with_nodes(6);
+    let pa = workload("w", 10, 2);
+    assert!(matches!(
+        sync(&mut six, &pa),
+        ItemOutcome::Changed { allocated: 20, .. }
+    ));
+    let mut per_copy: BTreeMap<u16, usize> = BTreeMap::new();
+    for copy in pod_copies(&six, "w").into_values() {
+        *per_copy.entry(copy).or_default() += 1;
+    }
+    assert_eq!(per_copy, BTreeMap::from([(0, 4), (1, 4), (2, 2)]));
+
+    // 4 nodes allow copies 0-1 only: 8 of the 10 pods fit, and the refusal says why.
+    let mut four = with_nodes(4);
+    let ItemOutcome::Refused { refusal, holdings } = sync(&mut four, &pa) else {
+        panic!("10 pods of 2 ports in two copies of 8 ports");
+    };
+    assert!(holdings.is_empty());
+    let text = refusal.to_string();
+    assert!(text.contains("8 of its 10 pods fit"), "{text}");
+    assert!(
+        text.contains(
+            "each of the 1 other copies its pods may use while following the pool's nodes"
+        ),
+        "{text}"
+    );
+    assert!(four.copies_in_use().is_empty(), "nothing written");
+}
