@@ -1,6 +1,7 @@
 //! `kubectl portalloc describe NAME`: every role, pod, port, env and reference of one
 //! PortAllocation, with its conditions.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use clap::Args;
@@ -10,6 +11,7 @@ use super::output::{Paint, age};
 use super::{GlobalArgs, Session};
 use crate::api::{PortAllocation, PortAllocationStatus, Role, Scope};
 use crate::k8s::get_allocation;
+use crate::ledger::{recorded_copies, recorded_holdings};
 
 /// Show every role, pod index, port, env name and resolved reference of a PortAllocation.
 #[derive(Args, Debug)]
@@ -69,11 +71,40 @@ fn write_summary(
             .clone()
             .unwrap_or_else(|| format!("0/{desired}"))
     );
+    write_copies(out, status);
     let _ = writeln!(
         out,
         "Age:          {}",
         age(pa.metadata.creation_timestamp.as_ref())
     );
+}
+
+/// Which copies of a pool with reuse hold its ports (nothing when copy 0 holds them all): one
+/// copy past the first, or several for a workload bigger than one copy.
+fn write_copies(out: &mut String, status: &PortAllocationStatus) {
+    let holdings = recorded_holdings(status);
+    let mut ports: BTreeMap<u16, u32> = BTreeMap::new();
+    for (slot, copy) in recorded_copies(status) {
+        *ports.entry(copy).or_default() += holdings.block(&slot).map_or(0, |b| u32::from(b.count));
+    }
+    let shared = "pods on other nodes hold the same ports; each pod declares its own as hostPorts";
+    match ports.keys().collect::<Vec<_>>()[..] {
+        [] | [0] => {}
+        [copy] => {
+            let _ = writeln!(out, "Copy:         {copy} ({shared})");
+        }
+        _ => {
+            let each: Vec<String> = ports
+                .iter()
+                .map(|(copy, n)| format!("{copy} ({n} ports)"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "Copies:       {}: pods spread over copies, each pod's ports in one ({shared})",
+                each.join(", ")
+            );
+        }
+    }
 }
 
 /// Role `r`: a table of its ports per pod, then its references resolved.
@@ -185,6 +216,49 @@ fn write_notes(out: &mut String, pa: &PortAllocation, paint: &Paint) {
                 "role {role} has RoleScoped ports shared by all its pods: on hostNetwork give the role \
                  pod anti-affinity (kubernetes.io/hostname) so two of its pods never share a node"
             ))
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::PortAssignment;
+
+    fn status(values: Vec<i32>, copies: Vec<i32>, shards: Vec<i32>) -> PortAllocationStatus {
+        PortAllocationStatus {
+            assignments: vec![PortAssignment {
+                role: "engine".into(),
+                port: "http".into(),
+                scope: Scope::PodScoped,
+                env: "HTTP_PORT".into(),
+                values,
+                copies,
+                ..Default::default()
+            }],
+            shards,
+            ..Default::default()
+        }
+    }
+
+    fn copies_line(status: &PortAllocationStatus) -> String {
+        let mut out = String::new();
+        write_copies(&mut out, status);
+        out
+    }
+
+    #[test]
+    fn copies_are_told_only_past_the_first_and_spread_ones_by_ports() {
+        assert_eq!(copies_line(&status(vec![100, 101], vec![], vec![0])), "");
+        let one = copies_line(&status(vec![100, 101], vec![], vec![256]));
+        assert!(
+            one.starts_with("Copy:         1 (pods on other nodes"),
+            "{one}"
+        );
+        let spread = copies_line(&status(vec![100, 101, 100], vec![0, 0, 1], vec![0, 256]));
+        assert!(
+            spread.starts_with("Copies:       0 (2 ports), 1 (1 ports): pods spread over copies"),
+            "{spread}"
         );
     }
 }

@@ -564,6 +564,51 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
     }
     assert!(assert_consistent(&root, "solo").await.is_empty());
 
+    // A workload bigger than one copy, as the tenant: its pods spread over both copies of a
+    // pool with reuse, each copy's shard written under the policy like any other.
+    assert!(
+        cluster
+            .run(&[
+                "pool",
+                "create",
+                "spread",
+                "--range",
+                "24200-24203",
+                "--node-reuse",
+                "2"
+            ])
+            .ok()
+    );
+    std::fs::write(
+        manifest.path(),
+        support::simple_allocation("wide", "spread", "web", 3, &["http", "nccl"]),
+    )
+    .unwrap();
+    let run = cluster.run(&[
+        "--context",
+        USER_CONTEXT,
+        "create",
+        "-n",
+        "tenant-a",
+        "-f",
+        path,
+    ]);
+    assert!(run.ok(), "{run}");
+    let wide = assert_consistent(&root, "spread").await;
+    assert_eq!(wide.values().map(|h| h.len()).sum::<usize>(), 6, "{wide:?}");
+    let spread = crate::support::invariants::pool_record(&root, "spread").await;
+    assert_eq!(spread.copies_in_use(), [0, 1].into());
+    let run = cluster.run(&[
+        "--context",
+        USER_CONTEXT,
+        "delete",
+        "wide",
+        "-n",
+        "tenant-a",
+    ]);
+    assert!(run.ok(), "{run}");
+    assert!(assert_consistent(&root, "spread").await.is_empty());
+
     // The heaviest record a window holds, 256 one-port entries (what the policy's rules cost
     // grows with the entries and values of the shard written): a tenant's allocation in it
     // passes within the API server's CEL cost limits, and a clash there is refused by the rule,

@@ -52,6 +52,14 @@ async fn a_workload_bigger_than_a_copy_spreads_its_pods_and_repair_restores_each
     assert_eq!(record.copies_of(&uid), [0, 1].into());
     let before = assert_consistent(&client, &pool).await;
 
+    let described = cli::run(&["describe", "w", "-n", &ns]);
+    assert!(
+        described
+            .stdout
+            .contains("Copies:       0 (8 ports), 1 (2 ports): pods spread over copies"),
+        "{described}"
+    );
+
     // Pod 4's ports are copy 1's: resolve warns that they must be declared.
     let resolved = cli::run(&["resolve", "w", "--role", "web", "--index", "4", "-n", &ns]);
     assert!(resolved.ok(), "{resolved}");
