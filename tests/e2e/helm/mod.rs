@@ -358,7 +358,9 @@ fn values_reach_the_watcher_container_and_its_rights() {
             "portpoolshards",
             "portpoolshards/status",
             "configmaps",
-            "events"
+            "events",
+            // Read only: the nodes each pool with spec.followNodes counts (status.nodes).
+            "nodes"
         ]
     );
     assert!(find(&all, "Role", "portalloc-watcher").is_none());
