@@ -10,7 +10,8 @@
 //!   that is impossible (pool full, port held, invalid spec, pool missing).
 //! - [`place`] and [`decide_pool_batch`]: which shards an owner's decision is made on (its
 //!   home shard, else the fewest that fit), for one owner and for many at once (group commit:
-//!   one write per shard, a refusal staying with its own item).
+//!   one write per shard, a refusal staying with its own item); within a copy, which windows
+//!   (`window_choice`); a workload bigger than one copy, its pods over the copies (`spread`).
 //! - [`allocation_status`]: a PortAllocation's status as a function of its spec and its pool
 //!   entry, so it can be recomputed at any time.
 //! - [`plan_pool_repair`]: the diff that makes a pool's shards match the live
@@ -57,6 +58,7 @@ mod repair_restore;
 mod repair_text;
 mod shard_choice;
 mod spread;
+mod window_choice;
 mod window_record;
 mod windows;
 

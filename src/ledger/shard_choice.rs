@@ -4,18 +4,14 @@
 //! An owner is decided in its one known shard alone when it can be (its home shard, or the
 //! shard its status names): that is the common case, and the write touches one small object.
 //! Otherwise (no room there, a requested port in another window, entries in several shards)
-//! it goes whole into the fullest shard that takes it (best fit, as for a block in a run:
-//! emptier windows stay whole for larger owners), else into as few shards as it fits: its own
-//! plus the 2, 4, 8, ... fullest, then the whole pool, whose refusal is then the answer; only
-//! there can a block use a free run across a window edge. Static-band ports count against a
-//! shard (KEP-3668). Best fit gathers the clients that leave their home onto one shard; that
-//! happens only when homes are full, and what it buys is measured in `benches/placement.rs`.
-//! A decision that writes outside the owner's known shards names the status widening that must
-//! be written first (the rule that makes a kill safe, see `known_shards`).
+//! it is decided over the windows of its copy (`window_choice`: best fit, then as few windows
+//! as it fits). A decision that writes outside the owner's known shards names the status
+//! widening that must be written first (the rule that makes a kill safe, see `known_shards`).
 //!
-//! In a pool with reuse (`nodeReuse: N`, see `pool_record`) an owner is decided in the copy
-//! where it has entries; a new owner goes to the first copy that takes it whole, in order, so
-//! copy 1 fills only once copy 0 cannot take a holder.
+//! In a pool with reuse (`nodeReuse: N` or `followNodes`, see `pool_record` and `node_bound`)
+//! an owner is decided in the copy where it has entries; a new owner goes to the first copy
+//! that takes it whole, in order, so copy 1 fills only once copy 0 cannot take a holder. A
+//! workload no copy takes whole has its pods spread over the copies (`spread`).
 //!
 //! A batch is decided item after item against the shards as the items before it left them, so
 //! it equals running the items one after another, with one write per shard instead of one per
@@ -23,21 +19,20 @@
 //! status writes before its shard writes) is decided by a second pass after the first pass is
 //! committed, so that a widening that fails never leaves shard writes depending on it.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use rand::Rng;
 
-use crate::core::{Band, Holdings, SlotKey, Want, desired_slots};
+use crate::core::{Holdings, SlotKey, Want, desired_slots};
 
 use super::copy_record::{CopyRecord, ShardWrite};
 use super::decision::{Decision, Operation, decide};
-use super::free_runs::FreeRuns;
 use super::holdings_across_shards::split_by_shard;
 use super::known_shards::single_shard;
 use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
 use super::spread;
+use super::window_choice::elsewhere;
 use super::window_record::WindowRecord;
 use super::windows::ShardKey;
 
@@ -535,119 +530,6 @@ fn beyond_reuse(work: &PoolRecord, copy: u16, decision: &Decision, owner: &str) 
     let ports_per_pod = decision.holdings().ports_per_pod();
     let refused = work.copy_allowed(copy, ports_per_pod).err()?;
     Some(Refusal::of_copy(owner, work.name(), refused))
-}
-
-/// The decision for an owner its known shard cannot serve alone: whole in the best window or
-/// pair of neighbouring windows that takes it (see [`best_place`]), else on as few shards as it
-/// fits. Each try is one decision in memory; nothing is read again.
-pub(super) fn elsewhere(
-    work: &CopyRecord,
-    present: &BTreeSet<u16>,
-    uid: &str,
-    owner: &str,
-    operation: &Operation,
-    rng: &mut impl Rng,
-) -> Result<Decision, Refusal> {
-    let order = work.layout.home_order(owner);
-    if present.len() <= 1 {
-        let runs = FreeRuns::of(work);
-        let before = work.holdings_of(uid);
-        let candidates: Vec<u16> = match present.first() {
-            Some(&only) => vec![only],
-            None => order.clone(),
-        };
-        let windows = candidates
-            .iter()
-            .map(|&index| match work.shards.get(&index) {
-                Some(shard) => Cow::Borrowed(&shard.record),
-                None => Cow::Owned(work.shard_record(index)),
-            });
-        // Two neighbouring windows as one record: the free ports at their shared edge are one
-        // run, which a block longer than either side's part still fits. Ranked with the single
-        // windows, so a pair wins only where it fits tighter.
-        // Only a block can need the edge: a single port fits in one window or not at all, and
-        // building a pair's record is the dear part of placing an owner in a full pool.
-        let pairs = neighbours(work, present.first().copied())
-            .filter(|_| operation.asks_for_blocks())
-            .map(|pair| Cow::Owned(work.pair_record(&pair)));
-        let places = windows.chain(pairs);
-        if let Some(decision) = best_place(places, &runs, &before, uid, owner, operation, rng)? {
-            return Ok(decision);
-        }
-    }
-    // Spanning: the fullest windows first (dynamic before static), for the reason above.
-    let mut order = order;
-    order.sort_by_cached_key(|&index| {
-        let free = work
-            .shards
-            .get(&index)
-            .map(|shard| shard.record.state.free_count());
-        let is_static = work.layout.get(index).is_some_and(|span| span.is_static());
-        (is_static, free.unwrap_or(u32::MAX))
-    });
-    let mut take = 2;
-    while take < order.len() {
-        let windows: BTreeSet<u16> = present
-            .iter()
-            .chain(order.iter().take(take))
-            .copied()
-            .collect();
-        match decide(&work.union_record_of(&windows), uid, owner, operation, rng) {
-            Err(Refusal::Core { .. }) => take *= 2,
-            other => return other,
-        }
-    }
-    decide(&work.union_record(), uid, owner, operation, rng)
-}
-
-/// Each pair of neighbouring windows of the layout (with `only` among them, when given).
-fn neighbours(work: &CopyRecord, only: Option<u16>) -> impl Iterator<Item = BTreeSet<u16>> + '_ {
-    let spans = work.layout.shards();
-    spans
-        .windows(2)
-        .filter(|pair| pair[0].index + 1 == pair[1].index)
-        .map(|pair| BTreeSet::from([pair[0].index, pair[1].index]))
-        .filter(move |pair| only.is_none_or(|only| pair.contains(&only)))
-}
-
-/// The best of the records (a window, or windows joined) that take the owner whole: the
-/// fewest static-band ports (KEP-3668: automatic ports use the static band only when the
-/// dynamic band cannot take them), then the tightest fit across the whole copy (the shortest
-/// free run its largest new block cuts, window edges ignored: runs too long for it stay whole
-/// for larger owners), then the fullest record. Among equals the first, so candidates in the
-/// owner's home order keep owners apart. `None` when none takes it.
-fn best_place<'a>(
-    records: impl Iterator<Item = Cow<'a, WindowRecord>>,
-    runs: &FreeRuns,
-    before: &Holdings,
-    uid: &str,
-    owner: &str,
-    operation: &Operation,
-    rng: &mut impl Rng,
-) -> Result<Option<Decision>, Refusal> {
-    let mut best: Option<((usize, u32, u32), Decision)> = None;
-    for record in records {
-        let decision = match decide(&record, uid, owner, operation, rng) {
-            Err(Refusal::Core { .. }) => continue,
-            other => other?,
-        };
-        let state = &record.state;
-        let statics = decision
-            .holdings()
-            .iter()
-            .flat_map(|(_, block)| block.ports())
-            .filter(|&port| state.band_of(port) == Some(Band::Static))
-            .count();
-        let key = (
-            statics,
-            runs.fit(before, decision.holdings()),
-            state.free_count(),
-        );
-        if best.as_ref().is_none_or(|(best_key, _)| key < *best_key) {
-            best = Some((key, decision));
-        }
-    }
-    Ok(best.map(|(_, decision)| decision))
 }
 
 /// The shards whose part of `uid`'s holdings changes if its holdings become `after`.

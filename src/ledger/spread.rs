@@ -23,7 +23,7 @@ use super::decision::{Decision, Operation};
 use super::node_bound::CopyBound;
 use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
-use super::shard_choice::elsewhere;
+use super::window_choice::elsewhere;
 
 /// The slots one copy is asked to hold for the owner.
 type Part = BTreeMap<SlotKey, Want>;

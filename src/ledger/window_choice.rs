@@ -1,0 +1,135 @@
+//! Where in one copy of a pool an owner goes, when its known shard cannot serve it alone.
+//! Pure.
+//!
+//! Whole in the fullest window (or pair of neighbouring windows) that takes it: best fit, as
+//! for a block in a run, so emptier windows stay whole for larger owners. Else on as few
+//! shards as it fits: its own plus the 2, 4, 8, ... fullest, then the whole copy, whose
+//! refusal is then the answer; only there can a block use a free run across a window edge.
+//! Static-band ports count against a window (KEP-3668). What best fit buys is measured in
+//! `benches/placement.rs`.
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+
+use rand::Rng;
+
+use crate::core::{Band, Holdings};
+
+use super::copy_record::CopyRecord;
+use super::decision::{Decision, Operation, decide};
+use super::free_runs::FreeRuns;
+use super::refusal::Refusal;
+use super::window_record::WindowRecord;
+
+/// The decision for an owner its known shard cannot serve alone: whole in the best window or
+/// pair of neighbouring windows that takes it (see [`best_place`]), else on as few shards as it
+/// fits. Each try is one decision in memory; nothing is read again.
+pub(super) fn elsewhere(
+    work: &CopyRecord,
+    present: &BTreeSet<u16>,
+    uid: &str,
+    owner: &str,
+    operation: &Operation,
+    rng: &mut impl Rng,
+) -> Result<Decision, Refusal> {
+    let order = work.layout.home_order(owner);
+    if present.len() <= 1 {
+        let runs = FreeRuns::of(work);
+        let before = work.holdings_of(uid);
+        let candidates: Vec<u16> = match present.first() {
+            Some(&only) => vec![only],
+            None => order.clone(),
+        };
+        let windows = candidates
+            .iter()
+            .map(|&index| match work.shards.get(&index) {
+                Some(shard) => Cow::Borrowed(&shard.record),
+                None => Cow::Owned(work.shard_record(index)),
+            });
+        // Two neighbouring windows as one record: the free ports at their shared edge are one
+        // run, which a block longer than either side's part still fits. Ranked with the single
+        // windows, so a pair wins only where it fits tighter.
+        // Only a block can need the edge: a single port fits in one window or not at all, and
+        // building a pair's record is the dear part of placing an owner in a full pool.
+        let pairs = neighbours(work, present.first().copied())
+            .filter(|_| operation.asks_for_blocks())
+            .map(|pair| Cow::Owned(work.pair_record(&pair)));
+        let places = windows.chain(pairs);
+        if let Some(decision) = best_place(places, &runs, &before, uid, owner, operation, rng)? {
+            return Ok(decision);
+        }
+    }
+    // Spanning: the fullest windows first (dynamic before static), for the reason above.
+    let mut order = order;
+    order.sort_by_cached_key(|&index| {
+        let free = work
+            .shards
+            .get(&index)
+            .map(|shard| shard.record.state.free_count());
+        let is_static = work.layout.get(index).is_some_and(|span| span.is_static());
+        (is_static, free.unwrap_or(u32::MAX))
+    });
+    let mut take = 2;
+    while take < order.len() {
+        let windows: BTreeSet<u16> = present
+            .iter()
+            .chain(order.iter().take(take))
+            .copied()
+            .collect();
+        match decide(&work.union_record_of(&windows), uid, owner, operation, rng) {
+            Err(Refusal::Core { .. }) => take *= 2,
+            other => return other,
+        }
+    }
+    decide(&work.union_record(), uid, owner, operation, rng)
+}
+
+/// Each pair of neighbouring windows of the layout (with `only` among them, when given).
+fn neighbours(work: &CopyRecord, only: Option<u16>) -> impl Iterator<Item = BTreeSet<u16>> + '_ {
+    let spans = work.layout.shards();
+    spans
+        .windows(2)
+        .filter(|pair| pair[0].index + 1 == pair[1].index)
+        .map(|pair| BTreeSet::from([pair[0].index, pair[1].index]))
+        .filter(move |pair| only.is_none_or(|only| pair.contains(&only)))
+}
+
+/// The best of the records (a window, or windows joined) that take the owner whole: the
+/// fewest static-band ports (KEP-3668: automatic ports use the static band only when the
+/// dynamic band cannot take them), then the tightest fit across the whole copy (the shortest
+/// free run its largest new block cuts, window edges ignored: runs too long for it stay whole
+/// for larger owners), then the fullest record. Among equals the first, so candidates in the
+/// owner's home order keep owners apart. `None` when none takes it.
+fn best_place<'a>(
+    records: impl Iterator<Item = Cow<'a, WindowRecord>>,
+    runs: &FreeRuns,
+    before: &Holdings,
+    uid: &str,
+    owner: &str,
+    operation: &Operation,
+    rng: &mut impl Rng,
+) -> Result<Option<Decision>, Refusal> {
+    let mut best: Option<((usize, u32, u32), Decision)> = None;
+    for record in records {
+        let decision = match decide(&record, uid, owner, operation, rng) {
+            Err(Refusal::Core { .. }) => continue,
+            other => other?,
+        };
+        let state = &record.state;
+        let statics = decision
+            .holdings()
+            .iter()
+            .flat_map(|(_, block)| block.ports())
+            .filter(|&port| state.band_of(port) == Some(Band::Static))
+            .count();
+        let key = (
+            statics,
+            runs.fit(before, decision.holdings()),
+            state.free_count(),
+        );
+        if best.as_ref().is_none_or(|(best_key, _)| key < *best_key) {
+            best = Some((key, decision));
+        }
+    }
+    Ok(best.map(|(_, decision)| decision))
+}
