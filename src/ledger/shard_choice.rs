@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rand::Rng;
 
-use crate::core::{Holdings, SlotKey, Want, desired_slots};
+use crate::core::{Holdings, SlotKey, Want, desired_slots, plan_slots};
 
 use super::copy_record::{CopyRecord, ShardWrite};
 use super::decision::{Decision, Operation, decide};
@@ -237,6 +237,10 @@ fn decide_spread(
         Operation::Release { role } => kept_slots(&seen.before, role.as_deref()),
         Operation::Remove => return Some((remove_everywhere(work, seen), None)),
     };
+    // A spread workload that holds what it asks for (every resync of it): nothing to decide.
+    if whole.is_none() && plan_slots(desired.clone(), &seen.before).is_noop() {
+        return Some((ItemOutcome::Unchanged(seen.before), None));
+    }
     // Its largest pod, as asked or as held: what the copies it may use depend on.
     let ports_per_pod = seen
         .operation
