@@ -37,6 +37,11 @@
 //!   hold and `nodeReuse: 4`: pods Pending for their ports while a node has their GPUs, per seed,
 //!   and the same fleet with `nodeReuse: 1` (fleet.rs; a control plane of its own per run).
 //!
+//! - 2s: the scalability envelope's pods (issue 34): 15,000 PortAllocations x 10 pods x 5 ports
+//!   (750,000 holdings) in one 27,000-port pool with `nodeReuse: 32`: one `sync --all -A` (where
+//!   its time goes), shards and bytes stored, `pool describe` and `get -A`, `sync --watch` from
+//!   empty (time, peak memory), and webhook admission during a burst of 1,000 labelled pods.
+//!
 //! - 2j: the fine-grained compare-and-swap lever (JSON Patch `test` of one block) against a
 //!   whole-object compare-and-swap, on a ConfigMap stand-in of a pool record's size.
 //!
@@ -59,6 +64,7 @@ mod controlplane;
 #[path = "../../tests/common/controllers.rs"]
 mod controllers;
 mod encodings;
+mod envelope;
 mod filling;
 mod fleet;
 mod fleet_count;
@@ -236,6 +242,15 @@ async fn measure(plane: &ControlPlane, scale: &Scale) -> anyhow::Result<(Vec<Row
             scale.group
         );
         rows.extend(group_commit::group_commit(plane, &admin, scale.group).await?);
+    }
+    // Also while the cluster holds no other PortAllocation (`sync --all -A`); it deletes its
+    // PortAllocations and pods when done.
+    if scale.wants("2s") {
+        eprintln!("2s: the envelope, 15,000 PortAllocations x 10 pods x 5 ports");
+        rows.extend(or_failed(
+            "2s",
+            envelope::measure(plane, &admin, scale.quick).await,
+        )?);
     }
     if scale.wants("2i") {
         rows.extend(encodings::record_sizes()?);

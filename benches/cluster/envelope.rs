@@ -1,0 +1,762 @@
+//! 2s: the Kubernetes scalability envelope's pods (issue 34, goal 3): 15,000 PortAllocations ×
+//! one role of 10 replicas × 5 PodScoped ports (750,000 holdings, 150,000 pods' ports) in one
+//! pool of 27,000 ports with `nodeReuse: 32` (about 28 copies are needed).
+//!
+//! - set A, in its own pool: created by 16 clients (setup, its time said), then allocated by
+//!   one `kubectl portalloc sync --all -A -v 2` (the release binary under `cargo bench`): wall
+//!   time, peak memory, and where the time goes from the request log, each line stamped as it
+//!   arrives (list, read of the record, decision, shard writes, status writes), beside the API
+//!   server's own time per request;
+//! - the shards stored for it (count, bytes of their JSON as read), `pool describe` and `get -A`;
+//! - set B, in a second pool of the same shape: created, then `sync --watch` started from
+//!   nothing (the pod webhook served beside, as the chart runs it) until every PortAllocation
+//!   is Ready; the watcher's peak memory (VmHWM);
+//! - with that record in place, a burst of labelled hostNetwork pods (10 per PortAllocation)
+//!   created by 16 clients through the watcher's webhook: create latency as the client sees it,
+//!   and the webhook's own `portalloc_admission_duration_seconds` histogram.
+//!
+//! Runs right after 2h, on a cluster holding no other PortAllocation (so `-A` sees only set A),
+//! and deletes its PortAllocations and pods afterwards (their shards stay: later cells use
+//! other pools).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use portalloc::api::{PortAllocation, PortPool, PortPoolShard, PortPoolSpec, StaticBandSetting};
+use portalloc::ledger::recorded_holdings;
+
+use crate::controlplane::ControlPlane;
+use crate::webhook::{Log, WebhookCommand};
+use crate::{Row, cli, dash, metrics, workload, yes_no};
+
+const REPLICAS: u32 = 10;
+const PORTS_PER_POD: u32 = 5;
+const NODE_REUSE: i32 = 32;
+const CREATORS: usize = 16;
+
+struct Size {
+    owners: usize,
+    /// The two pools' ranges: set A's (sync --all) and set B's (the watcher).
+    ranges: [&'static str; 2],
+    ports: u32,
+    burst: usize,
+    cli_runs: usize,
+    /// How long the watcher may take before the cell reports how far it got.
+    watcher_deadline: Duration,
+    poll: Duration,
+}
+
+impl Size {
+    fn new(quick: bool) -> Size {
+        if quick {
+            Size {
+                owners: 40,
+                ranges: ["10000-10099", "37000-37099"],
+                ports: 100,
+                burst: 20,
+                cli_runs: 1,
+                watcher_deadline: Duration::from_secs(120),
+                poll: Duration::from_millis(200),
+            }
+        } else {
+            Size {
+                owners: 15_000,
+                ranges: ["10000-36999", "37000-63999"],
+                ports: 27_000,
+                burst: 1_000,
+                cli_runs: 3,
+                watcher_deadline: Duration::from_secs(15 * 60),
+                poll: Duration::from_secs(5),
+            }
+        }
+    }
+}
+
+pub async fn measure(
+    plane: &ControlPlane,
+    admin: &Client,
+    quick: bool,
+) -> anyhow::Result<Vec<Row>> {
+    let size = Size::new(quick);
+    let holdings = size.owners as u64 * u64::from(REPLICAS * PORTS_PER_POD);
+    let shape = format!(
+        "{} PortAllocations × {REPLICAS} pods × {PORTS_PER_POD} PodScoped ports ({holdings} holdings) \
+         into one {}-port pool, `nodeReuse: {NODE_REUSE}`",
+        size.owners, size.ports
+    );
+    let clients = plane.clients(CREATORS).await?;
+    let mut rows = Vec::new();
+
+    // ---- set A: one `sync --all -A` -----------------------------------------------------
+    let (ns_a, pool_a) = ("envelope-a", "envelope-a");
+    workload::create_namespace(admin, ns_a).await?;
+    create_reuse_pool(admin, pool_a, size.ranges[0]).await?;
+    let created_a = apply(&clients, ns_a, pool_a, size.owners).await?;
+    eprintln!(
+        "  2s: {} PortAllocations created in {:.1} s; sync --all -A",
+        size.owners,
+        created_a.as_secs_f64()
+    );
+    let durations_before = metrics::scrape_durations(admin).await?;
+    let sync = sync_all(&plane.kubeconfig)?;
+    // Fresh connections: the admin's sat idle through the sync.
+    let admin = &plane.client().await?;
+    let durations_after = metrics::scrape_durations(admin).await?;
+    ensure!(
+        sync.success,
+        "sync --all -A: {}",
+        sync.lines
+            .iter()
+            .rev()
+            .take(5)
+            .map(|(_, l)| l.as_str())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let log_path = std::env::temp_dir().join("2s-sync-all.log");
+    std::fs::write(
+        &log_path,
+        sync.lines
+            .iter()
+            .map(|(t, l)| format!("{:.3} {l}\n", t.as_secs_f64()))
+            .collect::<String>(),
+    )?;
+    let ready_a = count_ready(admin, ns_a).await?;
+    let phases = Phases::of(&sync);
+    let server = |verb, resource, subresource| {
+        let (ms, count) = metrics::mean_duration_ms(
+            &durations_before,
+            &durations_after,
+            verb,
+            "portalloc.dev",
+            resource,
+            subresource,
+        );
+        format!(
+            "{verb} {resource}{}{subresource} {ms:.1} ms ×{count}",
+            if subresource.is_empty() { "" } else { "/" }
+        )
+    };
+    let wall = sync.wall.as_secs_f64();
+    rows.push(Row {
+        id: "2s",
+        what: format!(
+            "`kubectl portalloc sync --all -A` of {shape} (created beforehand by {CREATORS} \
+             clients in {:.0} s): wall time, Ready afterwards, peak memory of the CLI",
+            created_a.as_secs_f64()
+        ),
+        ours: format!(
+            "**{wall:.1} s**; {ready_a} of {} Ready; {} shard writes, {} status writes (widening \
+             ones included), {} 409s; \
+             CLI peak RSS {:.0} MiB",
+            size.owners,
+            phases.shard_writes,
+            phases.status_writes,
+            phases.conflicts,
+            sync.max_rss_kib as f64 / 1024.0
+        ),
+        anchor: dash(),
+        ratio: dash(),
+        target: "≤ 300 s".into(),
+        met: yes_no(ready_a == size.owners && wall <= 300.0),
+    });
+    rows.push(Row {
+        id: "2s",
+        what: "… where its time goes (request log lines stamped as they arrive; \
+               API server's mean time per request from `apiserver_request_duration_seconds`)"
+            .into(),
+        ours: format!(
+            "{}; server: {}",
+            phases.describe(sync.wall),
+            [
+                server("LIST", "portallocations", ""),
+                server("LIST", "portpoolshards", ""),
+                server("POST", "portpoolshards", ""),
+                server("PUT", "portpoolshards", "status"),
+                server("PUT", "portallocations", "status"),
+            ]
+            .join(", ")
+        ),
+        anchor: dash(),
+        ratio: dash(),
+        target: dash(),
+        met: dash(),
+    });
+
+    let (shards, bytes, held) = stored(admin, pool_a, ns_a).await?;
+    rows.push(Row {
+        id: "2s",
+        what: "… shards stored for it (PortPoolShard objects of the pool; bytes of their JSON \
+               as read, metadata included)"
+            .into(),
+        ours: format!(
+            "{shards} shards, {:.1} MB ({:.1} bytes per holding; largest {:.1} kB); {held} \
+             ports on the PortAllocations' statuses",
+            bytes.0 as f64 / 1e6,
+            bytes.0 as f64 / holdings as f64,
+            bytes.1 as f64 / 1e3
+        ),
+        anchor: dash(),
+        ratio: dash(),
+        target: dash(),
+        met: yes_no(held == holdings),
+    });
+
+    // ---- the CLI on that record ----------------------------------------------------------
+    let describe = median_of(size.cli_runs, || {
+        cli::command(&plane.kubeconfig, &["pool", "describe", pool_a])
+    });
+    let get = median_of(size.cli_runs, || {
+        cli::command(&plane.kubeconfig, &["get", "-A"])
+    });
+    rows.push(Row {
+        id: "2s",
+        what: format!(
+            "`kubectl portalloc pool describe {pool_a}` and `kubectl portalloc get -A` with that \
+             record in place ({} PortAllocations), median of {} runs each",
+            size.owners, size.cli_runs
+        ),
+        ours: format!(
+            "describe {:.2} s, get -A {:.2} s",
+            describe.as_secs_f64(),
+            get.as_secs_f64()
+        ),
+        anchor: dash(),
+        ratio: dash(),
+        target: dash(),
+        met: dash(),
+    });
+
+    // ---- set B: the watcher from empty, then a pod burst through its webhook --------------
+    let (ns_b, pool_b, system) = ("envelope-b", "envelope-b", "envelope-system");
+    for ns in [ns_b, system] {
+        workload::create_namespace(admin, ns).await?;
+    }
+    create_reuse_pool(admin, pool_b, size.ranges[1]).await?;
+    let created_b = apply(&clients, ns_b, pool_b, size.owners).await?;
+    eprintln!(
+        "  2s: {} PortAllocations created in {:.1} s; sync --watch from empty",
+        size.owners,
+        created_b.as_secs_f64()
+    );
+    let watcher_log = std::env::temp_dir().join("2s-watcher.log");
+    let started = Instant::now();
+    let mut watcher = WebhookCommand::new(&plane.kubeconfig)
+        .watch_namespace(ns_b)
+        .webhook_namespace(system)
+        .probes()
+        .args(&["-v", "1"])
+        .env("NO_COLOR", "1")
+        .log(Log::File(watcher_log.clone()))
+        .register_timeout(Duration::from_secs(120))
+        .spawn()?;
+    watcher.wait_registered(admin).await?;
+    let registered = started.elapsed();
+    let pid = watcher.pid();
+    let mut ready_b = 0;
+    let mut progress = Vec::new();
+    while started.elapsed() < size.watcher_deadline {
+        tokio::time::sleep(size.poll).await;
+        ready_b = count_ready(admin, ns_b).await?;
+        progress.push((started.elapsed(), ready_b));
+        if ready_b == size.owners {
+            break;
+        }
+    }
+    let all_ready = started.elapsed();
+    let memory_after_sync = memory_kib(pid);
+    // The first count after each whole minute.
+    let mut minute = 0;
+    let mut marks = Vec::new();
+    for (t, n) in &progress {
+        if t.as_secs() / 60 >= minute + 1 {
+            minute = t.as_secs() / 60;
+            marks.push(format!("{n} at {:.0} s", t.as_secs_f64()));
+        }
+    }
+    let trace = marks.join(", ");
+    let metrics_text = watcher.get("/metrics").unwrap_or_default();
+    let family = |name: &str| metric(&metrics_text, name);
+    rows.push(Row {
+        id: "2s",
+        what: format!(
+            "`sync --watch -n {ns_b}` (pod webhook served beside, default concurrency 4) started on \
+             {shape}, none synced (created by {CREATORS} clients in {:.0} s): until every one is \
+             Ready; its peak memory (VmHWM)",
+            created_b.as_secs_f64()
+        ),
+        ours: format!(
+            "{} in **{:.1} s** (webhook registered after {:.1} s){}; syncs {:.0}, 409s {:.0}; \
+             **VmHWM {:.0} MiB**, VmRSS {:.0} MiB",
+            if ready_b == size.owners {
+                format!("all {ready_b} Ready")
+            } else {
+                format!("**only {ready_b} of {} Ready**", size.owners)
+            },
+            all_ready.as_secs_f64(),
+            registered.as_secs_f64(),
+            if trace.is_empty() {
+                String::new()
+            } else {
+                format!(" (Ready by minute: {trace})")
+            },
+            family("portalloc_syncs_total"),
+            family("portalloc_cas_conflicts_total"),
+            memory_after_sync.0 as f64 / 1024.0,
+            memory_after_sync.1 as f64 / 1024.0,
+        ),
+        anchor: dash(),
+        ratio: dash(),
+        target: "≤ 300 s, < 1 GiB".into(),
+        met: yes_no(
+            ready_b == size.owners
+                && all_ready.as_secs_f64() <= 300.0
+                && memory_after_sync.0 < 1024 * 1024,
+        ),
+    });
+
+    // The burst: 10 pods of each of the first Ready PortAllocations.
+    let api_b: Api<PortAllocation> = Api::namespaced(admin.clone(), ns_b);
+    let mut owners: Vec<String> = workload::list_all(&api_b)
+        .await?
+        .iter()
+        .filter(|pa| is_ready(pa))
+        .map(|pa| pa.name_any())
+        .collect();
+    owners.sort();
+    owners.truncate(size.burst / REPLICAS as usize);
+    ensure!(!owners.is_empty(), "no Ready PortAllocation for the burst");
+    let pods: Vec<Pod> = owners
+        .iter()
+        .flat_map(|owner| (0..REPLICAS).map(move |r| labelled_pod(owner, r)))
+        .collect::<anyhow::Result<_>>()?;
+    let count = pods.len();
+    let histogram_before = histogram(&watcher.get("/metrics").unwrap_or_default());
+    let pods = Arc::new(pods);
+    let apis: Arc<Vec<Api<Pod>>> = Arc::new(
+        clients
+            .iter()
+            .map(|c| Api::namespaced(c.clone(), ns_b))
+            .collect(),
+    );
+    let burst = workload::drive(CREATORS, count, move |worker, item| {
+        let (apis, pods) = (apis.clone(), pods.clone());
+        async move {
+            let started = Instant::now();
+            let created = apis[worker]
+                .create(&PostParams::default(), &pods[item])
+                .await?;
+            let latency = started.elapsed();
+            let injected = created
+                .spec
+                .iter()
+                .flat_map(|s| &s.containers)
+                .flat_map(|c| c.env.iter().flatten())
+                .filter(|e| e.name.ends_with("_PORT"))
+                .count();
+            ensure!(
+                injected >= PORTS_PER_POD as usize,
+                "pod {} admitted with {injected} port variables",
+                created.name_any()
+            );
+            Ok(workload::Sample {
+                latency,
+                ports: injected as u64,
+                attempts: 1,
+                conflicts: 0,
+            })
+        }
+    })
+    .await;
+    let metrics_after = watcher.get("/metrics").unwrap_or_default();
+    let histogram_after = histogram(&metrics_after);
+    let memory_end = memory_kib(pid);
+    let (p50_bound, p99_bound, mean_ms, admitted) =
+        histogram_figures(&histogram_before, &histogram_after);
+    let (p50, p99) = (burst.percentile_ms(50.0), burst.percentile_ms(99.0));
+    rows.push(Row {
+        id: "2s",
+        what: format!(
+            "webhook admission during a burst of {count} labelled hostNetwork pods ({} \
+             PortAllocations × {REPLICAS}) created by {CREATORS} clients with that record in \
+             place: create latency as the client sees it (API server + webhook), and the \
+             webhook's own `portalloc_admission_duration_seconds` (bucket bounds)",
+            owners.len()
+        ),
+        ours: format!(
+            "client p50 {p50:.1} ms, **p99 {p99:.1} ms**, {:.0} pods/s{}; webhook: {admitted} \
+             answers, mean {mean_ms:.1} ms, p50 ≤ {p50_bound}, p99 ≤ {p99_bound}; watcher VmHWM \
+             afterwards {:.0} MiB",
+            burst.ops as f64 / burst.wall.as_secs_f64(),
+            match burst.failures.first() {
+                Some(first) => format!("; **{} failed** (first: {first})", burst.failures.len()),
+                None => String::new(),
+            },
+            memory_end.0 as f64 / 1024.0,
+        ),
+        anchor: dash(),
+        ratio: dash(),
+        target: "p99 < 50 ms".into(),
+        met: yes_no(burst.failures.is_empty() && p99 < 50.0),
+    });
+    drop(watcher);
+
+    // Leave the cluster as the later cells expect it: no PortAllocation, no pod.
+    let admin = &plane.client().await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns_b);
+    let _ = pods
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    for ns in [ns_a, ns_b] {
+        let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
+        if let Err(e) = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+        {
+            eprintln!("  2s: deleting the PortAllocations of {ns}: {e}");
+        }
+    }
+    Ok(rows)
+}
+
+/// A pool as `pool create --node-reuse 32` makes it.
+async fn create_reuse_pool(client: &Client, name: &str, range: &str) -> anyhow::Result<()> {
+    let pool = PortPool::new(
+        name,
+        PortPoolSpec {
+            ranges: vec![range.into()],
+            exclude: vec![],
+            protocol: Default::default(),
+            static_band: StaticBandSetting::Auto,
+            node_reuse: Some(NODE_REUSE),
+            guard: None,
+        },
+    );
+    portalloc::k8s::create_pool(client, pool, true)
+        .await
+        .with_context(|| format!("create PortPool {name}"))?;
+    Ok(())
+}
+
+/// `count` new PortAllocations of one 10-replica, 5-port role, as `kubectl apply` leaves them;
+/// how long the creates took.
+async fn apply(clients: &[Client], ns: &str, pool: &str, count: usize) -> anyhow::Result<Duration> {
+    let apis: Arc<Vec<Api<PortAllocation>>> = Arc::new(
+        clients
+            .iter()
+            .map(|c| Api::namespaced(c.clone(), ns))
+            .collect(),
+    );
+    let (ns, pool) = (ns.to_string(), pool.to_string());
+    let cell = workload::drive(clients.len(), count, move |worker, item| {
+        let apis = apis.clone();
+        let pa = workload::allocation(
+            &format!("app-{item:05}"),
+            &ns,
+            &pool,
+            REPLICAS,
+            PORTS_PER_POD,
+        );
+        async move {
+            apis[worker].create(&PostParams::default(), &pa).await?;
+            Ok(workload::Sample::untimed())
+        }
+    })
+    .await;
+    ensure!(cell.failures.is_empty(), "apply: {:?}", cell.failures);
+    Ok(cell.wall)
+}
+
+/// One run of the CLI with its stderr read line by line, each line stamped on arrival.
+struct LoggedRun {
+    wall: Duration,
+    success: bool,
+    lines: Vec<(Duration, String)>,
+    max_rss_kib: i64,
+}
+
+fn sync_all(kubeconfig: &std::path::Path) -> anyhow::Result<LoggedRun> {
+    let started = Instant::now();
+    let mut child = cli::command(kubeconfig, &["sync", "--all", "-A", "-v", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("spawn sync --all")?;
+    let stderr = child.stderr.take().expect("piped");
+    let mut lines = Vec::new();
+    for line in BufReader::new(stderr).lines() {
+        lines.push((started.elapsed(), line?));
+    }
+    // wait4 rather than Child::wait: the same reaping, with the child's peak RSS.
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter; the pid is our own unreaped child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let reaped = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    ensure!(reaped > 0, "wait4: {}", std::io::Error::last_os_error());
+    Ok(LoggedRun {
+        wall: started.elapsed(),
+        success: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        lines,
+        max_rss_kib: usage.ru_maxrss,
+    })
+}
+
+/// The sync's steps, from its request log (`-v 2`: a line per request, at its answer).
+#[derive(Default)]
+struct Phases {
+    listed: Option<Duration>,
+    read: Option<Duration>,
+    shard_first: Option<Duration>,
+    shard_last: Option<Duration>,
+    status_first: Option<Duration>,
+    status_last: Option<Duration>,
+    shard_writes: usize,
+    status_writes: usize,
+    conflicts: usize,
+    passes: Vec<String>,
+}
+
+impl Phases {
+    fn of(run: &LoggedRun) -> Phases {
+        let mut p = Phases::default();
+        for (at, line) in &run.lines {
+            let at = Some(*at);
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let Some(i) = words
+                .iter()
+                .position(|w| ["GET", "PUT", "POST"].contains(w))
+            else {
+                if line.contains("shard writes") {
+                    p.passes
+                        .push(line.trim_start_matches(" INFO ").trim().to_string());
+                }
+                continue;
+            };
+            let (method, path) = (words[i], words.get(i + 1).copied().unwrap_or_default());
+            let code = words.get(i + 2).copied().unwrap_or_default();
+            if code == "409" {
+                p.conflicts += 1;
+            }
+            let resource = path.split('?').next().unwrap_or_default();
+            if method == "GET" && resource.ends_with("/portallocations") {
+                p.listed = at;
+            } else if method == "GET" && resource.ends_with("/portpoolshards") {
+                p.read = p.read.or(at);
+            } else if resource.contains("/portpoolshards") && method != "GET" {
+                p.shard_first = p.shard_first.or(at);
+                p.shard_last = at;
+                if method == "PUT" {
+                    p.shard_writes += 1;
+                }
+            } else if method == "PUT" && resource.contains("/portallocations/") {
+                p.status_first = p.status_first.or(at);
+                p.status_last = at;
+                p.status_writes += 1;
+            }
+        }
+        p
+    }
+
+    fn describe(&self, wall: Duration) -> String {
+        let s = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
+        let listed = s(self.listed);
+        let read = s(self.read);
+        format!(
+            "start and LIST of the PortAllocations {listed:.1} s; pool and shards read by {read:.1} s; \
+             decision (pass 1) until the first shard write's answer {:.1} s; shard writes (both \
+             passes, widening status writes between) {:.1}–{:.1} s; {} status writes answered \
+             {:.1}–{:.1} s; exit {:.1} s{}",
+            s(self.shard_first) - read,
+            s(self.shard_first),
+            s(self.shard_last),
+            self.status_writes,
+            s(self.status_first),
+            s(self.status_last),
+            wall.as_secs_f64(),
+            if self.passes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", self.passes.join("; "))
+            }
+        )
+    }
+}
+
+/// The pool's shards: how many, (total, largest) bytes of their JSON; and the ports the
+/// statuses of `namespace`'s PortAllocations record.
+async fn stored(
+    admin: &Client,
+    pool: &str,
+    namespace: &str,
+) -> anyhow::Result<(usize, (usize, usize), u64)> {
+    let api: Api<PortPoolShard> = Api::all(admin.clone());
+    let mut params = ListParams::default()
+        .fields(&format!("spec.pool={pool}"))
+        .limit(200);
+    let (mut count, mut total, mut largest, mut held) = (0, 0, 0, 0u64);
+    loop {
+        let page = api.list(&params).await?;
+        for shard in &page.items {
+            let bytes = serde_json::to_vec(shard)?.len();
+            count += 1;
+            total += bytes;
+            largest = largest.max(bytes);
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    let allocations: Api<PortAllocation> = Api::namespaced(admin.clone(), namespace);
+    for pa in workload::list_all(&allocations).await? {
+        if let Some(status) = &pa.status {
+            held += recorded_holdings(status).ports().count() as u64;
+        }
+    }
+    Ok((count, (total, largest), held))
+}
+
+fn is_ready(pa: &PortAllocation) -> bool {
+    pa.status.as_ref().is_some_and(|s| {
+        s.observed_generation == pa.metadata.generation
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+async fn count_ready(admin: &Client, ns: &str) -> anyhow::Result<usize> {
+    let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
+    Ok(workload::list_all(&api)
+        .await?
+        .iter()
+        .filter(|pa| is_ready(pa))
+        .count())
+}
+
+/// Pod `r` of `owner`'s role, labelled for the webhook, on the host's network.
+fn labelled_pod(owner: &str, r: u32) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": format!("{owner}-{r}"),
+            "labels": {
+                portalloc::api::POD_ALLOCATION_LABEL: owner,
+                portalloc::api::POD_ROLE_LABEL: "worker",
+            },
+        },
+        "spec": {
+            "hostNetwork": true,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }))?)
+}
+
+/// (VmHWM, VmRSS) of a process, in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// The sum of a metric family's samples in a Prometheus text (0 when absent).
+fn metric(text: &str, family: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `portalloc_admission_duration_seconds`: cumulative bucket counts by bound, sum and count.
+struct Histogram {
+    buckets: BTreeMap<String, f64>,
+    sum: f64,
+    count: f64,
+}
+
+fn histogram(text: &str) -> Histogram {
+    let family = "portalloc_admission_duration_seconds";
+    let mut buckets = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(&format!("{family}_bucket{{")) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let Some(le) = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("le=\""))
+            .map(|l| l.trim_end_matches('"').to_string())
+        else {
+            continue;
+        };
+        *buckets.entry(le).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    Histogram {
+        buckets,
+        sum: metric(text, &format!("{family}_sum")),
+        count: metric(text, &format!("{family}_count")),
+    }
+}
+
+/// (p50 bound, p99 bound, mean ms, answers) of the admissions between two scrapes.
+fn histogram_figures(before: &Histogram, after: &Histogram) -> (String, String, f64, u64) {
+    let count = after.count - before.count;
+    let mean_ms = (after.sum - before.sum) * 1e3 / count.max(1.0);
+    let mut bounds: Vec<(f64, String, f64)> = after
+        .buckets
+        .iter()
+        .map(|(le, n)| {
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::INFINITY)
+            };
+            let grew = n - before.buckets.get(le).copied().unwrap_or(0.0);
+            (bound, le.clone(), grew)
+        })
+        .collect();
+    bounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let bound_at = |q: f64| {
+        let rank = (q * count).ceil().max(1.0);
+        bounds
+            .iter()
+            .find(|(_, _, n)| *n >= rank)
+            .map_or_else(dash, |(b, le, _)| {
+                if b.is_finite() {
+                    format!("{:.0} ms", b * 1e3)
+                } else {
+                    le.clone()
+                }
+            })
+    };
+    (
+        bound_at(0.50),
+        bound_at(0.99),
+        mean_ms,
+        count.round() as u64,
+    )
+}
+
+/// The median wall time of `runs` runs of a command.
+fn median_of(runs: usize, make: impl FnMut() -> Command) -> Duration {
+    let mut times = cli::time_runs(runs.max(1), make);
+    times.sort();
+    times[times.len() / 2]
+}
