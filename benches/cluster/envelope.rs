@@ -157,8 +157,8 @@ pub async fn measure(
              ones included), {} 409s; \
              CLI peak RSS {:.0} MiB",
             size.owners,
-            phases.shard_writes,
-            phases.status_writes,
+            phases.shard_writes.len(),
+            phases.status_write_count(),
             phases.conflicts,
             sync.max_rss_kib as f64 / 1024.0
         ),
@@ -508,26 +508,30 @@ fn sync_all(kubeconfig: &std::path::Path) -> anyhow::Result<LoggedRun> {
     })
 }
 
-/// The sync's steps, from its request log (`-v 2`: a line per request, at its answer).
+/// The sync's steps, from its request log (`-v 2`: a line per request, at its answer) and its
+/// `-v 1` line at the end of each pass's shard writes.
 #[derive(Default)]
 struct Phases {
-    listed: Option<Duration>,
-    read: Option<Duration>,
-    shard_first: Option<Duration>,
-    shard_last: Option<Duration>,
-    status_first: Option<Duration>,
-    status_last: Option<Duration>,
-    shard_writes: usize,
-    status_writes: usize,
+    /// The last page of the PortAllocations' LIST.
+    listed: f64,
+    /// The LIST of the pool's shards (the record read).
+    read: f64,
+    /// The ends of the passes' shard writes.
+    passes: Vec<(f64, String)>,
+    /// Shard writes (PUT of a shard's status) and creates (POST), with their times.
+    shard_writes: Vec<f64>,
+    shard_creates: Vec<f64>,
+    /// PortAllocation status writes: before the last shard write they widen statuses (pass 2),
+    /// after it they are the final ones.
+    status_writes: Vec<f64>,
     conflicts: usize,
-    passes: Vec<String>,
 }
 
 impl Phases {
     fn of(run: &LoggedRun) -> Phases {
         let mut p = Phases::default();
         for (at, line) in &run.lines {
-            let at = Some(*at);
+            let at = at.as_secs_f64();
             let words: Vec<&str> = line.split_whitespace().collect();
             let Some(i) = words
                 .iter()
@@ -535,55 +539,75 @@ impl Phases {
             else {
                 if line.contains("shard writes") {
                     p.passes
-                        .push(line.trim_start_matches(" INFO ").trim().to_string());
+                        .push((at, line.trim_start_matches(" INFO ").trim().to_string()));
                 }
                 continue;
             };
             let (method, path) = (words[i], words.get(i + 1).copied().unwrap_or_default());
-            let code = words.get(i + 2).copied().unwrap_or_default();
-            if code == "409" {
+            if words.get(i + 2) == Some(&"409") {
                 p.conflicts += 1;
             }
             let resource = path.split('?').next().unwrap_or_default();
-            if method == "GET" && resource.ends_with("/portallocations") {
-                p.listed = at;
-            } else if method == "GET" && resource.ends_with("/portpoolshards") {
-                p.read = p.read.or(at);
-            } else if resource.contains("/portpoolshards") && method != "GET" {
-                p.shard_first = p.shard_first.or(at);
-                p.shard_last = at;
-                if method == "PUT" {
-                    p.shard_writes += 1;
-                }
-            } else if method == "PUT" && resource.contains("/portallocations/") {
-                p.status_first = p.status_first.or(at);
-                p.status_last = at;
-                p.status_writes += 1;
+            match method {
+                "GET" if resource.ends_with("/portallocations") => p.listed = at,
+                "GET" if resource.ends_with("/portpoolshards") && p.read == 0.0 => p.read = at,
+                "POST" if resource.ends_with("/portpoolshards") => p.shard_creates.push(at),
+                "PUT" if resource.contains("/portpoolshards/") => p.shard_writes.push(at),
+                "PUT" if resource.contains("/portallocations/") => p.status_writes.push(at),
+                _ => {}
             }
         }
         p
     }
 
+    fn status_write_count(&self) -> usize {
+        self.status_writes.len()
+    }
+
     fn describe(&self, wall: Duration) -> String {
-        let s = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
-        let listed = s(self.listed);
-        let read = s(self.read);
+        let last_shard = self.shard_writes.last().copied().unwrap_or(0.0);
+        let (widen, fin): (Vec<f64>, Vec<f64>) =
+            self.status_writes.iter().partition(|&&t| t < last_shard);
+        let span = |times: &[f64]| match (times.first(), times.last()) {
+            (Some(a), Some(b)) => format!("{a:.1}–{b:.1} s"),
+            _ => "none".into(),
+        };
+        let pass1_end = self.passes.first().map_or(self.read, |(t, _)| *t);
+        let later = |times: &[f64]| -> Vec<f64> {
+            times.iter().copied().filter(|&t| t > pass1_end).collect()
+        };
+        let (pass2_writes, pass2_creates) = (later(&self.shard_writes), later(&self.shard_creates));
+        let pass2_start = widen
+            .first()
+            .copied()
+            .or(pass2_creates.first().copied())
+            .or(pass2_writes.first().copied())
+            .unwrap_or(pass1_end);
+        let mut pass2_shards = pass2_creates.clone();
+        pass2_shards.extend(&pass2_writes);
+        pass2_shards.sort_by(f64::total_cmp);
         format!(
-            "start and LIST of the PortAllocations {listed:.1} s; pool and shards read by {read:.1} s; \
-             decision (pass 1) until the first shard write's answer {:.1} s; shard writes (both \
-             passes, widening status writes between) {:.1}–{:.1} s; {} status writes answered \
-             {:.1}–{:.1} s; exit {:.1} s{}",
-            s(self.shard_first) - read,
-            s(self.shard_first),
-            s(self.shard_last),
-            self.status_writes,
-            s(self.status_first),
-            s(self.status_last),
+            "LIST of the PortAllocations done at {:.1} s; pool and shards read at {:.1} s; pass 1 \
+             ({} shard writes) done at {pass1_end:.1} s; pass 2 decided by {pass2_start:.1} s \
+             (**{:.1} s** of decision, one thread); {} widening status writes {}; pass 2's shard \
+             writes ({} creates, {} writes) {}; **{} final status writes {}**; exit {:.1} s{}",
+            self.listed,
+            self.read,
+            self.shard_writes.len() - pass2_writes.len(),
+            pass2_start - pass1_end,
+            widen.len(),
+            span(&widen),
+            pass2_creates.len(),
+            pass2_writes.len(),
+            span(&pass2_shards),
+            fin.len(),
+            span(&fin),
             wall.as_secs_f64(),
             if self.passes.is_empty() {
                 String::new()
             } else {
-                format!(" ({})", self.passes.join("; "))
+                let passes: Vec<&str> = self.passes.iter().map(|(_, l)| l.as_str()).collect();
+                format!(" ({})", passes.join("; "))
             }
         )
     }
