@@ -3,7 +3,8 @@
 //! leads: it syncs everything queued for that pool with [`Allocator::sync_many`] (one write per
 //! changed shard) and goes round again while more has queued meanwhile. The others wait for
 //! their own result. Nobody waits for a batch to fill: a lone caller is a batch of one, so a
-//! quiet watcher syncs with no added latency.
+//! quiet watcher syncs with no added latency. At most `concurrency` pools run a batch at once;
+//! a leader waiting its turn keeps gathering its pool's callers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,8 +29,9 @@ struct Queue {
 pub struct GroupCommit {
     allocator: Allocator,
     queues: Arc<Mutex<HashMap<String, Queue>>>,
-    /// How many statuses a batch writes at once.
+    /// How many statuses a batch writes at once, and how many pools run a batch at once.
     concurrency: usize,
+    rounds: Arc<tokio::sync::Semaphore>,
 }
 
 impl GroupCommit {
@@ -38,6 +40,7 @@ impl GroupCommit {
             allocator,
             queues: Arc::default(),
             concurrency: concurrency.max(1),
+            rounds: Arc::new(tokio::sync::Semaphore::new(concurrency.max(1))),
         }
     }
 
@@ -84,6 +87,8 @@ struct Leader<'a> {
 impl Leader<'_> {
     async fn drain(&self) {
         loop {
+            // Never closed, so the permit always comes.
+            let _turn = self.group_commit.rounds.acquire().await;
             let batch = {
                 let mut queues = self.group_commit.lock();
                 match queues.get_mut(self.pool) {
