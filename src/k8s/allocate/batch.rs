@@ -295,13 +295,17 @@ impl Allocator {
         }
         let committed = self.write_all(&batch.writes, sharded, label).await;
         let mut conflict = None;
+        // The writes that did not commit. (`sharded` is not updated with pass 2's writes, so
+        // `failed_shards` would take every one of them for failed, and their items would go
+        // round again: a whole read and decision more, each found unchanged.)
+        let mut failed = BTreeSet::new();
         for (write, result) in batch.writes.iter().zip(committed) {
             if let Err(e) = result {
                 self.shards.forget(&write.name);
+                failed.insert(write.key);
                 conflict = Some(e);
             }
         }
-        let failed = failed_shards(&batch.writes, sharded);
         let decided = batch
             .outcomes
             .into_iter()
