@@ -276,7 +276,7 @@ pub async fn measure(
     let mut minute = 0;
     let mut marks = Vec::new();
     for (t, n) in &progress {
-        if t.as_secs() / 60 >= minute + 1 {
+        if t.as_secs() / 60 > minute {
             minute = t.as_secs() / 60;
             marks.push(format!("{n} at {:.0} s", t.as_secs_f64()));
         }
@@ -514,8 +514,9 @@ fn sync_all(kubeconfig: &std::path::Path) -> anyhow::Result<LoggedRun> {
 struct Phases {
     /// The last page of the PortAllocations' LIST.
     listed: f64,
-    /// The LIST of the pool's shards (the record read).
+    /// The first LIST of the pool's shards (the record read), and how many there were.
     read: f64,
+    reads: usize,
     /// The ends of the passes' shard writes.
     passes: Vec<(f64, String)>,
     /// Shard writes (PUT of a shard's status) and creates (POST), with their times.
@@ -550,7 +551,12 @@ impl Phases {
             let resource = path.split('?').next().unwrap_or_default();
             match method {
                 "GET" if resource.ends_with("/portallocations") => p.listed = at,
-                "GET" if resource.ends_with("/portpoolshards") && p.read == 0.0 => p.read = at,
+                "GET" if resource.ends_with("/portpoolshards") => {
+                    p.reads += 1;
+                    if p.reads == 1 {
+                        p.read = at;
+                    }
+                }
                 "POST" if resource.ends_with("/portpoolshards") => p.shard_creates.push(at),
                 "PUT" if resource.contains("/portpoolshards/") => p.shard_writes.push(at),
                 "PUT" if resource.contains("/portallocations/") => p.status_writes.push(at),
@@ -587,12 +593,15 @@ impl Phases {
         pass2_shards.extend(&pass2_writes);
         pass2_shards.sort_by(f64::total_cmp);
         format!(
-            "LIST of the PortAllocations done at {:.1} s; pool and shards read at {:.1} s; pass 1 \
+            "LIST of the PortAllocations done at {:.1} s; pool and shards read at {:.1} s ({} \
+             read{} in all); pass 1 \
              ({} shard writes) done at {pass1_end:.1} s; pass 2 decided by {pass2_start:.1} s \
              (**{:.1} s** of decision, one thread); {} widening status writes {}; pass 2's shard \
              writes ({} creates, {} writes) {}; **{} final status writes {}**; exit {:.1} s{}",
             self.listed,
             self.read,
+            self.reads,
+            if self.reads == 1 { "" } else { "s" },
             self.shard_writes.len() - pass2_writes.len(),
             pass2_start - pass1_end,
             widen.len(),
