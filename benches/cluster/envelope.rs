@@ -437,6 +437,7 @@ async fn create_reuse_pool(client: &Client, name: &str, range: &str) -> anyhow::
             static_band: StaticBandSetting::Auto,
             node_reuse: Some(NODE_REUSE),
             guard: None,
+            follow_nodes: None,
         },
     );
     portalloc::k8s::create_pool(client, pool, true)
