@@ -19,9 +19,7 @@
 //! and deletes its PortAllocations and pods afterwards (their shards stay: later cells use
 //! other pools).
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +31,8 @@ use portalloc::api::{PortAllocation, PortPool, PortPoolShard, PortPoolSpec, Stat
 use portalloc::ledger::recorded_holdings;
 
 use crate::controlplane::ControlPlane;
+use crate::envelope_readings::{histogram, histogram_figures, memory_kib, metric};
+use crate::envelope_sync_log::{Phases, sync_all};
 use crate::webhook::{Log, WebhookCommand};
 use crate::{Row, cli, dash, metrics, workload, yes_no};
 
@@ -85,20 +85,55 @@ pub async fn measure(
     quick: bool,
 ) -> anyhow::Result<Vec<Row>> {
     let size = Size::new(quick);
-    let holdings = size.owners as u64 * u64::from(REPLICAS * PORTS_PER_POD);
-    let shape = format!(
-        "{} PortAllocations × {REPLICAS} pods × {PORTS_PER_POD} PodScoped ports ({holdings} holdings) \
-         into one {}-port pool, `nodeReuse: {NODE_REUSE}`",
-        size.owners, size.ports
-    );
     let clients = plane.clients(CREATORS).await?;
-    let mut rows = Vec::new();
+    let mut rows = sync_all_rows(plane, admin, &size, &clients).await?;
+    rows.push(cli_row(plane, &size));
+    let (row, watcher) = watcher_row(plane, &size, &clients).await?;
+    rows.push(row);
+    // Fresh connections: the admin's sat idle through the watcher's run.
+    let admin = &plane.client().await?;
+    rows.push(burst_row(admin, &size, &clients, &watcher).await?);
+    drop(watcher);
+    clean_up(plane).await;
+    Ok(rows)
+}
 
-    // ---- set A: one `sync --all -A` -----------------------------------------------------
-    let (ns_a, pool_a) = ("envelope-a", "envelope-a");
+/// The PortAllocations of set A (one `sync --all -A`) and of set B (the watcher), each in a
+/// pool of its own.
+const SET_A: &str = "envelope-a";
+const SET_B: &str = "envelope-b";
+/// Where the watcher keeps its webhook's CA Secret.
+const SYSTEM: &str = "envelope-system";
+
+impl Size {
+    fn holdings(&self) -> u64 {
+        self.owners as u64 * u64::from(REPLICAS * PORTS_PER_POD)
+    }
+
+    fn shape(&self) -> String {
+        format!(
+            "{} PortAllocations × {REPLICAS} pods × {PORTS_PER_POD} PodScoped ports ({} \
+             holdings) into one {}-port pool, `nodeReuse: {NODE_REUSE}`",
+            self.owners,
+            self.holdings(),
+            self.ports
+        )
+    }
+}
+
+/// Set A: created, then one `sync --all -A`; where its time goes, and what it stored.
+async fn sync_all_rows(
+    plane: &ControlPlane,
+    admin: &Client,
+    size: &Size,
+    clients: &[Client],
+) -> anyhow::Result<Vec<Row>> {
+    let (holdings, shape) = (size.holdings(), size.shape());
+    let mut rows = Vec::new();
+    let (ns_a, pool_a) = (SET_A, SET_A);
     workload::create_namespace(admin, ns_a).await?;
     create_reuse_pool(admin, pool_a, size.ranges[0]).await?;
-    let created_a = apply(&clients, ns_a, pool_a, size.owners).await?;
+    let created_a = apply(clients, ns_a, pool_a, size.owners).await?;
     eprintln!(
         "  2s: {} PortAllocations created in {:.1} s; sync --all -A",
         size.owners,
@@ -209,14 +244,19 @@ pub async fn measure(
         met: yes_no(held == holdings),
     });
 
-    // ---- the CLI on that record ----------------------------------------------------------
+    Ok(rows)
+}
+
+/// `pool describe` and `get -A` with set A's record in place.
+fn cli_row(plane: &ControlPlane, size: &Size) -> Row {
+    let pool_a = SET_A;
     let describe = median_of(size.cli_runs, || {
         cli::command(&plane.kubeconfig, &["pool", "describe", pool_a])
     });
     let get = median_of(size.cli_runs, || {
         cli::command(&plane.kubeconfig, &["get", "-A"])
     });
-    rows.push(Row {
+    Row {
         id: "2s",
         what: format!(
             "`kubectl portalloc pool describe {pool_a}` and `kubectl portalloc get -A` with that \
@@ -232,15 +272,24 @@ pub async fn measure(
         ratio: dash(),
         target: dash(),
         met: dash(),
-    });
+    }
+}
 
-    // ---- set B: the watcher from empty, then a pod burst through its webhook --------------
-    let (ns_b, pool_b, system) = ("envelope-b", "envelope-b", "envelope-system");
+/// Set B: created, then `sync --watch` from empty until every one is Ready; the watcher stays
+/// up for the burst.
+async fn watcher_row(
+    plane: &ControlPlane,
+    size: &Size,
+    clients: &[Client],
+) -> anyhow::Result<(Row, crate::webhook::Webhook)> {
+    let admin = &plane.client().await?;
+    let shape = size.shape();
+    let (ns_b, pool_b, system) = (SET_B, SET_B, SYSTEM);
     for ns in [ns_b, system] {
         workload::create_namespace(admin, ns).await?;
     }
     create_reuse_pool(admin, pool_b, size.ranges[1]).await?;
-    let created_b = apply(&clients, ns_b, pool_b, size.owners).await?;
+    let created_b = apply(clients, ns_b, pool_b, size.owners).await?;
     eprintln!(
         "  2s: {} PortAllocations created in {:.1} s; sync --watch from empty",
         size.owners,
@@ -284,7 +333,7 @@ pub async fn measure(
     let trace = marks.join(", ");
     let metrics_text = watcher.get("/metrics").unwrap_or_default();
     let family = |name: &str| metric(&metrics_text, name);
-    rows.push(Row {
+    let row = Row {
         id: "2s",
         what: format!(
             "`sync --watch -n {ns_b}` (pod webhook served beside, default concurrency 4) started on \
@@ -320,9 +369,18 @@ pub async fn measure(
                 && all_ready.as_secs_f64() <= 300.0
                 && memory_after_sync.0 < 1024 * 1024,
         ),
-    });
+    };
+    Ok((row, watcher))
+}
 
-    // The burst: 10 pods of each of the first Ready PortAllocations.
+/// With set B's record in place: a burst of labelled pods through the watcher's webhook.
+async fn burst_row(
+    admin: &Client,
+    size: &Size,
+    clients: &[Client],
+    watcher: &crate::webhook::Webhook,
+) -> anyhow::Result<Row> {
+    let ns_b = SET_B;
     let api_b: Api<PortAllocation> = Api::namespaced(admin.clone(), ns_b);
     let mut owners: Vec<String> = workload::list_all(&api_b)
         .await?
@@ -377,11 +435,11 @@ pub async fn measure(
     .await;
     let metrics_after = watcher.get("/metrics").unwrap_or_default();
     let histogram_after = histogram(&metrics_after);
-    let memory_end = memory_kib(pid);
+    let memory_end = memory_kib(watcher.pid());
     let (p50_bound, p99_bound, mean_ms, admitted) =
         histogram_figures(&histogram_before, &histogram_after);
     let (p50, p99) = (burst.percentile_ms(50.0), burst.percentile_ms(99.0));
-    rows.push(Row {
+    Ok(Row {
         id: "2s",
         what: format!(
             "webhook admission during a burst of {count} labelled hostNetwork pods ({} \
@@ -405,11 +463,16 @@ pub async fn measure(
         ratio: dash(),
         target: "p99 < 50 ms".into(),
         met: yes_no(burst.failures.is_empty() && p99 < 50.0),
-    });
-    drop(watcher);
+    })
+}
 
-    // Leave the cluster as the later cells expect it: no PortAllocation, no pod.
-    let admin = &plane.client().await?;
+/// Leave the cluster as the later cells expect it: no PortAllocation, no pod.
+async fn clean_up(plane: &ControlPlane) {
+    let Ok(admin) = plane.client().await else {
+        eprintln!("  2s: no client to delete its PortAllocations and pods with");
+        return;
+    };
+    let (ns_a, ns_b) = (SET_A, SET_B);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns_b);
     let _ = pods
         .delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -423,7 +486,6 @@ pub async fn measure(
             eprintln!("  2s: deleting the PortAllocations of {ns}: {e}");
         }
     }
-    Ok(rows)
 }
 
 /// A pool as `pool create --node-reuse 32` makes it.
@@ -473,154 +535,6 @@ async fn apply(clients: &[Client], ns: &str, pool: &str, count: usize) -> anyhow
     .await;
     ensure!(cell.failures.is_empty(), "apply: {:?}", cell.failures);
     Ok(cell.wall)
-}
-
-/// One run of the CLI with its stderr read line by line, each line stamped on arrival.
-struct LoggedRun {
-    wall: Duration,
-    success: bool,
-    lines: Vec<(Duration, String)>,
-    max_rss_kib: i64,
-}
-
-fn sync_all(kubeconfig: &std::path::Path) -> anyhow::Result<LoggedRun> {
-    let started = Instant::now();
-    let mut child = cli::command(kubeconfig, &["sync", "--all", "-A", "-v", "2"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("spawn sync --all")?;
-    let stderr = child.stderr.take().expect("piped");
-    let mut lines = Vec::new();
-    for line in BufReader::new(stderr).lines() {
-        lines.push((started.elapsed(), line?));
-    }
-    // wait4 rather than Child::wait: the same reaping, with the child's peak RSS.
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid out-parameter; the pid is our own unreaped child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let reaped = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    ensure!(reaped > 0, "wait4: {}", std::io::Error::last_os_error());
-    Ok(LoggedRun {
-        wall: started.elapsed(),
-        success: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        lines,
-        max_rss_kib: usage.ru_maxrss,
-    })
-}
-
-/// The sync's steps, from its request log (`-v 2`: a line per request, at its answer) and its
-/// `-v 1` line at the end of each pass's shard writes.
-#[derive(Default)]
-struct Phases {
-    /// The last page of the PortAllocations' LIST.
-    listed: f64,
-    /// The first LIST of the pool's shards (the record read), and how many there were.
-    read: f64,
-    reads: usize,
-    /// The ends of the passes' shard writes.
-    passes: Vec<(f64, String)>,
-    /// Shard writes (PUT of a shard's status) and creates (POST), with their times.
-    shard_writes: Vec<f64>,
-    shard_creates: Vec<f64>,
-    /// PortAllocation status writes: before the last shard write they widen statuses (pass 2),
-    /// after it they are the final ones.
-    status_writes: Vec<f64>,
-    conflicts: usize,
-}
-
-impl Phases {
-    fn of(run: &LoggedRun) -> Phases {
-        let mut p = Phases::default();
-        for (at, line) in &run.lines {
-            let at = at.as_secs_f64();
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let Some(i) = words
-                .iter()
-                .position(|w| ["GET", "PUT", "POST"].contains(w))
-            else {
-                if line.contains("shard writes") {
-                    p.passes
-                        .push((at, line.trim_start_matches(" INFO ").trim().to_string()));
-                }
-                continue;
-            };
-            let (method, path) = (words[i], words.get(i + 1).copied().unwrap_or_default());
-            if words.get(i + 2) == Some(&"409") {
-                p.conflicts += 1;
-            }
-            let resource = path.split('?').next().unwrap_or_default();
-            match method {
-                "GET" if resource.ends_with("/portallocations") => p.listed = at,
-                "GET" if resource.ends_with("/portpoolshards") => {
-                    p.reads += 1;
-                    if p.reads == 1 {
-                        p.read = at;
-                    }
-                }
-                "POST" if resource.ends_with("/portpoolshards") => p.shard_creates.push(at),
-                "PUT" if resource.contains("/portpoolshards/") => p.shard_writes.push(at),
-                "PUT" if resource.contains("/portallocations/") => p.status_writes.push(at),
-                _ => {}
-            }
-        }
-        p
-    }
-
-    fn status_write_count(&self) -> usize {
-        self.status_writes.len()
-    }
-
-    fn describe(&self, wall: Duration) -> String {
-        let last_shard = self.shard_writes.last().copied().unwrap_or(0.0);
-        let (widen, fin): (Vec<f64>, Vec<f64>) =
-            self.status_writes.iter().partition(|&&t| t < last_shard);
-        let span = |times: &[f64]| match (times.first(), times.last()) {
-            (Some(a), Some(b)) => format!("{a:.1}–{b:.1} s"),
-            _ => "none".into(),
-        };
-        let pass1_end = self.passes.first().map_or(self.read, |(t, _)| *t);
-        let later = |times: &[f64]| -> Vec<f64> {
-            times.iter().copied().filter(|&t| t > pass1_end).collect()
-        };
-        let (pass2_writes, pass2_creates) = (later(&self.shard_writes), later(&self.shard_creates));
-        let pass2_start = widen
-            .first()
-            .copied()
-            .or(pass2_creates.first().copied())
-            .or(pass2_writes.first().copied())
-            .unwrap_or(pass1_end);
-        let mut pass2_shards = pass2_creates.clone();
-        pass2_shards.extend(&pass2_writes);
-        pass2_shards.sort_by(f64::total_cmp);
-        format!(
-            "LIST of the PortAllocations done at {:.1} s; pool and shards read at {:.1} s ({} \
-             read{} in all); pass 1 \
-             ({} shard writes) done at {pass1_end:.1} s; pass 2 decided by {pass2_start:.1} s \
-             (**{:.1} s** of decision, one thread); {} widening status writes {}; pass 2's shard \
-             writes ({} creates, {} writes) {}; **{} final status writes {}**; exit {:.1} s{}",
-            self.listed,
-            self.read,
-            self.reads,
-            if self.reads == 1 { "" } else { "s" },
-            self.shard_writes.len() - pass2_writes.len(),
-            pass2_start - pass1_end,
-            widen.len(),
-            span(&widen),
-            pass2_creates.len(),
-            pass2_writes.len(),
-            span(&pass2_shards),
-            fin.len(),
-            span(&fin),
-            wall.as_secs_f64(),
-            if self.passes.is_empty() {
-                String::new()
-            } else {
-                let passes: Vec<&str> = self.passes.iter().map(|(_, l)| l.as_str()).collect();
-                format!(" ({})", passes.join("; "))
-            }
-        )
-    }
 }
 
 /// The pool's shards: how many, (total, largest) bytes of their JSON; and the ports the
@@ -690,102 +604,6 @@ fn labelled_pod(owner: &str, r: u32) -> anyhow::Result<Pod> {
             "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
         },
     }))?)
-}
-
-/// (VmHWM, VmRSS) of a process, in KiB.
-fn memory_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmHWM:"), field("VmRSS:"))
-}
-
-/// The sum of a metric family's samples in a Prometheus text (0 when absent).
-fn metric(text: &str, family: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// `portalloc_admission_duration_seconds`: cumulative bucket counts by bound, sum and count.
-struct Histogram {
-    buckets: BTreeMap<String, f64>,
-    sum: f64,
-    count: f64,
-}
-
-fn histogram(text: &str) -> Histogram {
-    let family = "portalloc_admission_duration_seconds";
-    let mut buckets = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(&format!("{family}_bucket{{")) else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let Some(le) = labels
-            .split(',')
-            .find_map(|l| l.strip_prefix("le=\""))
-            .map(|l| l.trim_end_matches('"').to_string())
-        else {
-            continue;
-        };
-        *buckets.entry(le).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
-    }
-    Histogram {
-        buckets,
-        sum: metric(text, &format!("{family}_sum")),
-        count: metric(text, &format!("{family}_count")),
-    }
-}
-
-/// (p50 bound, p99 bound, mean ms, answers) of the admissions between two scrapes.
-fn histogram_figures(before: &Histogram, after: &Histogram) -> (String, String, f64, u64) {
-    let count = after.count - before.count;
-    let mean_ms = (after.sum - before.sum) * 1e3 / count.max(1.0);
-    let mut bounds: Vec<(f64, String, f64)> = after
-        .buckets
-        .iter()
-        .map(|(le, n)| {
-            let bound = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().unwrap_or(f64::INFINITY)
-            };
-            let grew = n - before.buckets.get(le).copied().unwrap_or(0.0);
-            (bound, le.clone(), grew)
-        })
-        .collect();
-    bounds.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let bound_at = |q: f64| {
-        let rank = (q * count).ceil().max(1.0);
-        bounds
-            .iter()
-            .find(|(_, _, n)| *n >= rank)
-            .map_or_else(dash, |(b, le, _)| {
-                if b.is_finite() {
-                    format!("{:.0} ms", b * 1e3)
-                } else {
-                    le.clone()
-                }
-            })
-    };
-    (
-        bound_at(0.50),
-        bound_at(0.99),
-        mean_ms,
-        count.round() as u64,
-    )
 }
 
 /// The median wall time of `runs` runs of a command.

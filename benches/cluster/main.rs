@@ -65,6 +65,8 @@ mod controlplane;
 mod controllers;
 mod encodings;
 mod envelope;
+mod envelope_readings;
+mod envelope_sync_log;
 mod filling;
 mod fleet;
 mod fleet_count;

@@ -1,0 +1,158 @@
+//! Cell 2s's `sync --all -A`: run with its request log (`-v 2`) read line by line, each line
+//! stamped as it arrives, and what the log says of where the time went.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+
+use crate::cli;
+
+/// One run of the CLI with its stderr read line by line, each line stamped on arrival.
+pub struct LoggedRun {
+    pub wall: Duration,
+    pub success: bool,
+    pub lines: Vec<(Duration, String)>,
+    pub max_rss_kib: i64,
+}
+
+pub fn sync_all(kubeconfig: &std::path::Path) -> anyhow::Result<LoggedRun> {
+    let started = Instant::now();
+    let mut child = cli::command(kubeconfig, &["sync", "--all", "-A", "-v", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("spawn sync --all")?;
+    let stderr = child.stderr.take().expect("piped");
+    let mut lines = Vec::new();
+    for line in BufReader::new(stderr).lines() {
+        lines.push((started.elapsed(), line?));
+    }
+    // wait4 rather than Child::wait: the same reaping, with the child's peak RSS.
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter; the pid is our own unreaped child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let reaped = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    ensure!(reaped > 0, "wait4: {}", std::io::Error::last_os_error());
+    Ok(LoggedRun {
+        wall: started.elapsed(),
+        success: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        lines,
+        max_rss_kib: usage.ru_maxrss,
+    })
+}
+
+/// The sync's steps, from its request log (`-v 2`: a line per request, at its answer) and its
+/// `-v 1` line at the end of each pass's shard writes.
+#[derive(Default)]
+pub struct Phases {
+    /// The last page of the PortAllocations' LIST.
+    listed: f64,
+    /// The first LIST of the pool's shards (the record read), and how many there were.
+    read: f64,
+    reads: usize,
+    /// The ends of the passes' shard writes.
+    passes: Vec<(f64, String)>,
+    /// Shard writes (PUT of a shard's status) and creates (POST), with their times.
+    pub shard_writes: Vec<f64>,
+    shard_creates: Vec<f64>,
+    /// PortAllocation status writes: before the last shard write they widen statuses (pass 2),
+    /// after it they are the final ones.
+    status_writes: Vec<f64>,
+    pub conflicts: usize,
+}
+
+impl Phases {
+    pub fn of(run: &LoggedRun) -> Phases {
+        let mut p = Phases::default();
+        for (at, line) in &run.lines {
+            let at = at.as_secs_f64();
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let Some(i) = words
+                .iter()
+                .position(|w| ["GET", "PUT", "POST"].contains(w))
+            else {
+                if line.contains("shard writes") {
+                    p.passes
+                        .push((at, line.trim_start_matches(" INFO ").trim().to_string()));
+                }
+                continue;
+            };
+            let (method, path) = (words[i], words.get(i + 1).copied().unwrap_or_default());
+            if words.get(i + 2) == Some(&"409") {
+                p.conflicts += 1;
+            }
+            let resource = path.split('?').next().unwrap_or_default();
+            match method {
+                "GET" if resource.ends_with("/portallocations") => p.listed = at,
+                "GET" if resource.ends_with("/portpoolshards") => {
+                    p.reads += 1;
+                    if p.reads == 1 {
+                        p.read = at;
+                    }
+                }
+                "POST" if resource.ends_with("/portpoolshards") => p.shard_creates.push(at),
+                "PUT" if resource.contains("/portpoolshards/") => p.shard_writes.push(at),
+                "PUT" if resource.contains("/portallocations/") => p.status_writes.push(at),
+                _ => {}
+            }
+        }
+        p
+    }
+
+    pub fn status_write_count(&self) -> usize {
+        self.status_writes.len()
+    }
+
+    pub fn describe(&self, wall: Duration) -> String {
+        let last_shard = self.shard_writes.last().copied().unwrap_or(0.0);
+        let (widen, fin): (Vec<f64>, Vec<f64>) =
+            self.status_writes.iter().partition(|&&t| t < last_shard);
+        let span = |times: &[f64]| match (times.first(), times.last()) {
+            (Some(a), Some(b)) => format!("{a:.1}–{b:.1} s"),
+            _ => "none".into(),
+        };
+        let pass1_end = self.passes.first().map_or(self.read, |(t, _)| *t);
+        let later = |times: &[f64]| -> Vec<f64> {
+            times.iter().copied().filter(|&t| t > pass1_end).collect()
+        };
+        let (pass2_writes, pass2_creates) = (later(&self.shard_writes), later(&self.shard_creates));
+        let pass2_start = widen
+            .first()
+            .copied()
+            .or(pass2_creates.first().copied())
+            .or(pass2_writes.first().copied())
+            .unwrap_or(pass1_end);
+        let mut pass2_shards = pass2_creates.clone();
+        pass2_shards.extend(&pass2_writes);
+        pass2_shards.sort_by(f64::total_cmp);
+        format!(
+            "LIST of the PortAllocations done at {:.1} s; pool and shards read at {:.1} s ({} \
+             read{} in all); pass 1 \
+             ({} shard writes) done at {pass1_end:.1} s; pass 2 decided by {pass2_start:.1} s \
+             (**{:.1} s** of decision, one thread); {} widening status writes {}; pass 2's shard \
+             writes ({} creates, {} writes) {}; **{} final status writes {}**; exit {:.1} s{}",
+            self.listed,
+            self.read,
+            self.reads,
+            if self.reads == 1 { "" } else { "s" },
+            self.shard_writes.len() - pass2_writes.len(),
+            pass2_start - pass1_end,
+            widen.len(),
+            span(&widen),
+            pass2_creates.len(),
+            pass2_writes.len(),
+            span(&pass2_shards),
+            fin.len(),
+            span(&fin),
+            wall.as_secs_f64(),
+            if self.passes.is_empty() {
+                String::new()
+            } else {
+                let passes: Vec<&str> = self.passes.iter().map(|(_, l)| l.as_str()).collect();
+                format!(" ({})", passes.join("; "))
+            }
+        )
+    }
+}
