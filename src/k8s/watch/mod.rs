@@ -30,12 +30,14 @@ mod access;
 pub mod metrics;
 pub mod node_count;
 pub mod pool_usage;
+mod synced_lately;
 
 pub use access::{check_access, check_leader_access};
 pub use metrics::{Metrics, SyncResult};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use synced_lately::{SYNCED_LATELY, SyncedLately};
 
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::Api;
@@ -140,54 +142,6 @@ impl Readiness {
 /// ([`GroupCommit`]), and what each reconcile sends on its own (ConfigMap reads, Events;
 /// [`Context::requests`]).
 const RECONCILES_IN_FLIGHT: u16 = 1024;
-
-/// How long an object this watcher synced to Ready is taken as synced while its cached copy
-/// still says otherwise. A write's watch event can reach the cache after a reconcile queued by
-/// an earlier one has read it (pass 2 widens a status before its shards are written): that
-/// reconcile synced again, a read of the whole pool, a 409 on the stale status and a lone sync
-/// (77 of the first 659 of 15,000 new PortAllocations were synced twice so). After this long it
-/// is synced again (its status may have been overwritten since).
-const SYNCED_LATELY: Duration = Duration::from_secs(30);
-
-/// Objects synced to Ready lately.
-#[derive(Default)]
-struct SyncedLately(std::sync::Mutex<Lately>);
-
-#[derive(Default)]
-struct Lately {
-    /// UID -> (generation, when).
-    synced: std::collections::HashMap<String, (Option<i64>, Instant)>,
-    pruned: Option<Instant>,
-}
-
-impl SyncedLately {
-    fn remember(&self, pa: &PortAllocation) {
-        let Some(uid) = pa.metadata.uid.clone() else {
-            return;
-        };
-        let mut lately = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if lately.pruned.is_none_or(|t| t.elapsed() > SYNCED_LATELY) {
-            lately
-                .synced
-                .retain(|_, (_, at)| at.elapsed() < SYNCED_LATELY);
-            lately.pruned = Some(Instant::now());
-        }
-        lately
-            .synced
-            .insert(uid, (pa.metadata.generation, Instant::now()));
-    }
-
-    /// Whether `pa`'s generation was synced to Ready within [`SYNCED_LATELY`].
-    fn holds(&self, pa: &PortAllocation) -> bool {
-        let Some(uid) = &pa.metadata.uid else {
-            return false;
-        };
-        let lately = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        lately.synced.get(uid).is_some_and(|(generation, at)| {
-            *generation == pa.metadata.generation && at.elapsed() < SYNCED_LATELY
-        })
-    }
-}
 
 struct Context {
     allocator: Allocator,
