@@ -27,6 +27,7 @@
 //! never depends on it.
 
 mod access;
+mod gauges;
 pub mod metrics;
 pub mod node_count;
 pub mod pool_usage;
@@ -45,7 +46,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{
     Action, Config as ControllerConfig, Controller, Error as ControllerError,
 };
-use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::reflector::{self, reflector};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
@@ -320,7 +321,7 @@ async fn work(
             stop_rx.clone(),
         )));
     }
-    tasks.0.push(tokio::spawn(refresh_gauges(
+    tasks.0.push(tokio::spawn(gauges::refresh_gauges(
         client.clone(),
         store.clone(),
         metrics.clone(),
@@ -519,43 +520,6 @@ async fn free_deleted(
                     tracing::warn!("watching deletions: {e}");
                 }
             },
-        }
-    }
-}
-
-/// Keep the gauges current: PortAllocations by phase from the controller's cache and, with
-/// `pool_metrics` or for a `cluster_wide` watcher that may write pools' status, every pool
-/// counted from its shards, for its gauges and its status' usage summary.
-async fn refresh_gauges(
-    client: Client,
-    store: Store<PortAllocation>,
-    metrics: Metrics,
-    (pool_metrics, cluster_wide): (bool, bool),
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let keep_usage = cluster_wide && access::may_keep_usage(&client).await;
-    let mut ticker = tokio::time::interval(metrics::REFRESH);
-    loop {
-        tokio::select! {
-            _ = stop.changed() => return,
-            _ = ticker.tick() => {
-                metrics.set_allocations(store.state().iter().map(|pa| pa.as_ref()));
-                if !pool_metrics && !keep_usage {
-                    continue;
-                }
-                match pool_usage::count_pools(&client).await {
-                    Ok(count) => {
-                        metrics.set_pools(&count);
-                        if keep_usage {
-                            pool_usage::keep_usage(&client, &count).await;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!("counting pools: listing them: {e}");
-                        metrics.record_pool_list_error();
-                    }
-                }
-            }
         }
     }
 }
