@@ -17,16 +17,6 @@ fn main() -> ExitCode {
     // reported, not a silent death. So SIGPIPE stays ignored and a closed stdout ends the
     // process as SIGPIPE would have.
     end_quietly_on_closed_stdout();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return cli::Exit::Failure.code();
-        }
-    };
     // Shell completion comes before argument parsing: the words being completed are not ours to
     // validate. kubectl runs `kubectl_complete-portalloc WORDS...`: this binary under that name
     // (a symlink), or the script `completion kubectl-plugin` prints, which runs
@@ -34,16 +24,25 @@ fn main() -> ExitCode {
     let mut args = std::env::args();
     let invoked_as = args.next().unwrap_or_default();
     let rest: Vec<String> = args.collect();
-    if invoked_as.rsplit('/').next() == Some(cli::KUBECTL_COMPLETE_NAME) {
-        runtime.block_on(cli::complete(rest));
-        return cli::Exit::Ok.code();
-    }
-    if rest.first().map(String::as_str) == Some("__complete") {
-        runtime.block_on(cli::complete(rest[1..].to_vec()));
+    let completing = if invoked_as.rsplit('/').next() == Some(cli::KUBECTL_COMPLETE_NAME) {
+        Some(rest)
+    } else if rest.first().map(String::as_str) == Some("__complete") {
+        Some(rest[1..].to_vec())
+    } else {
+        None
+    };
+    if let Some(words) = completing {
+        let Some(runtime) = runtime(false) else {
+            return cli::Exit::Failure.code();
+        };
+        runtime.block_on(cli::complete(words));
         return cli::Exit::Ok.code();
     }
     let cli = Cli::parse();
     cli::init_logging(cli.global.verbosity);
+    let Some(runtime) = runtime(cli.serves()) else {
+        return cli::Exit::Failure.code();
+    };
     match runtime.block_on(cli::run(cli)) {
         Ok(()) => cli::Exit::Ok.code(),
         Err(err) => {
@@ -56,6 +55,24 @@ fn main() -> ExitCode {
                 eprintln!("error: {message}");
             }
             exit_for(&err).code()
+        }
+    }
+}
+
+/// The async runtime: one thread for a command that runs and ends (it starts fastest and nothing
+/// in it waits on another task); a worker per core for the processes that serve (`sync --watch`,
+/// `node-agent`), where the webhook must answer while the watcher decides (`k8s::cpu_bound`).
+fn runtime(serves: bool) -> Option<tokio::runtime::Runtime> {
+    let mut builder = if serves {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    match builder.enable_all().build() {
+        Ok(runtime) => Some(runtime),
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            None
         }
     }
 }

@@ -97,6 +97,18 @@ pub enum Command {
     Version(version::VersionArgs),
 }
 
+impl Cli {
+    /// Whether the command serves until stopped (`sync --watch`, `node-agent`) rather than runs
+    /// and ends: it gets an async worker per core.
+    pub fn serves(&self) -> bool {
+        match &self.command {
+            Command::Sync(args) => args.watch,
+            Command::NodeAgent(_) => true,
+            _ => false,
+        }
+    }
+}
+
 /// Run one parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let global = &cli.global;

@@ -22,6 +22,7 @@
 
 pub mod allocate;
 mod client;
+mod cpu_bound;
 mod crds;
 mod error;
 mod events;
@@ -45,6 +46,7 @@ pub use allocate::{
     delete_allocation, get_allocation, list_allocations, preview, preview_pool,
 };
 pub use client::{ClientOptions, Connection, connect};
+pub use cpu_bound::cpu_bound;
 pub use crds::install_crds;
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
 pub use events::Events;

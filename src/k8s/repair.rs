@@ -10,6 +10,7 @@ use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
 use super::allocate::{AllocateError, Allocator, SyncReport, list_in_pages};
+use super::cpu_bound;
 use super::error::{KubeError, Target};
 use super::record::ShardStore;
 use super::resources::{ALLOCATIONS, POOLS, SHARDS};
@@ -165,13 +166,15 @@ impl Repairer {
                     }
                 },
             };
-            let sharded = PoolRecord::load(PoolSnapshot::of_pool(&object), listed_shards.clone())
-                .map_err(|error| RepairError::PoolSpec {
+            let sharded = cpu_bound(|| {
+                PoolRecord::load(PoolSnapshot::of_pool(&object), listed_shards.clone())
+            })
+            .map_err(|error| RepairError::PoolSpec {
                 pool: pool.clone(),
                 error,
             })?;
             let planned = match listed.take() {
-                Some(all) => plan_pool_repair(&sharded, &listed_shards, all),
+                Some(all) => cpu_bound(|| plan_pool_repair(&sharded, &listed_shards, all)),
                 None => {
                     self.plan_sharded_alone(&sharded, &listed_shards, &mut attempts)
                         .await?

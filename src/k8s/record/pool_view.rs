@@ -6,6 +6,7 @@ use kube::{Client, ResourceExt};
 
 use super::shards::ShardStore;
 use crate::api::{PortPool, SpecError};
+use crate::k8s::cpu_bound;
 use crate::k8s::error::KubeError;
 use crate::ledger::{
     CopyBound, InUse, NodeCount, PoolRecord, PoolSnapshot, WindowRecord, record_warnings,
@@ -99,8 +100,9 @@ pub async fn pool_view(
         .status
         .as_ref()
         .and_then(|s| s.nodes_counted_at.clone());
-    Ok(PoolRecord::load(snapshot, shards).map(|record| {
-        let mut view = view_of(&record);
+    // Every holding of the pool decoded and counted: seconds for the largest pools.
+    let loaded = cpu_bound(|| PoolRecord::load(snapshot, shards).map(|record| view_of(&record)));
+    Ok(loaded.map(|mut view| {
         if let Some(nodes) = &mut view.nodes {
             nodes.counted_at = counted_at;
         }
