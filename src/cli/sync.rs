@@ -14,9 +14,6 @@ use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
 use crate::k8s::{self, Readiness, WatchOptions, get_allocation, list_allocations};
 use crate::ledger::leader_lease::lease_name;
 
-/// With --all: how many PortAllocation statuses are written at once after the shard writes.
-const STATUS_WRITES: usize = 16;
-
 /// Allocate or release ports so each PortAllocation's status matches its spec.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
@@ -127,7 +124,7 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
         }
         one
     } else {
-        session.allocator.sync_many(targets, STATUS_WRITES).await
+        session.allocator.sync_many(targets).await
     };
     for result in results {
         match result {

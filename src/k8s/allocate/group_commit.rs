@@ -29,8 +29,7 @@ struct Queue {
 pub struct GroupCommit {
     allocator: Allocator,
     queues: Arc<Mutex<HashMap<String, Queue>>>,
-    /// How many statuses a batch writes at once, and how many pools run a batch at once.
-    concurrency: usize,
+    /// How many pools run a batch at once.
     rounds: Arc<tokio::sync::Semaphore>,
 }
 
@@ -39,7 +38,6 @@ impl GroupCommit {
         GroupCommit {
             allocator,
             queues: Arc::default(),
-            concurrency: concurrency.max(1),
             rounds: Arc::new(tokio::sync::Semaphore::new(concurrency.max(1))),
         }
     }
@@ -102,11 +100,7 @@ impl Leader<'_> {
                 }
             };
             let (pas, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            let results = self
-                .group_commit
-                .allocator
-                .sync_many(pas, self.group_commit.concurrency)
-                .await;
+            let results = self.group_commit.allocator.sync_many(pas).await;
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }

@@ -139,9 +139,9 @@ impl Readiness {
 /// the pool can take, and each round reads the pool's whole record: with 4 in flight (the
 /// default `--concurrency`), 15,000 new PortAllocations in a 27,000-port pool with 28 copies went
 /// in rounds of 1 to 3, each reading the pool's shards (up to ~3,000), 379 allocated in the first
-/// 92 s. What stays at `--concurrency`: the pools synced at once and their status writes
-/// ([`GroupCommit`]), and what each reconcile sends on its own (ConfigMap reads, Events;
-/// [`Context::requests`]).
+/// 92 s. What stays at `--concurrency`: the pools synced at once ([`GroupCommit`]; a batch
+/// writes its statuses as `sync --all` does), and what each reconcile sends on its own
+/// (ConfigMap reads, Events; [`Context::requests`]).
 const RECONCILES_IN_FLIGHT: u16 = 1024;
 
 struct Context {
