@@ -39,5 +39,6 @@ mod verbs;
 mod watch;
 mod watch_batch;
 mod webhook;
+mod webhook_cache;
 mod webhook_ha;
 mod webhook_record;

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
+use super::watched::WatchedAllocations;
 use crate::api::{PortAllocation, PortAllocationStatus};
 use crate::core::{Holdings, SlotKey};
 use crate::k8s::error::{KubeError, Target};
@@ -105,6 +106,8 @@ pub struct Allocator {
     pub(super) pools: PoolCache,
     /// A pool's shards as `create`'s check just listed them, for the allocation that follows.
     pub(super) listings: ListingCache,
+    /// The watcher's PortAllocations, while one runs in this process (for the webhook).
+    watched: WatchedAllocations,
 }
 
 impl Allocator {
@@ -115,6 +118,7 @@ impl Allocator {
             shards: ShardCache::default(),
             pools: PoolCache::default(),
             listings: ListingCache::default(),
+            watched: WatchedAllocations::default(),
         }
     }
 
@@ -138,6 +142,12 @@ impl Allocator {
     /// ports against them, and what it reads afresh serves the next allocation too.
     pub fn shard_copies(&self) -> &ShardCache {
         &self.shards
+    }
+
+    /// The watcher's cache of PortAllocations, shared with its clones: lent by the watcher,
+    /// read by the pod webhook.
+    pub fn watched(&self) -> &WatchedAllocations {
+        &self.watched
     }
 
     /// Whether to decide against the shards returned by the last writes (default) or read

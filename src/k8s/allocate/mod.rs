@@ -14,6 +14,7 @@ mod group_commit;
 mod precheck;
 mod preview;
 mod sync;
+mod watched;
 mod whole_pool;
 
 pub(crate) use allocations::list_in_pages;
@@ -26,3 +27,4 @@ pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};
 pub use group_commit::GroupCommit;
 pub use preview::{DryRun, Intent, Preview, preview, preview_pool};
 pub use sync::SyncReport;
+pub use watched::{Lent, WatchedAllocations};

@@ -312,6 +312,8 @@ async fn work(
         ControllerConfig::default().concurrency(options.concurrency.max(RECONCILES_IN_FLIGHT)),
     );
     let store = controller.store();
+    // The webhook of this process reads PortAllocations from here while the work runs.
+    let _lent = allocator.watched().lend(store.clone());
     // Pools are cluster-wide: their usage is kept by the watcher of every namespace, as the
     // repair pass is, not by one confined to a namespace (a tenant's, or a webhook's).
     let cluster_wide = options.namespace.is_none();

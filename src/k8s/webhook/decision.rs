@@ -94,6 +94,19 @@ impl PodWebhook {
             return Ok(None);
         };
         let namespace = request.namespace.clone().unwrap_or_default();
+        // The watcher's cache first (no request); a cached object whose status is current
+        // either gives the pod ports the record confirms, or the pod is decided again from a
+        // fresh read: a denial is never the cache's.
+        let cached = self.allocator.watched().get(&namespace, name);
+        if let Some(pa) = cached.filter(is_current) {
+            match self.admit(pod, &pa).await {
+                Ok(patch) => return Ok(patch),
+                Err(denial) => tracing::debug!(
+                    "admission from the cached {}: {denial}; reading it afresh",
+                    owner_of(&pa)
+                ),
+            }
+        }
         let api: Api<PortAllocation> = Api::namespaced(self.client.clone(), &namespace);
         let pa = api
             .get_opt(name)
@@ -125,10 +138,19 @@ impl PodWebhook {
                 Err(e) => return Err(Denial::Sync(e)),
             }
         };
+        self.admit(pod, &pa).await
+    }
+
+    /// The pod's patch from `pa` (current): its ports, each checked against the pool's record.
+    async fn admit(
+        &self,
+        pod: &Pod,
+        pa: &PortAllocation,
+    ) -> Result<Option<json_patch::Patch>, Denial> {
         let injection = pa.pod_injection(pod)?;
-        record_check::check(&self.client, &self.allocator, &pa, &injection).await?;
+        record_check::check(&self.client, &self.allocator, pa, &injection).await?;
         let protocol = if declares_ports(pod) {
-            Some(self.protocol(&pa).await?)
+            Some(self.protocol(pa).await?)
         } else {
             None
         };
