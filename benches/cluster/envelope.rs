@@ -25,21 +25,21 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::{Client, ResourceExt};
 use portalloc::api::{PortAllocation, PortPool, PortPoolShard, PortPoolSpec, StaticBandSetting};
 use portalloc::ledger::recorded_holdings;
 
 use crate::controlplane::ControlPlane;
-use crate::envelope_readings::{histogram, histogram_figures, memory_kib, metric};
+use crate::envelope_readings::{memory_kib, metric};
 use crate::envelope_sync_log::{Phases, sync_all};
 use crate::webhook::{Log, WebhookCommand};
-use crate::{Row, cli, dash, metrics, workload, yes_no};
+use crate::{Row, cli, dash, envelope_burst, metrics, workload, yes_no};
 
-const REPLICAS: u32 = 10;
-const PORTS_PER_POD: u32 = 5;
+pub(crate) const REPLICAS: u32 = 10;
+pub(crate) const PORTS_PER_POD: u32 = 5;
 const NODE_REUSE: i32 = 32;
-const CREATORS: usize = 16;
+pub(crate) const CREATORS: usize = 16;
 
 struct Size {
     owners: usize,
@@ -92,16 +92,21 @@ pub async fn measure(
     rows.push(row);
     // Fresh connections: the admin's sat idle through the watcher's run.
     let admin = &plane.client().await?;
-    rows.push(burst_row(admin, &size, &clients, &watcher).await?);
+    rows.push(envelope_burst::burst_row(admin, size.burst, &clients, &watcher).await?);
     drop(watcher);
     clean_up(plane).await;
     Ok(rows)
 }
 
+/// Where the watcher of set B logs (each admission's `took_ms` is read from it).
+pub(crate) fn watcher_log() -> std::path::PathBuf {
+    std::env::temp_dir().join("2s-watcher.log")
+}
+
 /// The PortAllocations of set A (one `sync --all -A`) and of set B (the watcher), each in a
 /// pool of its own.
 const SET_A: &str = "envelope-a";
-const SET_B: &str = "envelope-b";
+pub(crate) const SET_B: &str = "envelope-b";
 /// Where the watcher keeps its webhook's CA Secret.
 const SYSTEM: &str = "envelope-system";
 
@@ -295,7 +300,7 @@ async fn watcher_row(
         size.owners,
         created_b.as_secs_f64()
     );
-    let watcher_log = std::env::temp_dir().join("2s-watcher.log");
+    let watcher_log = watcher_log();
     let started = Instant::now();
     let mut watcher = WebhookCommand::new(&plane.kubeconfig)
         .watch_namespace(ns_b)
@@ -371,99 +376,6 @@ async fn watcher_row(
         ),
     };
     Ok((row, watcher))
-}
-
-/// With set B's record in place: a burst of labelled pods through the watcher's webhook.
-async fn burst_row(
-    admin: &Client,
-    size: &Size,
-    clients: &[Client],
-    watcher: &crate::webhook::Webhook,
-) -> anyhow::Result<Row> {
-    let ns_b = SET_B;
-    let api_b: Api<PortAllocation> = Api::namespaced(admin.clone(), ns_b);
-    let mut owners: Vec<String> = workload::list_all(&api_b)
-        .await?
-        .iter()
-        .filter(|pa| is_ready(pa))
-        .map(|pa| pa.name_any())
-        .collect();
-    owners.sort();
-    owners.truncate(size.burst / REPLICAS as usize);
-    ensure!(!owners.is_empty(), "no Ready PortAllocation for the burst");
-    let pods: Vec<Pod> = owners
-        .iter()
-        .flat_map(|owner| (0..REPLICAS).map(move |r| labelled_pod(owner, r)))
-        .collect::<anyhow::Result<_>>()?;
-    let count = pods.len();
-    let histogram_before = histogram(&watcher.get("/metrics").unwrap_or_default());
-    let pods = Arc::new(pods);
-    let apis: Arc<Vec<Api<Pod>>> = Arc::new(
-        clients
-            .iter()
-            .map(|c| Api::namespaced(c.clone(), ns_b))
-            .collect(),
-    );
-    let burst = workload::drive(CREATORS, count, move |worker, item| {
-        let (apis, pods) = (apis.clone(), pods.clone());
-        async move {
-            let started = Instant::now();
-            let created = apis[worker]
-                .create(&PostParams::default(), &pods[item])
-                .await?;
-            let latency = started.elapsed();
-            let injected = created
-                .spec
-                .iter()
-                .flat_map(|s| &s.containers)
-                .flat_map(|c| c.env.iter().flatten())
-                .filter(|e| e.name.ends_with("_PORT"))
-                .count();
-            ensure!(
-                injected >= PORTS_PER_POD as usize,
-                "pod {} admitted with {injected} port variables",
-                created.name_any()
-            );
-            Ok(workload::Sample {
-                latency,
-                ports: injected as u64,
-                attempts: 1,
-                conflicts: 0,
-            })
-        }
-    })
-    .await;
-    let metrics_after = watcher.get("/metrics").unwrap_or_default();
-    let histogram_after = histogram(&metrics_after);
-    let memory_end = memory_kib(watcher.pid());
-    let (p50_bound, p99_bound, mean_ms, admitted) =
-        histogram_figures(&histogram_before, &histogram_after);
-    let (p50, p99) = (burst.percentile_ms(50.0), burst.percentile_ms(99.0));
-    Ok(Row {
-        id: "2s",
-        what: format!(
-            "webhook admission during a burst of {count} labelled hostNetwork pods ({} \
-             PortAllocations × {REPLICAS}) created by {CREATORS} clients with that record in \
-             place: create latency as the client sees it (API server + webhook), and the \
-             webhook's own `portalloc_admission_duration_seconds` (bucket bounds)",
-            owners.len()
-        ),
-        ours: format!(
-            "client p50 {p50:.1} ms, **p99 {p99:.1} ms**, {:.0} pods/s{}; webhook: {admitted} \
-             answers, mean {mean_ms:.1} ms, p50 ≤ {p50_bound}, p99 ≤ {p99_bound}; watcher VmHWM \
-             afterwards {:.0} MiB",
-            burst.ops as f64 / burst.wall.as_secs_f64(),
-            match burst.failures.first() {
-                Some(first) => format!("; **{} failed** (first: {first})", burst.failures.len()),
-                None => String::new(),
-            },
-            memory_end.0 as f64 / 1024.0,
-        ),
-        anchor: dash(),
-        ratio: dash(),
-        target: "p99 < 50 ms".into(),
-        met: yes_no(burst.failures.is_empty() && p99 < 50.0),
-    })
 }
 
 /// Leave the cluster as the later cells expect it: no PortAllocation, no pod.
@@ -571,7 +483,7 @@ async fn stored(
     Ok((count, (total, largest), held))
 }
 
-fn is_ready(pa: &PortAllocation) -> bool {
+pub(crate) fn is_ready(pa: &PortAllocation) -> bool {
     pa.status.as_ref().is_some_and(|s| {
         s.observed_generation == pa.metadata.generation
             && s.conditions
@@ -587,23 +499,6 @@ async fn count_ready(admin: &Client, ns: &str) -> anyhow::Result<usize> {
         .iter()
         .filter(|pa| is_ready(pa))
         .count())
-}
-
-/// Pod `r` of `owner`'s role, labelled for the webhook, on the host's network.
-fn labelled_pod(owner: &str, r: u32) -> anyhow::Result<Pod> {
-    Ok(serde_json::from_value(serde_json::json!({
-        "metadata": {
-            "name": format!("{owner}-{r}"),
-            "labels": {
-                portalloc::api::POD_ALLOCATION_LABEL: owner,
-                portalloc::api::POD_ROLE_LABEL: "worker",
-            },
-        },
-        "spec": {
-            "hostNetwork": true,
-            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
-        },
-    }))?)
 }
 
 /// The median wall time of `runs` runs of a command.

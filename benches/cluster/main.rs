@@ -65,6 +65,7 @@ mod controlplane;
 mod controllers;
 mod encodings;
 mod envelope;
+mod envelope_burst;
 mod envelope_readings;
 mod envelope_sync_log;
 mod filling;

@@ -1,0 +1,182 @@
+//! 2s, its last row: with set B's record in place (15,000 PortAllocations, 750,000 holdings), a
+//! burst of labelled hostNetwork pods created by 16 clients through the watcher's webhook, and
+//! beside it the same burst of unlabelled pods, which the webhook's objectSelector leaves to the
+//! API server alone: what a pod create costs here without us.
+//!
+//! Figures: each create's latency as the client sees it (API server + webhook), and the
+//! webhook's own time per admission, exactly from its log (`took_ms`) and as bucket bounds from
+//! its `portalloc_admission_duration_seconds` histogram.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::ensure;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use portalloc::api::PortAllocation;
+
+use crate::envelope::{CREATORS, PORTS_PER_POD, REPLICAS, SET_B, is_ready, watcher_log};
+use crate::envelope_readings::{histogram, histogram_figures, memory_kib};
+use crate::{Row, workload, yes_no};
+
+/// The two bursts, labelled then unlabelled, of `burst` pods each.
+pub async fn burst_row(
+    admin: &Client,
+    burst: usize,
+    clients: &[Client],
+    watcher: &crate::webhook::Webhook,
+) -> anyhow::Result<Row> {
+    let api_b: Api<PortAllocation> = Api::namespaced(admin.clone(), SET_B);
+    let mut owners: Vec<String> = workload::list_all(&api_b)
+        .await?
+        .iter()
+        .filter(|pa| is_ready(pa))
+        .map(|pa| pa.name_any())
+        .collect();
+    owners.sort();
+    owners.truncate(burst / REPLICAS as usize);
+    ensure!(!owners.is_empty(), "no Ready PortAllocation for the burst");
+    let labelled: Vec<Pod> = owners
+        .iter()
+        .flat_map(|owner| (0..REPLICAS).map(move |r| pod(owner, r, true)))
+        .collect::<anyhow::Result<_>>()?;
+    let count = labelled.len();
+    let unlabelled: Vec<Pod> = (0..count)
+        .map(|i| pod("plain", i as u32, false))
+        .collect::<anyhow::Result<_>>()?;
+
+    let histogram_before = histogram(&watcher.get("/metrics").unwrap_or_default());
+    let log_before = admissions_logged(&watcher_log()).len();
+    let ours = create_all(clients, labelled, PORTS_PER_POD as usize).await;
+    let metrics_after = watcher.get("/metrics").unwrap_or_default();
+    let took = admissions_logged(&watcher_log()).split_off(log_before);
+    let plain = create_all(clients, unlabelled, 0).await;
+
+    let histogram_after = histogram(&metrics_after);
+    let memory_end = memory_kib(watcher.pid());
+    let (p50_bound, p99_bound, mean_ms, admitted) =
+        histogram_figures(&histogram_before, &histogram_after);
+    let (p50, p99) = (ours.percentile_ms(50.0), ours.percentile_ms(99.0));
+    let (plain_p50, plain_p99) = (plain.percentile_ms(50.0), plain.percentile_ms(99.0));
+    let (took_p50, took_p99) = (percentile(&took, 50.0), percentile(&took, 99.0));
+    let failed = |cell: &workload::Cell| match cell.failures.first() {
+        Some(first) => format!("; **{} failed** (first: {first})", cell.failures.len()),
+        None => String::new(),
+    };
+    Ok(Row {
+        id: "2s",
+        what: format!(
+            "webhook admission during a burst of {count} labelled hostNetwork pods ({} \
+             PortAllocations × {REPLICAS}) created by {CREATORS} clients with that record in \
+             place: the webhook's own time per admission (its log's `took_ms`; its \
+             `portalloc_admission_duration_seconds` bucket bounds), and create latency as the \
+             client sees it (API server + webhook); beside it, the same burst of unlabelled \
+             pods (no webhook call)",
+            owners.len()
+        ),
+        ours: format!(
+            "webhook: {} admissions, p50 {took_p50} ms, **p99 {took_p99} ms** (histogram: \
+             {admitted} answers, mean {mean_ms:.1} ms, p50 ≤ {p50_bound}, p99 ≤ {p99_bound}); \
+             client p50 {p50:.1} ms, p99 {p99:.1} ms, {:.0} pods/s{}; watcher VmHWM \
+             afterwards {:.0} MiB",
+            took.len(),
+            ours.ops as f64 / ours.wall.as_secs_f64(),
+            failed(&ours),
+            memory_end.0 as f64 / 1024.0,
+        ),
+        anchor: format!(
+            "unlabelled pods: client p50 {plain_p50:.1} ms, p99 {plain_p99:.1} ms, {:.0} \
+             pods/s{}",
+            plain.ops as f64 / plain.wall.as_secs_f64(),
+            failed(&plain),
+        ),
+        ratio: format!("{:.2}× at p99", p99 / plain_p99),
+        target: "admission p99 < 50 ms".into(),
+        met: yes_no(ours.failures.is_empty() && took.len() == count && took_p99 < 50),
+    })
+}
+
+/// Create `pods` with one client each of `clients` at a time; each must come back with at least
+/// `ports` injected port variables.
+async fn create_all(clients: &[Client], pods: Vec<Pod>, ports: usize) -> workload::Cell {
+    let count = pods.len();
+    let pods = Arc::new(pods);
+    let apis: Arc<Vec<Api<Pod>>> = Arc::new(
+        clients
+            .iter()
+            .map(|c| Api::namespaced(c.clone(), SET_B))
+            .collect(),
+    );
+    workload::drive(CREATORS, count, move |worker, item| {
+        let (apis, pods) = (apis.clone(), pods.clone());
+        async move {
+            let started = Instant::now();
+            let created = apis[worker]
+                .create(&PostParams::default(), &pods[item])
+                .await?;
+            let latency = started.elapsed();
+            let injected = created
+                .spec
+                .iter()
+                .flat_map(|s| &s.containers)
+                .flat_map(|c| c.env.iter().flatten())
+                .filter(|e| e.name.ends_with("_PORT"))
+                .count();
+            ensure!(
+                injected >= ports,
+                "pod {} admitted with {injected} port variables",
+                created.name_any()
+            );
+            Ok(workload::Sample {
+                latency,
+                ports: injected as u64,
+                attempts: 1,
+                conflicts: 0,
+            })
+        }
+    })
+    .await
+}
+
+/// Every admission's `took_ms` the watcher has logged so far, in order.
+fn admissions_logged(log: &Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains(" admission "))
+        .filter_map(|line| line.split("took_ms=").nth(1)?.split_whitespace().next())
+        .filter_map(|ms| ms.parse().ok())
+        .collect()
+}
+
+/// The nearest-rank percentile of `values` (0 when there are none).
+fn percentile(values: &[u64], p: f64) -> u64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted
+        .get(rank.min(sorted.len()).wrapping_sub(1))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Pod `{owner}-{r}`: labelled for PortAllocation `owner` (role `worker`), or not at all.
+fn pod(owner: &str, r: u32, labelled: bool) -> anyhow::Result<Pod> {
+    let labels = if labelled {
+        serde_json::json!({
+            portalloc::api::POD_ALLOCATION_LABEL: owner,
+            portalloc::api::POD_ROLE_LABEL: "worker",
+        })
+    } else {
+        serde_json::json!({})
+    };
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{owner}-{r}"), "labels": labels},
+        "spec": {
+            "hostNetwork": true,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }))?)
+}
