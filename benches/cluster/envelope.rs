@@ -32,14 +32,12 @@ use portalloc::ledger::recorded_holdings;
 
 use crate::controlplane::ControlPlane;
 use crate::envelope_readings::{memory_kib, metric};
+use crate::envelope_shape::{
+    CREATORS, NODE_REUSE, PORTS_PER_POD, REPLICAS, SET_A, SET_B, SYSTEM, is_ready, watcher_log,
+};
 use crate::envelope_sync_log::{Phases, sync_all};
 use crate::webhook::{Log, WebhookCommand};
 use crate::{Row, cli, dash, envelope_burst, metrics, workload, yes_no};
-
-pub(crate) const REPLICAS: u32 = 10;
-pub(crate) const PORTS_PER_POD: u32 = 5;
-const NODE_REUSE: i32 = 32;
-pub(crate) const CREATORS: usize = 16;
 
 struct Size {
     owners: usize,
@@ -97,18 +95,6 @@ pub async fn measure(
     clean_up(plane).await;
     Ok(rows)
 }
-
-/// Where the watcher of set B logs (each admission's `took_ms` is read from it).
-pub(crate) fn watcher_log() -> std::path::PathBuf {
-    std::env::temp_dir().join("2s-watcher.log")
-}
-
-/// The PortAllocations of set A (one `sync --all -A`) and of set B (the watcher), each in a
-/// pool of its own.
-const SET_A: &str = "envelope-a";
-pub(crate) const SET_B: &str = "envelope-b";
-/// Where the watcher keeps its webhook's CA Secret.
-const SYSTEM: &str = "envelope-system";
 
 impl Size {
     fn holdings(&self) -> u64 {
@@ -481,15 +467,6 @@ async fn stored(
         }
     }
     Ok((count, (total, largest), held))
-}
-
-pub(crate) fn is_ready(pa: &PortAllocation) -> bool {
-    pa.status.as_ref().is_some_and(|s| {
-        s.observed_generation == pa.metadata.generation
-            && s.conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-    })
 }
 
 async fn count_ready(admin: &Client, ns: &str) -> anyhow::Result<usize> {

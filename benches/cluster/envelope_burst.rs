@@ -17,8 +17,8 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use portalloc::api::PortAllocation;
 
-use crate::envelope::{CREATORS, PORTS_PER_POD, REPLICAS, SET_B, is_ready, watcher_log};
 use crate::envelope_readings::{histogram, histogram_figures, memory_kib};
+use crate::envelope_shape::{CREATORS, PORTS_PER_POD, REPLICAS, SET_B, is_ready, watcher_log};
 use crate::{Row, workload, yes_no};
 
 /// The two bursts, labelled then unlabelled, of `burst` pods each.

@@ -67,6 +67,7 @@ mod encodings;
 mod envelope;
 mod envelope_burst;
 mod envelope_readings;
+mod envelope_shape;
 mod envelope_sync_log;
 mod filling;
 mod fleet;
