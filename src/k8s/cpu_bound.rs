@@ -32,10 +32,12 @@ mod tests {
         assert_eq!(cpu_bound(|| std::thread::current().id()), here);
     }
 
-    /// While one worker is in the work, a task queued behind it still runs: the guarantee
-    /// the webhook needs from the watcher's long decisions.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn on_several_workers_other_tasks_keep_running() {
+    /// While the only worker is in the work, a task queued behind it still runs (on the thread
+    /// that takes the worker's place): the guarantee the webhook needs from the watcher's long
+    /// decisions. Without the hand-off the task would wait until the work ended, and the work
+    /// here waits for the task.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn on_a_multi_threaded_runtime_queued_tasks_keep_running() {
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let (answered_tx, answered_rx) = std::sync::mpsc::channel::<()>();
         let busy = tokio::spawn(async move {

@@ -7,7 +7,8 @@
 //! The cache is a fast path, never the last word: the webhook takes a cached object only when
 //! its status is current, the record check still proves each port is its owner's in the pool's
 //! record, and any denial is decided again from a fresh read. A replica that stops leading stops
-//! its controller and takes the cache back ([`Lent`]), so a stale cache is never read.
+//! its controller and takes the cache back ([`Lent`]), so a cache no longer kept current by a
+//! watch is never read.
 
 use std::sync::{Arc, RwLock};
 
