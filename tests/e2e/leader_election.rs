@@ -195,11 +195,11 @@ async fn one_replica_of_two_works_and_a_killed_leader_is_replaced() {
 }
 
 /// `(verb, resource)` -> a sum over the other labels.
-type Counts = BTreeMap<(String, String), f64>;
+pub(crate) type Counts = BTreeMap<(String, String), f64>;
 
 /// The API server's requests (`apiserver_request_total`) and response bytes
 /// (`apiserver_response_sizes_sum`) so far.
-async fn scrape(client: &Client) -> (Counts, Counts) {
+pub(crate) async fn scrape(client: &Client) -> (Counts, Counts) {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client.request_text(request).await.unwrap();
     (

@@ -41,17 +41,9 @@ fn pod(index: usize) -> Pod {
 
 /// `GET portallocations` (one object, not a list) the API server has answered so far.
 async fn allocation_reads(client: &Client) -> f64 {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client.request_text(request).await.unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter(|l| {
-            l.contains("resource=\"portallocations\"")
-                && l.contains("verb=\"GET\"")
-                && l.contains("subresource=\"\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let (requests, _) = crate::leader_election::scrape(client).await;
+    let key = ("GET".to_string(), "portallocations".to_string());
+    requests.get(&key).copied().unwrap_or(0.0)
 }
 
 fn env(pod: &Pod, name: &str) -> Option<String> {
@@ -114,6 +106,13 @@ async fn admissions_read_the_watchers_cache_and_a_miss_reads_afresh() {
     assert_eq!(
         reads, 0.0,
         "8 admissions beside a watcher of their namespace read the PortAllocation {reads} times"
+    );
+    // The counter counts: one read of ours moves it.
+    let counted = allocation_reads(&client).await;
+    allocations.get("web").await.unwrap();
+    assert!(
+        allocation_reads(&client).await > counted,
+        "a GET of the PortAllocation left apiserver_request_total unmoved"
     );
     // What the cache gave them is what the PortAllocation says (`resolve` reads it afresh).
     let mut seen = std::collections::BTreeSet::new();
