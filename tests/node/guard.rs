@@ -10,7 +10,7 @@ use portalloc::node::bind_program::{
 use portalloc::node::cgroups::{self, CgroupDriver};
 use portalloc::node::netns_cookie;
 
-use crate::support::{NodeCgroups, bind_in};
+use crate::support::{NodeCgroups, bind_in, own_network_namespace};
 
 const HOLDER: &str = "11111111-2222-3333-4444-555555555555";
 const OTHER: &str = "66666666-7777-8888-9999-aaaaaaaaaaaa";
@@ -21,8 +21,10 @@ fn id_of(container: &std::path::Path) -> u64 {
     cgroups::cgroup_id(container.parent().unwrap()).unwrap()
 }
 
-/// One node's guard with the ports it is told about: `enforced` and `audited` held by HOLDER.
+/// One node's guard with the ports it is told about: `enforced` and `audited` held by HOLDER,
+/// in a network namespace of the test's own.
 fn guarded(node: &NodeCgroups, enforced: &[u16], audited: &[u16]) -> (BindGuard, Pods) {
+    own_network_namespace();
     let holder = node.pod(Some("burstable"), HOLDER);
     let other = node.pod(None, OTHER);
     let level = cgroups::level(&node.kubepods()).unwrap() + 1;

@@ -21,6 +21,37 @@ pub fn cgroup2_mount() -> PathBuf {
         )
 }
 
+/// Moves the calling test's thread, and so every process it starts, into a network namespace
+/// of its own with `lo` up: the ports a test binds are then free whatever the machine's other
+/// sockets hold (a connection of an earlier test in TIME_WAIT took one in CI). The guard is
+/// attached for this namespace's cookie, as the agent's is for the node's.
+///
+/// Only for tests whose thread does nothing else: an e2e test's thread must still reach the API
+/// server, so its nodes take `unshare --net` processes instead (tests/common/agent_node.rs).
+#[allow(dead_code)] // tests/common/agent_node.rs includes this file too, and does not call it.
+pub fn own_network_namespace() {
+    // SAFETY: unshare and ioctl on a socket of our own; `ifreq` is zeroed and holds "lo" only.
+    unsafe {
+        assert_eq!(
+            libc::unshare(libc::CLONE_NEWNET),
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let mut request: libc::ifreq = std::mem::zeroed();
+        for (to, from) in request.ifr_name.iter_mut().zip(b"lo") {
+            *to = *from as libc::c_char;
+        }
+        request.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        let up = libc::ioctl(fd, libc::SIOCSIFFLAGS, &request);
+        let error = std::io::Error::last_os_error();
+        libc::close(fd);
+        assert_eq!(up, 0, "bring lo up: {error}");
+    }
+}
+
 /// A node's cgroup root (a directory of its own under the cgroup2 mount), removed on drop.
 pub struct NodeCgroups {
     pub root: PathBuf,
