@@ -7,13 +7,11 @@
 //!
 //! A control plane of its own: the policies would change what the other tests may do.
 
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
-use kube::Client;
+mod cel_cost;
+mod writes;
+
 use kube::api::{Api, PostParams};
 use portalloc::api::{PoolHolder, PortAllocation, PortPool, PortPoolShard, PortPoolShardStatus};
-use portalloc::core::Holdings;
 use portalloc::k8s::ShardStore;
 use portalloc::ledger::{
     Anomaly, CopyRecord, PoolSnapshot, ShardAnomaly, ShardKey, new_shard, shard_name,
@@ -23,81 +21,15 @@ use crate::support::apply::{apply_yaml, bind, create_namespace};
 use crate::support::invariants::assert_consistent;
 use crate::support::poll::until_refused;
 use crate::support::private_cluster::{PrivateCluster, client_from};
-use crate::support::{self, USER_CONTEXT, tools};
+use crate::support::{self, USER_CONTEXT};
+
+use writes::{allowed, assert_holders_refusal, dry_run, file, owners, read, set_holdings};
 
 const ADMIN_CONTEXT: &str = "portalloc-local-user2";
 const ADMIN_NAME: &str = "portalloc-user2";
 const TENANT_NAME: &str = support::USER_NAME;
 /// 23300-24000: windows 91 (23296-23551), 92 (23552-23807) and 93 (23808-24063).
 const POOL: &str = "gpu";
-
-fn file(dir: &str, name: &str) -> String {
-    std::fs::read_to_string(support::repo_root().join(dir).join(name)).unwrap()
-}
-
-fn dry_run() -> PostParams {
-    PostParams {
-        dry_run: true,
-        ..Default::default()
-    }
-}
-
-async fn read(client: &Client) -> CopyRecord {
-    let pool = Api::<PortPool>::all(client.clone())
-        .get(POOL)
-        .await
-        .unwrap();
-    let shards = ShardStore::new(client.clone()).list(POOL).await.unwrap();
-    let record = CopyRecord::load(PoolSnapshot::of_pool(&pool), shards).unwrap();
-    assert!(record.anomalies.is_empty(), "{:?}", record.anomalies);
-    record
-}
-
-/// Make `uid`'s holdings in the pool exactly `ports` ("" for none), as `client`'s user: the
-/// ledger's per-shard writes, committed in order; the first refusal stops them.
-async fn set_holdings(
-    client: &Client,
-    uid: &str,
-    owner: &str,
-    ports: &str,
-) -> Result<(), kube::Error> {
-    let record = read(client).await;
-    let decided = if ports.is_empty() {
-        Holdings::new()
-    } else {
-        Holdings::decode(ports).unwrap()
-    };
-    let writes = record.writes_for(uid, owner, &decided);
-    assert!(!writes.is_empty(), "{owner} {ports:?} changes nothing");
-    let store = ShardStore::new(client.clone());
-    for write in &writes {
-        store
-            .commit(&record.pool, write)
-            .await
-            .map_err(|(e, _)| e)?;
-    }
-    Ok(())
-}
-
-/// The owners listed in window `index`'s shard, in order.
-async fn owners(client: &Client, index: u16) -> Vec<String> {
-    let shard = Api::<PortPoolShard>::all(client.clone())
-        .get(&shard_name(POOL, ShardKey::first(index)))
-        .await
-        .unwrap();
-    let holders = shard.status.unwrap_or_default().holders;
-    holders.into_iter().map(|h| h.owner).collect()
-}
-
-fn assert_holders_refusal(error: &str, shard: &str, touched: &str) {
-    assert!(
-        error.contains("ValidatingAdmissionPolicy 'portalloc-pool-holders'")
-            && error.contains(&format!("holders of PortPoolShard {shard} only"))
-            && error.contains("only for namespaces in which you may update portallocations")
-            && error.contains(&format!("this update touches: {touched}")),
-        "{error}"
-    );
-}
 
 #[tokio::test]
 async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
@@ -683,64 +615,4 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         }
     }
     eprintln!("shard tenancy: {denial}\n{copy_denial}\n{name_denial}");
-}
-
-/// The API server estimates no cost when a ValidatingAdmissionPolicy is written, and enforces
-/// while admitting: 1,000,000 per expression, 10,000,000 per request. `celcost --policy` runs the
-/// tenancy policy with its admission code on the heaviest writes a 256-port shard takes (every
-/// entry changing at once, two owners of 128 ports swapping them, entries of thousands of
-/// indices) and on writes it must refuse: all within the limits, each decided as expected.
-#[test]
-fn the_tenancy_policy_is_within_the_cel_cost_limits() {
-    let policy = support::repo_root().join("rbac/portalloc-tenancy-policy.yaml");
-    let out = std::process::Command::new(tools::celcost())
-        .arg("--policy")
-        .arg(&policy)
-        .output()
-        .expect("run celcost");
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{text}");
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let totals: Vec<&str> = text.lines().filter(|l| l.starts_with("  total ")).collect();
-    assert_eq!(totals.len(), 12, "one total per write: {text}");
-    assert!(
-        text.contains("all 256 entries of a full window change") && !text.contains("ERROR"),
-        "{text}"
-    );
-}
-
-/// Whether `user` may `verb` portpoolshards (`subresource`), by the API server's authorizer.
-async fn allowed(
-    client: &Client,
-    user: &str,
-    groups: &[String],
-    verb: &str,
-    subresource: &str,
-) -> bool {
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(user.to_string()),
-            groups: Some(groups.to_vec()),
-            resource_attributes: Some(ResourceAttributes {
-                group: Some("portalloc.dev".into()),
-                resource: Some("portpoolshards".into()),
-                subresource: (!subresource.is_empty()).then(|| subresource.to_string()),
-                verb: Some(verb.to_string()),
-                name: Some(shard_name(POOL, ShardKey::first(91))),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<SubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .unwrap()
-        .status
-        .is_some_and(|s| s.allowed)
 }

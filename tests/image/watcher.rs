@@ -9,7 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::{DEBUG_BIN, Privilege, chroot_command, mount_service_account, repo, run_ok, show};
+use super::chroot::{chroot_command, mount_service_account};
+use super::{DEBUG_BIN, Privilege, repo, run_ok, show};
 
 /// kubectl, built from its pinned Go module by `scripts/build-krew.sh` (cached).
 fn kubectl(kubeconfig: &Path) -> Command {
