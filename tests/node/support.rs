@@ -23,14 +23,15 @@ pub fn cgroup2_mount() -> PathBuf {
 
 /// Moves the calling test's thread, and so every process it starts, into a network namespace
 /// of its own with `lo` up: the ports a test binds are then free whatever the machine's other
-/// sockets hold (a connection of an earlier test in TIME_WAIT took one in CI). The guard is
-/// attached for this namespace's cookie, as the agent's is for the node's.
+/// sockets hold (in CI one was taken, most likely by an earlier test's connection in TIME_WAIT,
+/// the ephemeral range covering them). The guard is attached for this namespace's cookie, as
+/// the agent's is for the node's.
 ///
 /// Only for tests whose thread does nothing else: an e2e test's thread must still reach the API
 /// server, so its nodes take `unshare --net` processes instead (tests/common/agent_node.rs).
 #[allow(dead_code)] // tests/common/agent_node.rs includes this file too, and does not call it.
 pub fn own_network_namespace() {
-    // SAFETY: unshare and ioctl on a socket of our own; `ifreq` is zeroed and holds "lo" only.
+    // SAFETY: unshare and ioctl on a socket of our own; `ifreq` is zeroed but for the name "lo" and its flags.
     unsafe {
         assert_eq!(
             libc::unshare(libc::CLONE_NEWNET),

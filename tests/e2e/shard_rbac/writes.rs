@@ -12,7 +12,7 @@ use portalloc::k8s::ShardStore;
 use portalloc::ledger::{CopyRecord, PoolSnapshot, ShardKey, shard_name};
 
 use super::POOL;
-use crate::support::{self};
+use crate::support;
 
 pub(super) fn file(dir: &str, name: &str) -> String {
     std::fs::read_to_string(support::repo_root().join(dir).join(name)).unwrap()

@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::super::{deploy_with_node_agent, documents, show, template_text};
 use super::kubectl;
+use crate::helm::{deploy_with_node_agent, documents, show, template_text};
 use crate::support::{self, tools};
 
 /// Every option on, the CRDs included: the API server accepts each object (a dry run), with
