@@ -3,7 +3,8 @@
 //! without, in short blocks that alternate (the guard's programs detached and attached again
 //! between them, toggle.rs), so the load of a shared machine, which moves over seconds, hits
 //! both alike; the figure is the median of the ratios of neighbouring blocks. No agent and no API server:
-//! the guard is attached and its maps filled here, as tests/node/guard.rs does.
+//! the guard is attached and its maps filled here, as tests/node/guard.rs does, and like it in a
+//! network namespace of its own (main.rs), where no other process holds the fixed ports.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
