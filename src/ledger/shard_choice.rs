@@ -205,10 +205,13 @@ fn decide_item(
         Err(whole) if may_spread(work, &seen, &whole) => {
             return decide_spread(work, item, seen, pass, Some(whole), rng);
         }
-        Err(refusal) => return Some((refused(refusal, seen.before), None)),
+        Err(refusal) => {
+            let keep = seen.copies.first().copied().unwrap_or_default();
+            return Some((refused_in(work, seen, keep, refusal), None));
+        }
     };
     if let Some(refusal) = beyond_reuse(work, copy, &decision, seen.owner) {
-        return Some((refused(refusal, seen.before), None));
+        return Some((refused_in(work, seen, copy, refusal), None));
     }
     Some(apply_in_copy(work, item, seen, copy, decision))
 }
@@ -300,18 +303,20 @@ fn decide_in_known_shard(
 
 /// The copy it is in, else every copy in order: the first that takes it whole, and the
 /// decision there. A new owner refused by every copy is refused as such, with the lowest
-/// copy's refusal.
+/// copy's refusal. An owner a race left in several copies tries each of them in order, and
+/// one refused by all of them gets the lowest one's refusal.
 fn choose_copy(
     work: &mut PoolRecord,
     seen: &Seen,
     rng: &mut impl Rng,
 ) -> Result<(u16, Decision), Refusal> {
-    let candidates: Vec<u16> = match seen.copies.first() {
-        Some(&copy) => vec![copy],
-        None => work
-            .copy_candidates(seen.operation.ports_per_pod())
-            .collect(),
+    let candidates: Vec<u16> = if seen.copies.is_empty() {
+        work.copy_candidates(seen.operation.ports_per_pod())
+            .collect()
+    } else {
+        seen.copies.iter().copied().collect()
     };
+    let raced = seen.copies.len() > 1;
     // The copies it may use (a follow-nodes pool also tries the first it may not, to say why).
     let ports_per_pod = seen.operation.ports_per_pod();
     let tried = candidates
@@ -331,11 +336,16 @@ fn choose_copy(
         }
         match decide_in_copy(work, seen, copy, rng) {
             Ok(decision) => return Ok((copy, decision)),
-            Err(refusal @ (Refusal::Core { .. } | Refusal::PortHeld { .. })) if seen.movable => {
+            Err(refusal @ (Refusal::Core { .. } | Refusal::PortHeld { .. }))
+                if seen.movable || raced =>
+            {
                 first_refusal.get_or_insert((copy, refusal));
             }
             Err(refusal) => return Err(refusal),
         }
+    }
+    if raced && let Some((_, refusal)) = first_refusal {
+        return Err(refusal);
     }
     let refusal = match first_refusal {
         Some((copy, refusal)) if lowest_skipped.is_none_or(|skipped| copy < skipped) => refusal,
@@ -470,6 +480,19 @@ fn apply(work: &mut CopyRecord, uid: &str, owner: &str, decision: Decision) -> I
             }
         }
     }
+}
+
+/// A refusal of an owner decided in `keep`. One that a race between two clients left in
+/// several copies keeps only its entries in `keep`, where its next sync decides it: the others
+/// go now, as a decision that succeeds drops them, or a workload its pool keeps refusing would
+/// hold them for good. Its status then records what is left.
+fn refused_in(work: &mut PoolRecord, seen: Seen, keep: u16, refusal: Refusal) -> ItemOutcome {
+    let strays: BTreeSet<u16> = seen.copies.iter().copied().filter(|&c| c != keep).collect();
+    if strays.is_empty() {
+        return refused(refusal, seen.before);
+    }
+    drop_entries(work, seen.uid, seen.owner, &strays);
+    refused(refusal, work.holdings_of(seen.uid))
 }
 
 fn refused(refusal: Refusal, holdings: Holdings) -> ItemOutcome {

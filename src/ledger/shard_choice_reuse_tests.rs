@@ -273,6 +273,89 @@ fn entries_left_in_a_second_copy_by_a_race_are_dropped_and_the_first_kept() {
     assert!(placed.writes[0].status.holders.is_empty());
 }
 
+/// `x` as two clients racing on its creation left it: one entry in each copy, `a` in copy 0
+/// and `b` in copy 1 beside it; `x` asks for port 100.
+fn raced(copy_1: &str) -> (PoolRecord, BatchItem) {
+    let pool = pool_reused(&["100-103"], 2);
+    let shards = vec![
+        shard_in(
+            &pool,
+            ShardKey::first(0),
+            holders(&[("a", "web.http=100"), ("x", "web.http=101")]),
+        ),
+        shard_in(&pool, ShardKey::new(1, 0), entries(copy_1)),
+    ];
+    let record = pool_record(&pool, shards);
+    let mut it = item(&record, &allocation("x", 1, Some(100)));
+    it.known = BTreeSet::from([ShardKey::first(0), ShardKey::new(1, 0)]);
+    (record, it)
+}
+
+/// `"uid ports;uid ports"` as entries.
+fn entries(text: &str) -> Vec<crate::api::PoolHolder> {
+    let pairs: Vec<(&str, &str)> = text
+        .split(';')
+        .map(|e| e.split_once(' ').expect("uid ports"))
+        .collect();
+    holders(&pairs)
+}
+
+#[test]
+fn an_owner_a_race_left_in_two_copies_goes_to_the_one_that_takes_it() {
+    // Copy 0 refuses 100 (a holds it); copy 1, where x's other entry is, takes it.
+    let (record, it) = raced("x web.http=102");
+    let placed = place(&record, &it, &mut rng());
+    assert!(
+        matches!(
+            placed.outcome,
+            ItemOutcome::Changed {
+                released: 2,
+                allocated: 1,
+                ..
+            }
+        ),
+        "{:?}",
+        placed.outcome
+    );
+    assert_eq!(
+        placed.outcome.holdings().ports().collect::<Vec<_>>(),
+        vec![100]
+    );
+    assert_eq!(placed.shards, BTreeSet::from([ShardKey::new(1, 0)]));
+    let written: BTreeMap<ShardKey, usize> = placed
+        .writes
+        .iter()
+        .map(|w| (w.key, w.status.holders.len()))
+        .collect();
+    assert_eq!(
+        written,
+        BTreeMap::from([(ShardKey::first(0), 1), (ShardKey::new(1, 0), 1)]),
+        "x leaves copy 0 (a stays) and holds 100 in copy 1"
+    );
+}
+
+#[test]
+fn an_owner_a_race_left_in_two_copies_and_refused_by_both_keeps_only_the_first() {
+    // 100 is held in both copies: refused, and the stray entry in copy 1 goes.
+    let (record, it) = raced("b web.http=100;x web.http=102");
+    let placed = place(&record, &it, &mut rng());
+    let ItemOutcome::Refused { refusal, holdings } = &placed.outcome else {
+        panic!("{:?}", placed.outcome);
+    };
+    assert_eq!(refusal.reason(), Reason::PortHeld);
+    assert_eq!(holdings.ports().collect::<Vec<_>>(), vec![101]);
+    assert_eq!(placed.writes.len(), 1, "only copy 1's shard changes");
+    assert_eq!(placed.writes[0].key, ShardKey::new(1, 0));
+    let left: Vec<&str> = placed.writes[0]
+        .status
+        .holders
+        .iter()
+        .map(|h| h.ports.as_str())
+        .collect();
+    assert_eq!(left, vec!["web.http=100"], "b keeps its port");
+    assert_eq!(placed.shards, BTreeSet::from([ShardKey::first(0)]));
+}
+
 #[test]
 fn an_owner_in_a_copy_past_node_reuse_may_shrink_but_not_grow() {
     let mut pool: PortPool = pool_reused(&["100-103"], 3);

@@ -264,7 +264,7 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     let trials_wall = started.elapsed();
 
     // Straight after the crashes: the pools' records hold no port twice.
-    let mut stale_before = 0;
+    let (mut stale_before, mut in_two_copies) = (0, 0);
     for pool in &POOLS {
         // The pool's shards joined per copy (and checked for ports in two shards).
         let record = crate::support::invariants::pool_record(&client, pool.name).await;
@@ -277,6 +277,11 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
         let live: BTreeMap<String, PortAllocation> =
             crate::support::invariants::allocations_of(&client, pool.name).await;
         for (uid, pa) in &live {
+            // Two clients racing on one new object each placed it in another copy.
+            let parts = record.parts_of(uid);
+            if parts.iter().map(|(_, p)| p.len()).sum::<usize>() > record.slot_copies(uid).len() {
+                in_two_copies += 1;
+            }
             let recorded = pa
                 .status
                 .as_ref()
@@ -347,7 +352,8 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     eprintln!(
         "crash: {TRIALS} trials x {PROCESSES_PER_TRIAL} processes: {killed} killed mid-flight, {finished} finished \
          (exit codes {codes:?}); afterwards {stale_before} stale statuses, {status_duplicates_before} \
-         ports shown twice by stale statuses, 0 held twice; repair freed {freed} leaked entries; \
+         ports shown twice by stale statuses, {in_two_copies} owners in two copies, 0 held twice; \
+         repair freed {freed} leaked entries; \
          {live_holders} holders with {held_ports} ports; trials {:.1}s, total {:.1}s",
         trials_wall.as_secs_f64(),
         started.elapsed().as_secs_f64()

@@ -29,6 +29,7 @@ mod reference_validation;
 mod repair;
 mod restart;
 mod reuse;
+mod reuse_race;
 mod scheduling;
 mod shard_rbac;
 mod shard_repair;

@@ -43,6 +43,14 @@ impl Allocator {
         let placed = place(&sharded, &item, &mut rand::rng());
         let (holdings, allocated, released) = match placed.outcome {
             ItemOutcome::Refused { refusal, holdings } => {
+                // A refusal writes only the drop of what a race left in another copy.
+                if !placed.writes.is_empty()
+                    && !self
+                        .write_placed(request, pa, attempts, &sharded, &placed.writes, None)
+                        .await?
+                {
+                    return Ok(Step::Again);
+                }
                 return Err(Failed {
                     error: refusal.into(),
                     holdings: Some(holdings),

@@ -95,7 +95,10 @@ pub async fn assert_consistent(client: &Client, pool: &str) -> BTreeMap<String, 
             let slots = copy_of.entry(uid.clone()).or_default();
             for (slot, _) in holder.holdings.iter() {
                 if let Some(other) = slots.insert(slot.clone(), copy) {
-                    panic!("{uid} holds {slot:?} in copies {other} and {copy} of pool {pool}");
+                    panic!(
+                        "{} ({uid}) holds {slot:?} in copies {other} and {copy} of pool {pool}",
+                        holder.owner
+                    );
                 }
             }
             for port in holder.holdings.ports() {
