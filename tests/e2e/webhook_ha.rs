@@ -407,28 +407,31 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
         async move { burst(&pods, 1..BURST + 1, None).await }
     });
     // A restart is worth something only once the burst reaches the replicas: 10 pods admitted
-    // and each replica called, however busy the machine. (The API server picks a replica per
-    // connection it dials and keeps connections open, so one replica may see the first pods
-    // all; the burst's waves dial more.)
+    // and, if the API server spreads them so, each replica called, however busy the machine.
+    // It picks a replica per connection it dials and keeps connections open, so one replica
+    // may see every pod: after 30 admitted the restart goes ahead regardless (a CI run saw
+    // all 100 go to one replica).
     let burst_began = Instant::now();
     loop {
         let admitted = pods.list(&Default::default()).await.unwrap().items.len() - 1;
-        let uncalled: Vec<&str> = replicas
-            .iter()
-            .filter(|r| r.admissions() == 0)
-            .map(|r| r.name.as_str())
-            .collect();
-        if admitted >= 10 && uncalled.is_empty() {
+        let uncalled = replicas.iter().filter(|r| r.admissions() == 0).count();
+        if admitted >= 30 || (admitted >= 10 && uncalled == 0) {
             break;
         }
         assert!(
             burst_began.elapsed() < Duration::from_secs(60),
-            "60 s into the burst: {admitted} pods admitted, replicas never called: {uncalled:?}"
+            "60 s into the burst: {admitted} pods admitted"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The busier replica first: it has the API server's connections when it is stopped.
+    let order = if replicas[1].admissions() > replicas[0].admissions() {
+        [("b", "b2"), ("a", "a2")]
+    } else {
+        [("a", "a2"), ("b", "b2")]
+    };
     let mut stopped = Vec::new();
-    for (old, new) in [("a", "a2"), ("b", "b2")] {
+    for (turn, (old, new)) in order.into_iter().enumerate() {
         let position = replicas.iter().position(|r| r.name == old).unwrap();
         let replica = replicas.remove(position);
         let since = Instant::now();
@@ -448,14 +451,18 @@ async fn two_replicas_survive_rolling_restarts_and_a_kill_without_refusing_or_sk
             log.contains("webhook: answering for 5s more") && log.contains("webhook stopped ("),
             "replica {old} did not drain:\n{log}"
         );
-        // The restart is worth something only if the replica had traffic; how much came
-        // after SIGTERM (while the endpoints caught up) is a figure, not a promise.
+        // The first restart is worth something only if that replica had traffic; whether the
+        // API server dialed the second before it is stopped, and how much came after SIGTERM
+        // (while the endpoints caught up), are figures, not promises.
         let (life, drain) = log.split_once("shutting down").unwrap_or((&log, ""));
         let (before, after) = (
             life.matches("admission pod=").count(),
             drain.matches("admission pod=").count(),
         );
-        assert!(before + after > 0, "replica {old} was never called:\n{log}");
+        assert!(
+            turn > 0 || before + after > 0,
+            "replica {old}, stopped first, was never called:\n{log}"
+        );
         stopped.push(format!(
             "{old} exited {took:.1?} after SIGTERM, having answered {before} admissions before \
              it and {after} after"
