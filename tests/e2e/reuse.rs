@@ -11,7 +11,7 @@ use crate::support::{self, cli};
 /// 8 ports in window 124 (31744-31999); other tests' pools may overlap (objects differ).
 const RANGE: &str = "31900-31907";
 
-fn create_reused_pool(pool: &str, reuse: &str) {
+pub(crate) fn create_reused_pool(pool: &str, reuse: &str) {
     let run = cli::run(&[
         "pool",
         "create",

@@ -11,11 +11,11 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use portalloc::api::{PoolHolder, PortAllocation, PortPoolShard};
 use portalloc::ledger::{PoolSnapshot, ShardKey, load_shard, shard_name, status_shards};
 
+use crate::reuse::create_reused_pool;
 use crate::support::invariants::{assert_consistent, pool_record};
 use crate::support::{self, cli};
 
-/// 8 ports in window 124 (31744-31999); other tests' pools may overlap (objects differ).
-const RANGE: &str = "31920-31927";
+/// The window of `reuse::RANGE` (31900-31907).
 const WINDOW: u16 = 124;
 
 fn fixed(ns: &str, pool: &str, name: &str, port: u16) -> String {
@@ -70,23 +70,13 @@ async fn race_then_sync(all: bool) {
         };
         cli::run(&args)
     };
-    let run = cli::run(&[
-        "pool",
-        "create",
-        &pool,
-        "--range",
-        RANGE,
-        "--node-reuse",
-        "2",
-        "--allow-overlap",
-    ]);
-    assert!(run.ok(), "{run}");
-    // a holds 31920 in copy 0, so b, asking for it too, gets it in copy 1; x holds 31921.
-    create(&ns, &pool, "a", 31920);
-    create(&ns, &pool, "b", 31920);
-    create(&ns, &pool, "x", 31921);
+    create_reused_pool(&pool, "2");
+    // a holds 31900 in copy 0, so b, asking for it too, gets it in copy 1; x holds 31901.
+    create(&ns, &pool, "a", 31900);
+    create(&ns, &pool, "b", 31900);
+    create(&ns, &pool, "x", 31901);
 
-    // The race's outcome: x also in copy 1, on 31922, its status naming both shards.
+    // The race's outcome: x also in copy 1, on 31902, its status naming both shards.
     let allocations: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
     let mut x = allocations.get("x").await.unwrap();
     let uid = x.uid().unwrap();
@@ -101,7 +91,7 @@ async fn race_then_sync(all: bool) {
     let holder = PoolHolder {
         uid: uid.clone(),
         owner: format!("{ns}/x"),
-        ports: "web.http=31922".into(),
+        ports: "web.http=31902".into(),
     };
     add_to_copy_1(&client, &pool, holder).await;
     assert_eq!(
@@ -110,9 +100,9 @@ async fn race_then_sync(all: bool) {
         "x is in both copies"
     );
 
-    // x now asks for 31920, which a holds in copy 0 and b in copy 1: refused in both.
+    // x now asks for 31900, which a holds in copy 0 and b in copy 1: refused in both.
     let patch = serde_json::json!({"spec": {"roles": [{"name": "web", "replicas": 1, "ports": [
-        {"name": "http", "scope": "RoleScoped", "env": "HTTP_PORT", "port": 31920}]}]}});
+        {"name": "http", "scope": "RoleScoped", "env": "HTTP_PORT", "port": 31900}]}]}});
     allocations
         .patch("x", &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -121,7 +111,7 @@ async fn race_then_sync(all: bool) {
     assert_eq!(run.code, 4, "refused: {run}");
     assert!(
         run.stderr.contains(&format!(
-            "port 31920 of pool \"{pool}\" is already held by {ns}/a"
+            "port 31900 of pool \"{pool}\" is already held by {ns}/a"
         )),
         "the lowest copy's refusal: {run}"
     );
@@ -135,7 +125,7 @@ async fn race_then_sync(all: bool) {
     );
     assert_eq!(
         record.holdings_of(&uid).ports().collect::<Vec<_>>(),
-        vec![31921]
+        vec![31901]
     );
     let holdings = assert_consistent(&client, &pool).await;
     assert_eq!(holdings.len(), 3, "a, b and x hold ports: {holdings:?}");
