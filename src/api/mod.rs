@@ -89,6 +89,81 @@ mod tests {
         );
     }
 
+    /// Words a YAML 1.1 reader (kubectl's sigs.k8s.io/yaml, Argo CD, Flux) takes for a boolean
+    /// or null when unquoted; serde_yaml writes YAML 1.2, where they are plain strings.
+    const YAML11_NOT_STRINGS: &[&str] = &[
+        "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "true", "True", "TRUE", "false",
+        "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF", "~", "null", "Null", "NULL",
+    ];
+
+    fn enum_words(schema: &serde_json::Value, out: &mut Vec<String>) {
+        match schema {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::Array(words)) = map.get("enum") {
+                    // `null` is how a nullable enum is written, not a word.
+                    out.extend(words.iter().filter(|w| !w.is_null()).map(|w| w.to_string()));
+                }
+                map.values().for_each(|v| enum_words(v, out));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| enum_words(v, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn no_enum_word_reads_as_a_boolean_null_or_number_in_yaml_1_1() {
+        let mut words = Vec::new();
+        for crd in crds() {
+            enum_words(&serde_json::to_value(&crd).unwrap(), &mut words);
+        }
+        assert!(words.iter().any(|w| w == "\"Enforce\""), "found {words:?}");
+        for word in &words {
+            let bare = word.trim_matches('"');
+            assert!(
+                !YAML11_NOT_STRINGS.contains(&bare) && bare.parse::<f64>().is_err(),
+                "enum word {word} is not a string to a YAML 1.1 reader: users writing it unquoted get a boolean or number"
+            );
+        }
+    }
+
+    fn strings(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Object(map) => {
+                map.iter().for_each(|(k, v)| {
+                    out.push(k.clone());
+                    strings(v, out)
+                });
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+
+    /// A string the CRDs hold that YAML 1.1 reads as a boolean or null is quoted in the
+    /// checked-in file, so `kubectl apply -f crds/` serves the schema `install` applies.
+    #[test]
+    fn checked_in_crds_quote_every_string_yaml_1_1_would_misread() {
+        let mut held = Vec::new();
+        for crd in crds() {
+            strings(&serde_json::to_value(&crd).unwrap(), &mut held);
+        }
+        let yaml = crds_yaml();
+        for word in held
+            .iter()
+            .filter(|s| YAML11_NOT_STRINGS.contains(&s.as_str()))
+        {
+            for line in yaml.lines() {
+                let bare = line.trim_start().trim_start_matches("- ");
+                let value = bare.rsplit_once(": ").map_or(bare, |(_, v)| v);
+                assert!(
+                    value != word,
+                    "kubectl would read {word:?} in `{line}` as a boolean or null"
+                );
+            }
+        }
+    }
+
     #[test]
     fn crds_carry_subresources_short_names_and_categories() {
         for crd in crds() {

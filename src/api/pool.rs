@@ -76,9 +76,9 @@ pub struct PortPoolSpec {
     pub follow_nodes: Option<FollowNodes>,
 
     /// What the node agent (`kubectl portalloc node-agent`) does with a bind of one of these
-    /// ports, in the node's network namespace, from a pod that does not hold it: `Off` (allow),
+    /// ports, in the node's network namespace, from a pod that does not hold it: `Disabled` (allow),
     /// `Audit` (allow, and report it as an Event on the pod), `Enforce` (refuse it with EPERM,
-    /// and report it). Processes outside pods are never touched. Absent means `Off`: nothing
+    /// and report it). Processes outside pods are never touched. Absent means `Disabled`: nothing
     /// changes for a pool until its admin asks; roll out with `Audit`, then `Enforce`. The
     /// agent keeps every pool's ports out of the kernel's ephemeral choice whatever this says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,7 +86,7 @@ pub struct PortPoolSpec {
 }
 
 impl PortPoolSpec {
-    /// The pool's bind guard: `spec.guard`, `Off` when unset.
+    /// The pool's bind guard: `spec.guard`, `Disabled` when unset.
     pub fn guard_mode(&self) -> GuardMode {
         self.guard.unwrap_or_default()
     }
@@ -136,9 +136,12 @@ fn ranges_disjoint() -> String {
 /// words of Kyverno's `validationFailureAction` and Pod Security's modes.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum GuardMode {
-    /// Binds are not looked at.
+    /// Binds are not looked at. Not `Off`: YAML 1.1 readers (kubectl, Argo CD, Flux) read an
+    /// unquoted `Off` as the boolean false, so the word is accepted only where no YAML is read
+    /// (`--guard off`) and, for objects stored before the rename, when decoding.
     #[default]
-    Off,
+    #[serde(alias = "Off")]
+    Disabled,
     /// The bind succeeds and is reported.
     Audit,
     /// The bind fails with EPERM and is reported.
@@ -148,7 +151,7 @@ pub enum GuardMode {
 impl std::fmt::Display for GuardMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Self::Off => "Off",
+            Self::Disabled => "Disabled",
             Self::Audit => "Audit",
             Self::Enforce => "Enforce",
         })
@@ -160,11 +163,11 @@ impl std::str::FromStr for GuardMode {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
-            "Off" | "off" => Ok(Self::Off),
+            "Disabled" | "disabled" | "Off" | "off" => Ok(Self::Disabled),
             "Audit" | "audit" => Ok(Self::Audit),
             "Enforce" | "enforce" => Ok(Self::Enforce),
             other => Err(format!(
-                "{other:?} is not a guard mode: use Off, Audit or Enforce"
+                "{other:?} is not a guard mode: use Disabled, Audit or Enforce"
             )),
         }
     }

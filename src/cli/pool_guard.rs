@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn no_agent_and_unreadable_reports_say_so() {
-        assert!(guard_text("llm", GuardMode::Off, Ok(&[])).contains("no node agent runs"));
+        assert!(guard_text("llm", GuardMode::Disabled, Ok(&[])).contains("no node agent runs"));
         let text = guard_text(
             "llm",
             GuardMode::Audit,

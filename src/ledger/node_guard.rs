@@ -83,7 +83,7 @@ pub fn node_plan(pools: &[PortPool], ephemeral: Option<EphemeralRange>) -> NodeP
             None => plan.reserved.extend(ports.iter()),
         }
         let mode = pool.spec.guard_mode();
-        if mode == GuardMode::Off {
+        if mode == GuardMode::Disabled {
             continue;
         }
         plan.guarded.insert(pool.name_any(), mode);
@@ -136,7 +136,7 @@ fn unreserved_line(
 
 fn rank(mode: GuardMode) -> u8 {
     match mode {
-        GuardMode::Off => 0,
+        GuardMode::Disabled => 0,
         GuardMode::Audit => 1,
         GuardMode::Enforce => 2,
     }

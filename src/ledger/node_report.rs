@@ -148,7 +148,7 @@ pub fn pool_guard_summary(pool: &str, mode: GuardMode, reports: &[ReadReport]) -
         match (&read.report.guard_unavailable, read.report.pools.get(pool)) {
             (None, Some(&mode)) => summary.guarding.push((node, mode)),
             // The agent has not caught up with a guard turned on, or the guard is off.
-            (None, None) if mode != GuardMode::Off => summary
+            (None, None) if mode != GuardMode::Disabled => summary
                 .unguarded
                 .push((node, "the agent has not applied the guard yet".into())),
             (None, None) => {}
@@ -216,7 +216,7 @@ mod tests {
         assert_eq!(summary.conflicts.len(), 2);
         assert!(summary.conflicts[0].starts_with("gpu-1: port 30022/TCP"));
         assert!(summary.conflicts[1].starts_with("gpu-2: port 30022/TCP"));
-        let other = pool_guard_summary("other", GuardMode::Off, &reports);
+        let other = pool_guard_summary("other", GuardMode::Disabled, &reports);
         assert!(other.guarding.is_empty() && other.conflicts.is_empty());
     }
 

@@ -507,7 +507,11 @@ impl Agent {
         };
         for (cgroup, slot, verdict, count) in reports {
             let pool = plan.pool_of_slot.get(&slot).cloned().unwrap_or_default();
-            let mode = plan.modes.get(&slot).copied().unwrap_or(GuardMode::Off);
+            let mode = plan
+                .modes
+                .get(&slot)
+                .copied()
+                .unwrap_or(GuardMode::Disabled);
             let report = BindReport {
                 verdict,
                 slot,
