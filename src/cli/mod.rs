@@ -41,8 +41,9 @@ use session::Session;
 
 const EXAMPLES: &str = "\
 Examples:
-  # Install the CRDs and a first pool
-  kubectl portalloc install --pool default --range 30000-32767
+  # Install the CRDs, then make a first pool (clear of the NodePort and ephemeral ranges)
+  kubectl portalloc install
+  kubectl portalloc pool create default --range 20000-20999
 
   # Allocate ports for the PortAllocations in a file (or - for stdin)
   kubectl portalloc create -f sglang-pd.yaml
@@ -78,7 +79,7 @@ pub enum Command {
     Install(install::InstallArgs),
     /// Create, list, inspect and delete PortPools.
     #[command(after_help = "Examples:
-  kubectl portalloc pool create default --range 20000-29999
+  kubectl portalloc pool create default --range 20000-20999
   kubectl portalloc pool get
   kubectl portalloc pool describe default")]
     Pool(pool::PoolArgs),

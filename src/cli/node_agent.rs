@@ -23,7 +23,7 @@ use crate::node::cgroups::CgroupDriver;
   kubectl portalloc node-agent --node-name \"$NODE_NAME\"
 
   # A node whose kubelet uses the systemd cgroup driver, with the hierarchy mounted elsewhere
-  kubectl portalloc node-agent --node-name gpu-7 --cgroup-root /host/sys/fs/cgroup --cgroup-driver systemd")]
+  kubectl portalloc node-agent --node-name gpu-7 --cgroup-root /host/cgroup --cgroup-driver systemd")]
 pub struct NodeAgentArgs {
     /// The node this agent runs on (the downward API's spec.nodeName).
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]

@@ -35,14 +35,15 @@ pub enum PoolCommand {
 /// Create a PortPool.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
-  # A TCP pool for hostNetwork servers, kept clear of the NodePort and ephemeral ranges
-  kubectl portalloc pool create llm --range 20000-29999
+  # A TCP pool for hostNetwork servers, kept clear of the NodePort and ephemeral ranges, a few
+  # ports excluded
+  kubectl portalloc pool create llm --range 21000-22999 --exclude 21500,21600-21610
 
-  # Two ranges, a few ports excluded, a UDP pool
-  kubectl portalloc pool create rdma --range 40000-40999,42000-42099 --exclude 40500,40600-40610 --protocol UDP
+  # Two ranges, a UDP pool
+  kubectl portalloc pool create rdma --range 23000-23999,24500-24599 --protocol UDP
 
   # Each port held by up to 4 pods at once, never two on one node: 4 x 3,998 ports to hand out
-  kubectl portalloc pool create ray --range 20000-23999 --exclude 20000,20001 --node-reuse 4
+  kubectl portalloc pool create ray --range 25000-28999 --exclude 25000,25001 --node-reuse 4
 
 Node reuse: with --node-reuse N a port may be held by up to N pods, each on another node. Only
 kube-scheduler can keep them apart, and only through ports a pod declares: pods that get their
@@ -53,7 +54,7 @@ them itself (containers[].ports with hostPort); `resolve` warns when it hands ou
 Following the nodes: with --follow-nodes (optionally --node-selector pool=gpu) the pool uses as
 many copies as its nodes allow: a copy is used only while the largest pod's ports times the other
 holders of each port stay fewer than the nodes counted, so no pod can be kept off every node.
-  kubectl portalloc pool create ray --range 20000-23999 --follow-nodes --node-selector pool=gpu")]
+  kubectl portalloc pool create fleet --range 29000-29999 --follow-nodes --node-selector pool=gpu")]
 pub struct CreateArgs {
     /// Pool name (cluster-scoped).
     pub name: String,
@@ -96,7 +97,8 @@ pub struct CreateArgs {
     )]
     pub node_selector: Vec<String>,
     /// What the node agent does with a bind of a pool port by a pod that does not hold it:
-    /// Off, Audit (allow and report) or Enforce (refuse with EPERM and report). Default: Off.
+    /// Disabled, Audit (allow and report) or Enforce (refuse with EPERM and report). Default:
+    /// Disabled (`off` is read as Disabled).
     #[arg(long, value_name = "MODE")]
     pub guard: Option<GuardMode>,
     /// Create the pool even if it overlaps another pool of the same protocol.

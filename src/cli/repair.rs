@@ -32,8 +32,9 @@ use crate::ledger::RepairPlan;
   # Make the changes in one pool
   kubectl portalloc repair --pool default --apply
 
-  # After `pool delete --force` and creating the pool again: every holding comes back
-  kubectl portalloc pool create default --range 30000-32767
+  # A pool deleted while ports were held, then created again: every holding comes back
+  kubectl portalloc pool delete default --force
+  kubectl portalloc pool create default --range 20000-20999
   kubectl portalloc repair --pool default --apply")]
 pub struct RepairArgs {
     /// Only this pool (default: every pool).
