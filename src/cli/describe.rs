@@ -115,9 +115,14 @@ fn write_role(out: &mut String, pa: &PortAllocation, r: usize, role: &Role, pain
         let _ = writeln!(out, "    <no ports>");
     }
     if !role.ports.is_empty() {
+        let group = if pa.spec.group_count() > 1 {
+            format!("{:<6} ", "GROUP")
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "    {:<6} {:<16} {:<11} {:<7} ENV",
+            "    {group}{:<6} {:<16} {:<11} {:<7} ENV",
             "POD", "PORT", "SCOPE", "VALUE"
         );
     }
@@ -141,31 +146,43 @@ fn write_role(out: &mut String, pa: &PortAllocation, r: usize, role: &Role, pain
     }
 }
 
-/// One row per pod and port; a RoleScoped port is one port for all pods, so one row.
+/// One row per pod and port, group by group; a RoleScoped port is one port for all pods of a
+/// group, so one row per group. With groups the POD column is the pod's index in the workload
+/// (`group * replicas + index`, as `resolve --index` takes it).
 fn write_port_rows(out: &mut String, pa: &PortAllocation, role: &Role, paint: &Paint) {
-    for index in 0..role.replicas.max(0) as u32 {
-        for port in &role.ports {
-            let values = pa.allocated_values(&role.name, &port.name);
-            let (pod, value) = match port.scope {
-                Scope::RoleScoped if index > 0 => continue,
-                Scope::RoleScoped => ("all".to_string(), values.first()),
-                Scope::PodScoped => (index.to_string(), values.get(index as usize)),
-            };
-            let value = value
-                .map(u16::to_string)
-                .unwrap_or_else(|| paint.warn("<none>"));
-            let requested = if port.port.is_some() {
-                " (requested)"
-            } else {
-                ""
-            };
-            let _ = writeln!(
-                out,
-                "    {pod:<6} {:<16} {:<11} {value:<7} {}{requested}",
-                port.name,
-                port.scope.to_string(),
-                port.env
-            );
+    let groups = pa.spec.group_count();
+    let per_group = role.per_group();
+    for group in 0..groups {
+        let group_column = if groups > 1 {
+            format!("{group:<6} ")
+        } else {
+            String::new()
+        };
+        for index in 0..per_group {
+            for port in &role.ports {
+                let values = pa.allocated_values(&role.name, &port.name);
+                let flat = group * per_group + index;
+                let (pod, value) = match port.scope {
+                    Scope::RoleScoped if index > 0 => continue,
+                    Scope::RoleScoped => ("all".to_string(), values.get(group as usize)),
+                    Scope::PodScoped => (flat.to_string(), values.get(flat as usize)),
+                };
+                let value = value
+                    .map(u16::to_string)
+                    .unwrap_or_else(|| paint.warn("<none>"));
+                let requested = if port.port.is_some() {
+                    " (requested)"
+                } else {
+                    ""
+                };
+                let _ = writeln!(
+                    out,
+                    "    {group_column}{pod:<6} {:<16} {:<11} {value:<7} {}{requested}",
+                    port.name,
+                    port.scope.to_string(),
+                    port.env
+                );
+            }
         }
     }
 }
@@ -245,6 +262,67 @@ mod tests {
         let mut out = String::new();
         write_copies(&mut out, status);
         out
+    }
+
+    #[test]
+    fn every_group_has_its_rows() {
+        let mut pa: PortAllocation = serde_yaml::from_str(
+            "apiVersion: portalloc.dev/v1alpha1
+kind: PortAllocation
+metadata: {name: lws, namespace: llm}
+spec:
+  pool: p
+  groups: 2
+  roles:
+  - name: worker
+    replicas: 2
+    ports:
+    - {name: http, scope: PodScoped, env: HTTP_PORT}
+    - {name: dist, scope: RoleScoped, env: DIST_PORT}
+",
+        )
+        .unwrap();
+        pa.status = Some(PortAllocationStatus {
+            assignments: vec![
+                PortAssignment {
+                    role: "worker".into(),
+                    port: "http".into(),
+                    scope: Scope::PodScoped,
+                    env: "HTTP_PORT".into(),
+                    values: vec![100, 101, 102, 103],
+                    ..Default::default()
+                },
+                PortAssignment {
+                    role: "worker".into(),
+                    port: "dist".into(),
+                    scope: Scope::RoleScoped,
+                    env: "DIST_PORT".into(),
+                    values: vec![200, 201],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        });
+        let text = describe_text(&pa, &Paint::default());
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .filter(|l| l.contains("_PORT"))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        let values: Vec<(&str, &str, &str)> = rows.iter().map(|r| (r[0], r[1], r[4])).collect();
+        assert_eq!(
+            values,
+            [
+                ("0", "0", "100"),
+                ("0", "all", "200"),
+                ("0", "1", "101"),
+                ("1", "2", "102"),
+                ("1", "all", "201"),
+                ("1", "3", "103"),
+            ],
+            "{text}"
+        );
+        assert!(text.contains("GROUP  POD"), "{text}");
     }
 
     #[test]
