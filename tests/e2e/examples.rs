@@ -302,6 +302,22 @@ async fn gitops_walkthrough() {
             pa.name_any()
         );
     }
+    // The walkthrough says what `kubectl get portallocations` then shows in PORTS.
+    let mut ports: Vec<String> = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|pa| pa.status.and_then(|s| s.ports))
+        .collect();
+    ports.sort_by(|a, b| b.cmp(a));
+    let walkthrough =
+        std::fs::read_to_string(support::repo_root().join("examples/gitops/README.md")).unwrap();
+    assert!(
+        walkthrough.contains(&format!("# PORTS {}, PHASE Allocated", ports.join(" and "))),
+        "examples/gitops/README.md's PORTS comment; the objects show {ports:?}"
+    );
     let exporters = api.get("metrics-exporters").await.unwrap();
     assert_eq!(
         exporters.allocated_values("exporter", "admin"),
