@@ -12,6 +12,7 @@ mod configmap;
 mod crash;
 mod crd_validation;
 mod crds_by_kubectl;
+mod doc_walkthroughs;
 mod dry_run;
 mod events;
 mod examples;
