@@ -32,6 +32,8 @@ pub const DEFAULT_CONTROLLERS: &[&str] = &[
     "deployment-controller",
     "replicaset-controller",
     "node-lifecycle-controller",
+    // EndpointSlices of Services in front of pods whose ports differ (scheduling::service).
+    "endpointslice-controller",
 ];
 
 /// How long a component may take to answer /healthz after it starts.

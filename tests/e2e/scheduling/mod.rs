@@ -6,6 +6,7 @@
 
 pub mod harness;
 mod reuse;
+mod service;
 mod spread;
 
 use std::collections::BTreeMap;
