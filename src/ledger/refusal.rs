@@ -190,20 +190,24 @@ impl Refusal {
 
     /// This refusal of the whole workload, after its pods spread over the copies did not fit
     /// either: how far they got, and the first pod that fits nowhere.
+    /// `rule`: the pool's refusal of the next copy (`nodeReuse`, or the nodes it follows), when
+    /// that copy had room: said, with its figures, since it is what more room alone won't fix.
     pub fn spread_too(
         self,
         placed: usize,
         pods: usize,
         unplaced: &str,
         bound: &CopyBound,
+        rule: Option<&CopyRefusal>,
     ) -> Refusal {
         let more_copies = match bound {
             CopyBound::Fixed(_) => "raise its nodeReuse",
             CopyBound::FollowNodes(_) => "add nodes it follows",
         };
+        let why = rule.map(|r| format!(" ({r})")).unwrap_or_default();
         self.with_note(&format!(
             "; spread pod by pod over the copies, {placed} of its {pods} pods fit, and pod \
-             {unplaced} fits in none: free ports in the pool, {more_copies}, or scale the \
+             {unplaced} fits in none{why}: free ports in the pool, {more_copies}, or scale the \
              workload down"
         ))
     }

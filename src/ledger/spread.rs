@@ -20,7 +20,7 @@ use crate::core::{Holdings, SlotKey, Want};
 
 use super::copy_record::CopyRecord;
 use super::decision::{Decision, Operation};
-use super::node_bound::CopyBound;
+use super::node_bound::{CopyBound, CopyRefusal};
 use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
 use super::window_choice::elsewhere;
@@ -87,12 +87,15 @@ pub(super) struct Unplaced {
     pub pod: String,
     pub placed: usize,
     pub pods: usize,
+    /// The pool's rule that kept the pod out of a copy with room (`nodeReuse`, or the nodes it
+    /// follows), if one did: the reason more copies would not help without more nodes.
+    pub rule: Option<CopyRefusal>,
 }
 
 impl Unplaced {
     /// `whole`, the refusal of the workload in one copy, with how spreading it went.
     pub fn explain(self, whole: Refusal, bound: &CopyBound) -> Refusal {
-        whole.spread_too(self.placed, self.pods, &self.pod, bound)
+        whole.spread_too(self.placed, self.pods, &self.pod, bound, self.rule.as_ref())
     }
 
     /// The lowest copy's refusal of the pod, with how spreading went (a workload spread
@@ -141,6 +144,7 @@ pub(super) fn spread(
         parts: BTreeMap::new(),
         allocated: 0,
         released: 0,
+        rule: None,
     };
     let mut copies: BTreeSet<u16> = work.copies_of(uid);
     copies.extend(assigned.keys());
@@ -156,6 +160,7 @@ pub(super) fn spread(
                     pod,
                     placed: 0,
                     pods: total,
+                    rule: state.rule.take(),
                 });
             }
             new_pods.extend(pods_of(&moved).into_values());
@@ -170,6 +175,7 @@ pub(super) fn spread(
                 pod: pod_name(pod),
                 placed,
                 pods: total,
+                rule: state.rule.take(),
             });
         }
     }
@@ -221,6 +227,8 @@ struct State<'a> {
     parts: BTreeMap<u16, Holdings>,
     allocated: usize,
     released: usize,
+    /// The last refusal of a copy by the pool's rule rather than for room.
+    rule: Option<CopyRefusal>,
 }
 
 impl State<'_> {
@@ -239,6 +247,7 @@ impl State<'_> {
             Decision::Unchanged(holdings) => holdings,
             Decision::Write { allocated, .. } if allocated > 0 && allowed.is_err() => {
                 let refused = allowed.expect_err("matched as refused");
+                self.rule = Some(refused.clone());
                 return Err(Refusal::of_copy(owner, self.work.name(), refused));
             }
             Decision::Write {

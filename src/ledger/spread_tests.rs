@@ -286,9 +286,82 @@ fn a_pool_that_follows_its_nodes_spreads_a_workload_only_over_the_copies_its_pod
     assert!(text.contains("8 of its 10 pods fit"), "{text}");
     assert!(
         text.contains(
+            "fits in none (copy 2 refused: pods of 2 ports with 2 other holders per port could \
+             be kept off 4 of the pool's 4 nodes)"
+        ),
+        "the rule that kept it out of copy 2, with its figures: {text}"
+    );
+    assert!(
+        text.contains(
             "each of the 1 other copies its pods may use while following the pool's nodes"
         ),
         "{text}"
     );
     assert!(four.copies_in_use().is_empty(), "nothing written");
+}
+
+mod follow_nodes_property {
+    use super::*;
+    use crate::ledger::node_bound::CopyBound;
+    use proptest::prelude::*;
+
+    fn record_with_nodes(nodes: u32) -> PoolRecord {
+        let mut pool = crate::ledger::fixtures::pool_of(&["100-107"], &[]);
+        pool.spec.follow_nodes = Some(crate::api::FollowNodes::default());
+        let mut snapshot = crate::ledger::PoolSnapshot::of_pool(&pool);
+        snapshot.nodes = Some(crate::ledger::NodeCount::Counted(nodes));
+        PoolRecord::load(snapshot, Vec::new()).unwrap()
+    }
+
+    /// How many pods of `size` ports the copies below `allowed` still have room for.
+    fn room(record: &PoolRecord, allowed: u16, size: u32) -> u32 {
+        (0..allowed)
+            .map(|copy| record.copy(copy).map_or(8, |c| c.free_ports()) / size)
+            .sum()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// A spread workload in a follow-nodes pool uses exactly the copies a separate holder
+        /// of its pod size may use: never one past them, and it is refused only when those
+        /// copies have no room for its pods.
+        #[test]
+        fn a_spread_workload_gets_the_copies_a_separate_holder_would(
+            nodes in 1u32..12,
+            size in 1usize..4,
+            replicas in 1i32..24,
+            present in proptest::collection::vec(1usize..4, 0..3),
+        ) {
+            let mut record = record_with_nodes(nodes);
+            for (i, &k) in present.iter().enumerate() {
+                let _ = sync(&mut record, &workload(&format!("h{i}"), 1, k));
+            }
+            let size32 = size as u32;
+            let allowed = match record.copy_bound() {
+                CopyBound::FollowNodes(_) => {
+                    record.copy_bound().copies_allowed(size32, record.in_use())
+                }
+                CopyBound::Fixed(_) => unreachable!("a follow-nodes pool"),
+            };
+            let room = room(&record, allowed, size32);
+            let before = record.clone();
+            let pa = workload("w", replicas, size);
+            match sync(&mut record, &pa) {
+                ItemOutcome::Refused { .. } => {
+                    prop_assert!(
+                        room < replicas as u32,
+                        "refused with room for {room} of {replicas} pods in copies 0..{allowed}"
+                    );
+                    prop_assert_eq!(record.copies_in_use(), before.copies_in_use());
+                }
+                _ => {
+                    for copy in pod_copies(&record, "w").into_values() {
+                        prop_assert!(copy < allowed, "pod in copy {copy}, allowed 0..{allowed}");
+                    }
+                    assert_no_port_twice_in_a_copy(&record);
+                }
+            }
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //! controllers through the webhook process; the node simulation then runs each node's pods in
 //! that node's own network namespace, binding every port each pod was given.
 
+mod follow_spread;
 pub mod harness;
 mod reuse;
 mod service;
