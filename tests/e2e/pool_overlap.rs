@@ -210,6 +210,25 @@ async fn the_api_server_refuses_overlapping_pools_and_earlier_overlaps_are_repor
         "{run}"
     );
 
+    // --allow-overlap skips the plugin's check and opts the new pool in; c does not opt in, so
+    // the API server refuses it (exit code 7, invalid), and the plugin says so in its words.
+    let run = cluster.run(&[
+        "pool",
+        "create",
+        "e",
+        "--range",
+        "49016-49018",
+        "--allow-overlap",
+    ]);
+    assert!(
+        run.code == 7
+            && run
+                .stderr
+                .contains("PortPool e would share TCP ports 49016-49018 with PortPool c")
+            && !run.stderr.contains("{ "),
+        "{run}"
+    );
+
     // An overlap written while the policy is unbound (as before `install`).
     binding_deleted(&client).await;
     let started = Instant::now();
