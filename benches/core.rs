@@ -127,6 +127,7 @@ fn full_shard(ports_each: u32) -> (PoolSnapshot, PortPoolShard) {
             node_reuse: None,
             follow_nodes: None,
             guard: None,
+            allow_overlap: false,
         },
     );
     pool.metadata.uid = Some("5f0c8c2e-0000-4000-8000-000000000001".into());

@@ -418,6 +418,7 @@ fn sharded_run(seed: u64, make: MakeAllocation) -> (f64, f64) {
             node_reuse: None,
             follow_nodes: None,
             guard: None,
+            allow_overlap: false,
         },
     );
     pool.metadata.uid = Some("mix-uid".into());

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Render deploy/ from the Helm chart, so the two cannot drift: charts/kubectl-portalloc is the
-# source, deploy/{watcher,webhook,webhook-configuration,monitoring}.yaml are `helm template` of it
-# (release namespace portalloc-system, the namespace and monitoring rendered in), one file per
-# template, and deploy/node-agent/node-agent.yaml is its templates/node-agent.yaml with
+# source, deploy/{watcher,webhook,webhook-configuration,monitoring,pool-overlap-policy}.yaml are
+# `helm template` of it (release namespace portalloc-system, the namespace and monitoring
+# rendered in), one file per template, and deploy/node-agent/node-agent.yaml is its templates/node-agent.yaml with
 # nodeAgent.enabled=true (an optional kustomize component; its kustomization.yaml is written by
 # hand). Before that, the chart's copies of what lives elsewhere are refreshed from their
-# sources: crds/portalloc-crds.yaml and integrations/argocd's health checks.
+# sources: crds/portalloc-crds.yaml, rbac/portalloc-pool-overlap-policy.yaml and
+# integrations/argocd's health checks.
 #
 #   scripts/gen-deploy.sh              rewrite the chart's copies and deploy/
 #   scripts/gen-deploy.sh --out DIR    write the whole result under DIR instead (DIR/deploy,
@@ -27,6 +28,7 @@ helm=${HELM:-$("$repo/scripts/build-helm.sh")}
 # The chart's copies (a chart can read no file outside its directory).
 copy() { mkdir -p "$(dirname "$out/$2")"; cp "$repo/$1" "$out/$2.tmp.$$"; mv -f "$out/$2.tmp.$$" "$out/$2"; }
 copy crds/portalloc-crds.yaml "$chart/crds/portalloc-crds.yaml"
+copy rbac/portalloc-pool-overlap-policy.yaml "$chart/files/pool-overlap-policy.yaml"
 for kind in PortAllocation PortPool; do
   copy "integrations/argocd/resource_customizations/portalloc.dev/$kind/health.lua" \
     "$chart/files/argocd/$kind.lua"
@@ -61,7 +63,7 @@ write() {
   --set createNamespace=true \
   --set monitoring.serviceMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
   --output-dir "$render/out" >/dev/null
-for file in watcher webhook webhook-configuration monitoring; do
+for file in watcher webhook webhook-configuration monitoring pool-overlap-policy; do
   write "$render/out" "$file" "$file.yaml"
 done
 # The node agent alone: its component patches the namespace's Pod Security level itself.
@@ -69,5 +71,5 @@ done
   --set nodeAgent.enabled=true \
   --output-dir "$render/agent" >/dev/null
 write "$render/agent" node-agent node-agent/node-agent.yaml
-echo "gen-deploy: wrote $out/deploy/{watcher,webhook,webhook-configuration,monitoring}.yaml" \
+echo "gen-deploy: wrote $out/deploy/{watcher,webhook,webhook-configuration,monitoring,pool-overlap-policy}.yaml" \
   "and $out/deploy/node-agent/node-agent.yaml" >&2

@@ -144,6 +144,19 @@ fn states() -> Vec<State> {
             ),
             ("Current", Is("Resource is current")),
         ),
+        // Sharing ports with another pool (written before the overlap policy): said first, and
+        // Healthy, as kstatus (which knows no Overlap condition) says Current.
+        state(
+            PP,
+            "overlap",
+            (
+                "Healthy",
+                Is(
+                    "PortPool shares TCP ports 32000-32767 with PortPool cpu-ports (change the ranges of one of them); PortPool of 2768 ports: 120 allocated, 2648 free (largest free run 2510), counted at 2026-11-22T15:04:10Z",
+                ),
+            ),
+            ("Current", Is("Resource is current")),
+        ),
     ]
 }
 

@@ -397,6 +397,7 @@ async fn create_reuse_pool(client: &Client, name: &str, range: &str) -> anyhow::
             static_band: StaticBandSetting::Auto,
             node_reuse: Some(NODE_REUSE),
             guard: None,
+            allow_overlap: false,
             follow_nodes: None,
         },
     );

@@ -108,6 +108,7 @@ pub async fn measure(admin: &Client, quick: bool) -> anyhow::Result<Vec<Row>> {
             node_reuse: None,
             follow_nodes: None,
             guard: None,
+            allow_overlap: false,
         },
     );
     let pool = portalloc::k8s::create_pool(admin, pool, true).await?;

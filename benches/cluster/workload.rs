@@ -167,6 +167,7 @@ pub async fn create_pool(client: &Client, name: &str, range: &str) -> anyhow::Re
             node_reuse: None,
             follow_nodes: None,
             guard: None,
+            allow_overlap: false,
         },
     );
     portalloc::k8s::create_pool(client, pool, true)

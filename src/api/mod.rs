@@ -9,6 +9,7 @@ mod allocation;
 mod env_file;
 #[cfg(test)]
 mod fixtures;
+mod overlap_policy;
 mod pods;
 mod pool;
 mod port_range_text;
@@ -27,6 +28,7 @@ pub use admission::{
 };
 pub use allocation::*;
 pub use env_file::{ALLOCATION_LABEL, env_configmap, env_lines, quote_env_value};
+pub use overlap_policy::{POOL_OVERLAP_POLICY, POOL_OVERLAP_POLICY_YAML, pool_overlap_policy};
 pub use pods::{Pod, find_pod};
 pub use pool::*;
 pub use port_range_text::PortRangeText;

@@ -1,6 +1,6 @@
 //! `PortPool`: a cluster-scoped set of ports that PortAllocations draw from.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -31,6 +31,7 @@ use super::{PortRangeText, StaticBandSetting};
     printcolumn = r#"{"name":"Reuse","type":"integer","priority":1,"jsonPath":".spec.nodeReuse"}"#,
     printcolumn = r#"{"name":"Nodes","type":"integer","priority":1,"jsonPath":".status.nodes","description":"With spec.followNodes: the nodes able to run the pool's pods, as last counted"}"#,
     printcolumn = r#"{"name":"Guard","type":"string","priority":1,"jsonPath":".spec.guard"}"#,
+    printcolumn = r#"{"name":"Overlap","type":"string","jsonPath":".status.conditions[?(@.type==\"Overlap\")].message","description":"Ports this pool shares with another pool of its protocol, as the watcher last found them; empty: none"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -83,6 +84,13 @@ pub struct PortPoolSpec {
     /// agent keeps every pool's ports out of the kernel's ephemeral choice whatever this says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard: Option<GuardMode>,
+
+    /// Let this pool share ports with other pools of its protocol that set it too, for pools
+    /// whose pods never run on one node (disjoint node sets): each pool hands out its ports on
+    /// its own, so one port may then have a holder in each. Without it on both, the API server
+    /// refuses a pool whose ranges meet another's (the portalloc-pool-overlap admission policy).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_overlap: bool,
 }
 
 impl PortPoolSpec {
@@ -220,6 +228,13 @@ pub struct PortPoolStatus {
     /// When `nodes` was counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_counted_at: Option<Time>,
+
+    /// `Overlap` (status True) while the pool shares ports with another pool of its protocol,
+    /// as the watcher last found: its message names the other pool and the shared ports. Kept
+    /// by the watcher; absent when there is none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
 }
 
 /// The pool's usage over all its ports (both bands), as counted from its shards at `countedAt`.

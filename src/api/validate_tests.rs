@@ -372,6 +372,7 @@ fn pool_ports_subtract_exclusions() {
         node_reuse: None,
         follow_nodes: None,
         guard: None,
+        allow_overlap: false,
     };
     assert_eq!(
         pool.port_set().unwrap().to_string(),

@@ -101,7 +101,9 @@ pub struct CreateArgs {
     /// Disabled (`off` is read as Disabled).
     #[arg(long, value_name = "MODE")]
     pub guard: Option<GuardMode>,
-    /// Create the pool even if it overlaps another pool of the same protocol.
+    /// Let the pool share ports with other pools of its protocol that allow it too (sets
+    /// spec.allowOverlap): for pools whose pods never run on one node. The API server refuses
+    /// an overlap with a pool that does not allow it (the portalloc-pool-overlap policy).
     #[arg(long)]
     pub allow_overlap: bool,
     #[arg(short = 'o', long, value_enum)]
@@ -190,6 +192,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         node_reuse: args.node_reuse.filter(|&n| n > 1),
         follow_nodes: follow_nodes(&args)?,
         guard: args.guard,
+        allow_overlap: args.allow_overlap,
     };
     spec.check_copies().map_err(|e| {
         CliError::new(
@@ -340,6 +343,7 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
         .map_err(|e| CliError::new(Exit::Invalid, format!("PortPool {:?}: {e}", args.name)))?;
     let mut warnings = view.warnings.clone();
     warnings.extend(k8s::node_ports::node_port_conflicts(client, &view.record).await);
+    warnings.extend(k8s::pool_overlaps_of(client, &args.name).await);
     print!(
         "{}",
         describe_text(&view.record, &view.record_kind(), &warnings)
@@ -537,6 +541,7 @@ mod tests {
                 node_reuse: None,
                 follow_nodes: None,
                 guard: None,
+                allow_overlap: false,
             },
         );
         let holders = vec![PoolHolder {

@@ -140,6 +140,7 @@ mod tests {
                 node_reuse: Some(4),
                 follow_nodes: None,
                 guard: None,
+                allow_overlap: false,
             },
         );
         let holder = |uid: &str, owner: &str, ports: &str| PoolHolder {
@@ -188,6 +189,7 @@ mod tests {
                 node_reuse: None,
                 follow_nodes: Some(Default::default()),
                 guard: None,
+                allow_overlap: false,
             },
         );
         let holder = |uid: &str, owner: &str, ports: &str| PoolHolder {

@@ -47,14 +47,14 @@ pub use allocate::{
 };
 pub use client::{ClientOptions, Connection, connect};
 pub use cpu_bound::cpu_bound;
-pub use crds::install_crds;
+pub use crds::{install_crds, install_overlap_policy};
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
 pub use events::Events;
 pub use leader::{LeaderElection, LeaseRef, Lost, default_identity};
 pub use probes::serve_probes;
 pub use record::{
     Applied, DeletedPool, NodesView, PoolError, PoolView, ShardStore, apply_pool, carry_spec,
-    create_pool, delete_pool, get_pool, list_pools, pool_ports, pool_view,
+    create_pool, delete_pool, get_pool, list_pools, pool_overlaps_of, pool_ports, pool_view,
 };
 pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};

@@ -17,8 +17,8 @@ use super::resources::{ALLOCATIONS, POOLS, SHARDS};
 use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 use crate::api::{PortAllocation, PortPool, PortPoolShard, SpecError};
 use crate::ledger::{
-    Change, FreeReason, PoolRecord, PoolRepairPlan, PoolSnapshot, RepairPlan, Restored, StaleShard,
-    plan_pool_repair,
+    Change, Finding, FreeReason, PoolRecord, PoolRepairPlan, PoolSnapshot, RepairPlan, Restored,
+    SharedPorts, StaleShard, all_overlaps, plan_pool_repair,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -131,15 +131,50 @@ impl Repairer {
                     .map_err(|e| KubeError::from_kube(e, ALLOCATIONS.all("list", None)))?,
             ),
         };
+        let overlaps = self.overlaps(only, &objects).await;
         let count = objects.len();
         for object in objects {
-            let listed = shards.remove(&object.name_any());
-            each(
-                self.repair_pool(object, listed, shared.as_deref(), apply)
-                    .await?,
-            );
+            let name = object.name_any();
+            let listed = shards.remove(&name);
+            let mut repaired = self
+                .repair_pool(object, listed, shared.as_deref(), apply)
+                .await?;
+            repaired
+                .plan
+                .findings
+                .extend(
+                    overlaps
+                        .iter()
+                        .filter(|o| o.pool == name)
+                        .map(|o| Finding::SharesPorts {
+                            other: o.other.clone(),
+                            protocol: o.protocol.to_string(),
+                            ports: o.shared.to_string(),
+                        }),
+                );
+            each(repaired);
         }
         Ok(count)
+    }
+
+    /// The pools that share ports (written before the admission policy, or with it absent):
+    /// among `objects` when they are every pool, else among all pools, listed again. A list
+    /// that fails leaves them unreported (the repair itself goes on).
+    async fn overlaps(&self, only: Option<&str>, objects: &[PortPool]) -> Vec<SharedPorts> {
+        if only.is_none() {
+            return all_overlaps(objects);
+        }
+        match Api::<PortPool>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(all) => all_overlaps(&all.items),
+            Err(e) => {
+                let error = KubeError::from_kube(e, POOLS.all("list", None));
+                tracing::warn!("checking which pools share ports: {error}");
+                Vec::new()
+            }
+        }
     }
 
     /// The repair of one pool. `shards` and `listed`, when given, are a LIST of its shards and

@@ -37,6 +37,14 @@ pub const CRDS: Resource = Resource {
     plural: "customresourcedefinitions.apiextensions.k8s.io",
     kind: "CustomResourceDefinition",
 };
+pub const POLICIES: Resource = Resource {
+    plural: "validatingadmissionpolicies.admissionregistration.k8s.io",
+    kind: "ValidatingAdmissionPolicy",
+};
+pub const POLICY_BINDINGS: Resource = Resource {
+    plural: "validatingadmissionpolicybindings.admissionregistration.k8s.io",
+    kind: "ValidatingAdmissionPolicyBinding",
+};
 pub const CONFIGMAPS: Resource = Resource {
     plural: "configmaps",
     kind: "ConfigMap",

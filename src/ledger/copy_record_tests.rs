@@ -18,6 +18,7 @@ pub(super) fn pool() -> PortPool {
             node_reuse: None,
             follow_nodes: None,
             guard: None,
+            allow_overlap: false,
         },
     );
     pool.metadata.uid = Some("pool-uid".into());

@@ -23,6 +23,7 @@ pub fn pool_of(ranges: &[&str], exclude: &[&str]) -> PortPool {
             node_reuse: None,
             follow_nodes: None,
             guard: None,
+            allow_overlap: false,
         },
     );
     pool.metadata.uid = Some("pool-uid".into());

@@ -17,7 +17,7 @@
 //! - [`plan_pool_repair`]: the diff that makes a pool's shards match the live
 //!   PortAllocations, one [`plan_repair`] per shard.
 //! - [`preview`]: a dry run's decisions, against a copy of the record nothing writes back.
-//! - [`overlapping_pool`]: whether a new pool would share ports with an existing one.
+//! - [`overlapping_pool`], [`all_overlaps`]: pools of one protocol that share ports.
 //! - [`record_warnings`]: what readers (`pool describe`) say about the shards.
 //! - [`unheld_ports`]: the ports the pod webhook would give a pod that the record does not give
 //!   its PortAllocation (a status written by hand, or stale), and the [`RecordDenial`].
@@ -82,7 +82,9 @@ pub use pod_ports::{
 pub use pool_record::PoolRecord;
 pub use pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
 pub use pool_snapshot::PoolSnapshot;
-pub use pools::{PoolOverlap, overlapping_pool};
+pub use pools::{
+    PoolOverlap, SharedPorts, all_overlaps, may_share, overlapping_pool, ranges_of, shared_ports,
+};
 pub use preview::{PortChanges, Previewed, preview};
 pub use record_warnings::record_warnings;
 pub use refusal::{Reason, Refusal};

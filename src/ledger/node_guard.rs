@@ -154,25 +154,66 @@ pub struct PodHolding {
     pub ports: BTreeSet<u16>,
 }
 
-/// A slot two pods on one node both hold, with the pod that keeps it and the other.
-pub type HeldTwice = (u32, String, String);
+/// A slot two pods on one node both hold: each has its entry in a record (two pools over one
+/// port, or one entry written by hand), and the guard's map has room for one owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldTwice {
+    pub slot: u32,
+    /// The pod the guard lets bind the port: the one that owned it already, else the first.
+    pub kept: PodHolding,
+    pub other: PodHolding,
+}
+
+impl HeldTwice {
+    /// One line for the agent's report, naming both pools (`pool describe` of either shows it).
+    pub fn line(&self) -> String {
+        let (protocol, port) = port_of_slot(self.slot);
+        let (kept, other) = (&self.kept, &self.other);
+        format!(
+            "port {port}/{protocol} {HELD_TWICE} {} (of PortPool {} for PortAllocation {}) and \
+             {} (of PortPool {} for PortAllocation {}): the guard lets only {} bind it, the other fails \
+             with EADDRINUSE or EPERM; give the pools disjoint ranges (`kubectl portalloc pool \
+             describe` names the shared ports) or keep their pods on different nodes",
+            kept.pod, kept.pool, kept.owner, other.pod, other.pool, other.owner, kept.pod
+        )
+    }
+}
+
+/// What every [`HeldTwice::line`] says, to tell those lines from others in a report.
+pub const HELD_TWICE: &str = "is held on this node by two pods:";
 
 /// Which pod cgroup holds each slot on this node, and the slots two pods on the node both hold
-/// (the scheduler keeps them apart only if both declared their ports; the first keeps it).
-pub fn owners(holders: &[(u64, &PodHolding)]) -> (BTreeMap<u32, u64>, Vec<HeldTwice>) {
-    let mut owners = BTreeMap::new();
+/// (the scheduler keeps them apart only if both declared their ports). A slot keeps the owner
+/// it had in `previous` while that pod still holds it, so a newcomer never takes a port from
+/// a pod that may be bound to it already; a new slot goes to the first pod. Both stay named in
+/// the [`HeldTwice`] returned.
+pub fn owners(
+    holders: &[(u64, &PodHolding)],
+    previous: &BTreeMap<u32, u64>,
+) -> (BTreeMap<u32, u64>, Vec<HeldTwice>) {
+    let mut owners: BTreeMap<u32, u64> = BTreeMap::new();
     let mut by_slot: BTreeMap<u32, &PodHolding> = BTreeMap::new();
     let mut twice = Vec::new();
     for &(cgroup, holding) in holders {
         for &port in &holding.ports {
             let slot = slot(holding.protocol, port);
-            match by_slot.get(&slot) {
-                Some(first) => twice.push((slot, first.pod.clone(), holding.pod.clone())),
-                None => {
-                    by_slot.insert(slot, holding);
-                    owners.insert(slot, cgroup);
-                }
-            }
+            let Some(&first) = by_slot.get(&slot) else {
+                by_slot.insert(slot, holding);
+                owners.insert(slot, cgroup);
+                continue;
+            };
+            let (kept, other) = if previous.get(&slot) == Some(&cgroup) {
+                by_slot.insert(slot, holding);
+                owners.insert(slot, cgroup);
+                (holding, first)
+            } else {
+                (first, holding)
+            };
+            twice.push(HeldTwice {
+                slot,
+                kept: kept.clone(),
+                other: other.clone(),
+            });
         }
     }
     (owners, twice)
@@ -224,6 +265,7 @@ mod tests {
                 node_reuse: None,
                 follow_nodes: None,
                 guard,
+                allow_overlap: false,
             },
         )
     }
@@ -336,8 +378,47 @@ mod tests {
             ports: ports.iter().copied().collect(),
         };
         let (a, b) = (holding("ns/a", &[1, 2]), holding("ns/b", &[2, 3]));
-        let (owners, twice) = owners(&[(10, &a), (20, &b)]);
+        let (owners, twice) = owners(&[(10, &a), (20, &b)], &BTreeMap::new());
         assert_eq!(owners, BTreeMap::from([(1, 10), (2, 10), (3, 20)]));
-        assert_eq!(twice, vec![(2, "ns/a".into(), "ns/b".into())]);
+        assert_eq!(twice.len(), 1);
+        assert_eq!(
+            (twice[0].kept.pod.as_str(), twice[0].other.pod.as_str()),
+            ("ns/a", "ns/b")
+        );
+    }
+
+    #[test]
+    fn a_port_two_pools_give_two_pods_on_one_node_stays_with_its_owner_and_both_are_named() {
+        let holding = |pod: &str, pool: &str, ports: &[u16]| PodHolding {
+            pod: pod.into(),
+            owner: format!("ns/{pool}-pa"),
+            pool: pool.into(),
+            protocol: Protocol::Tcp,
+            ports: ports.iter().copied().collect(),
+        };
+        let (old, new) = (
+            holding("ns/old", "b", &[49005]),
+            holding("ns/new", "a", &[49005]),
+        );
+        let port = slot(Protocol::Tcp, 49005);
+        // The newcomer comes first in the list (a lower pod UID), yet the owner stays.
+        let previous = BTreeMap::from([(port, 20)]);
+        let (kept, twice) = owners(&[(10, &new), (20, &old)], &previous);
+        assert_eq!(kept, BTreeMap::from([(port, 20)]));
+        assert_eq!(twice.len(), 1);
+        let line = twice[0].line();
+        assert!(
+            line.starts_with(
+                "port 49005/TCP is held on this node by two pods: ns/old (of PortPool b for \
+                 PortAllocation ns/b-pa) and ns/new (of PortPool a for PortAllocation ns/a-pa): \
+                 the guard lets only ns/old bind it"
+            ),
+            "{line}"
+        );
+        // pool describe picks a line by "PortPool NAME ": both pools see it.
+        assert!(line.contains("PortPool a ") && line.contains("PortPool b "));
+        // With no owner yet, the first pod gets it.
+        let (kept, _) = owners(&[(10, &new), (20, &old)], &BTreeMap::new());
+        assert_eq!(kept, BTreeMap::from([(port, 10)]));
     }
 }

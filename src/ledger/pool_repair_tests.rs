@@ -27,6 +27,7 @@ fn pool_with_uid(uid: &str) -> PortPool {
             node_reuse: None,
             follow_nodes: None,
             guard: None,
+            allow_overlap: false,
         },
     );
     pool.metadata.uid = Some(uid.into());

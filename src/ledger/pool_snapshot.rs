@@ -115,6 +115,7 @@ mod tests {
                 node_reuse: None,
                 follow_nodes: None,
                 guard: None,
+                allow_overlap: false,
             },
         );
         pool.metadata.uid = Some("uid-1".into());

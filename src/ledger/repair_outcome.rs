@@ -141,6 +141,15 @@ pub enum Finding {
     /// a malformed one, or a second one for a window).
     #[serde(rename_all = "camelCase")]
     NotLoaded { shard: String, reason: String },
+    /// The pool's ranges meet those of another pool of its protocol without both allowing
+    /// it (`spec.allowOverlap`): each may hand one of these ports to a workload of its own.
+    /// Reported, never rewritten: which pool should give the ports up is the admin's choice.
+    #[serde(rename_all = "camelCase")]
+    SharesPorts {
+        other: String,
+        protocol: String,
+        ports: String,
+    },
 }
 
 /// A PortAllocation whose holdings a plan restores; it is synced after the write.

@@ -27,6 +27,7 @@ fn pool_object() -> PortPool {
             node_reuse: None,
             follow_nodes: None,
             guard: None,
+            allow_overlap: false,
         },
     );
     pool.metadata.uid = Some(POOL_UID.into());

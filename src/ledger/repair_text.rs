@@ -45,7 +45,8 @@ impl Finding {
             | Finding::WrongShard { .. }
             | Finding::HeldInTwoShards { .. }
             | Finding::SlotApart { .. }
-            | Finding::NotLoaded { .. } => "warning",
+            | Finding::NotLoaded { .. }
+            | Finding::SharesPorts { .. } => "warning",
             Finding::StaleStatus { .. } => "stale",
             Finding::RestoreConflict { .. } => "conflict",
             Finding::RestoreSkipped { .. } => "skip",
@@ -187,6 +188,17 @@ impl fmt::Display for Finding {
                 f,
                 "shard {shard} is not part of this pool's record: {reason}; it is left as it is \
                  (delete it with `kubectl delete portpoolshard {shard}` once nothing needs it)"
+            ),
+            Finding::SharesPorts {
+                other,
+                protocol,
+                ports,
+            } => write!(
+                f,
+                "shares {protocol} ports {ports} with PortPool {other}: each pool may hand such a \
+                 port to a workload of its own; change the ranges of one of them (nothing is \
+                 rewritten by repair), or set spec.allowOverlap: true on both if their pods never \
+                 run on one node"
             ),
         }
     }

@@ -127,8 +127,39 @@ pub async fn client_from(kubeconfig: &Path, context: Option<&str>) -> anyhow::Re
     Client::try_from(config).context("cannot build a kube client")
 }
 
-/// `kubectl-portalloc install` on the cluster of `kubeconfig`: the CRDs, waited for.
+/// `kubectl-portalloc install` on the cluster of `kubeconfig`: the CRDs, waited for, less the
+/// binding of the pool overlap policy it also applies. The tests of one control plane share its
+/// cluster-scoped pools and pick ranges on their own (`pool create --allow-overlap`, pools
+/// applied as YAML), so the policy is bound only where a test checks it (tests/e2e/pool_overlap.rs,
+/// with `install` run by the test itself).
 pub fn install_crds(kubeconfig: &Path) -> anyhow::Result<()> {
+    install(kubeconfig)?;
+    let kubeconfig = kubeconfig.to_path_buf();
+    // A runtime of its own: callers may be inside a test's runtime, which must not block.
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("a runtime to unbind the overlap policy")?
+            .block_on(unbind_overlap_policy(&kubeconfig))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("unbinding the overlap policy panicked"))?
+}
+
+async fn unbind_overlap_policy(kubeconfig: &Path) -> anyhow::Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+    let client = client_from(kubeconfig, None).await?;
+    let bindings: kube::Api<ValidatingAdmissionPolicyBinding> = kube::Api::all(client);
+    bindings
+        .delete("portalloc-pool-overlap", &Default::default())
+        .await
+        .context("deleting ValidatingAdmissionPolicyBinding portalloc-pool-overlap")?;
+    Ok(())
+}
+
+/// `kubectl-portalloc install` on the cluster of `kubeconfig`, as a user runs it.
+pub fn install(kubeconfig: &Path) -> anyhow::Result<()> {
     let output = Command::new(BIN)
         .args(["install", "--timeout", "60s"])
         .env("KUBECONFIG", kubeconfig)

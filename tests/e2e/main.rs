@@ -27,6 +27,7 @@ mod metrics;
 mod node_agent;
 mod pods;
 mod pool_cache;
+mod pool_overlap;
 mod rbac;
 mod reference_validation;
 mod repair;

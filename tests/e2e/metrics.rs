@@ -323,7 +323,7 @@ fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
     let (rules, test) = rule_files(dir.path(), |_| {});
     let (code, out) = promtool(&["check", "rules", rules.to_str().unwrap()], "");
     assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("SUCCESS: 2 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 3 rules found"), "{out}");
     let (code, out) = promtool(&["test", "rules", test.to_str().unwrap()], "");
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("SUCCESS"), "{out}");

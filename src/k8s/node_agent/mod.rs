@@ -27,7 +27,9 @@ use kube::runtime::watcher;
 use crate::api::{GuardMode, PortPool};
 use crate::k8s::record::ShardStore;
 use crate::k8s::watch::{Metrics, Readiness};
-use crate::ledger::node_guard::{NodePlan, PodHolding, listener_conflicts, node_plan, owners};
+use crate::ledger::node_guard::{
+    HELD_TWICE, HeldTwice, NodePlan, PodHolding, listener_conflicts, node_plan, owners,
+};
 use crate::ledger::node_report::NodeReport;
 use crate::node::bind_guard::BindGuard;
 use crate::node::bind_program::{
@@ -97,6 +99,7 @@ pub async fn run_node_agent(
         first_seen: HashMap::new(),
         written_pods: None,
         written_owners: None,
+        held_twice: Vec::new(),
         written_modes: None,
         reserved: None,
         metrics,
@@ -154,6 +157,8 @@ struct Agent {
     first_seen: HashMap<String, Instant>,
     written_pods: Option<BTreeMap<u64, u32>>,
     written_owners: Option<BTreeMap<u32, u64>>,
+    /// Ports two pods on the node hold (two pools over one port), as report lines.
+    held_twice: Vec<String>,
     written_modes: Option<BTreeMap<u32, u32>>,
     /// The ports last reserved.
     reserved: Option<BTreeSet<u16>>,
@@ -280,6 +285,9 @@ impl Agent {
                 lines
             }
         };
+        let mut conflicts = conflicts;
+        conflicts.retain(|line| !line.contains(HELD_TWICE));
+        conflicts.extend(self.held_twice.iter().cloned());
         let report = NodeReport {
             node: self.options.node_name.clone(),
             guard_unavailable: self.guard_failure.clone(),
@@ -446,10 +454,10 @@ impl Agent {
                 holders.push((cgroup, holding));
             }
         }
-        let (owners, twice) = owners(&holders);
-        for (slot, first, second) in twice {
-            tracing::warn!(slot, first = %first, second = %second, "two pods on this node hold one port; the first keeps it");
-        }
+        let previous = self.written_owners.clone().unwrap_or_default();
+        let (owners, twice) = owners(&holders, &previous);
+        // Reported with the listener conflicts (logged once, in the Lease, in pool describe).
+        self.held_twice = twice.iter().map(HeldTwice::line).collect();
         // Owners before pods: a pod marked seen must never be judged without its ports.
         if self.written_owners.as_ref() != Some(&owners) {
             guard.set_owners(&owners)?;

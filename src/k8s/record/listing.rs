@@ -66,6 +66,7 @@ mod tests {
                 node_reuse: None,
                 follow_nodes: None,
                 guard: None,
+                allow_overlap: false,
             },
         );
         PoolSnapshot::of_pool(&pool)

@@ -14,6 +14,6 @@ pub use pool_view::{NodesView, PoolView, pool_view};
 pub(crate) use pools::read_pool;
 pub use pools::{
     Applied, DeletedPool, PoolError, apply_pool, carry_spec, create_pool, delete_pool, get_pool,
-    list_pools, pool_ports,
+    list_pools, pool_overlaps_of, pool_ports,
 };
 pub use shards::ShardStore;

@@ -15,8 +15,8 @@ use crate::k8s::error::{ApiErrorKind, KubeError, Target};
 use crate::k8s::resources::{POOL_STATUS, POOLS, SHARDS};
 use crate::k8s::retry::{Attempts, RetryPolicy, Stop};
 use crate::ledger::{
-    PoolOverlap, PoolRecord, PoolSnapshot, ShardKey, ShardRecord, load_shard, new_shard,
-    overlapping_pool,
+    PoolOverlap, PoolRecord, PoolSnapshot, ShardKey, ShardRecord, all_overlaps, load_shard,
+    new_shard, overlapping_pool,
 };
 
 /// Shard writes in flight at once when a pool is created or its spec carried to its shards.
@@ -29,15 +29,18 @@ pub enum PoolError {
     Invalid { pool: String, error: SpecError },
 
     #[error(
-        "PortPool {pool:?} would overlap {protocol} pool {:?} ({}): a port could then be handed out \
-         by both; choose disjoint ranges, or pass --allow-overlap",
+        "PortPool {pool:?} would share {protocol} ports {} with PortPool {:?} ({}): a port could \
+         then be handed out by both; choose ranges clear of it, or, if the two pools' pods never \
+         run on one node, pass --allow-overlap and set spec.allowOverlap: true on {:?} too",
+        .overlap.shared,
         .overlap.other,
-        .overlap.other_ports
+        .overlap.other_ports,
+        .overlap.other
     )]
     Overlaps {
         pool: String,
         protocol: Protocol,
-        overlap: PoolOverlap,
+        overlap: Box<PoolOverlap>,
     },
 
     #[error(
@@ -120,23 +123,40 @@ pub fn pool_ports(pool: &PortPool) -> Result<PortSet, PoolError> {
     })
 }
 
+/// What `pool describe` and `repair` say of the pools `name` shares ports with, written before
+/// the admission policy (or with it absent); a listing that fails is said too.
+pub async fn pool_overlaps_of(client: &Client, name: &str) -> Vec<String> {
+    match list_pools(client).await {
+        Ok(pools) => all_overlaps(&pools)
+            .into_iter()
+            .filter(|o| o.pool == name)
+            .map(|o| o.describe())
+            .collect(),
+        Err(e) => vec![format!(
+            "could not check whether PortPool {name} shares ports with another pool: {e}"
+        )],
+    }
+}
+
 /// Create a pool, refusing one that overlaps a pool of the same protocol unless
-/// `allow_overlap`, then every shard of its record, empty and carrying its spec. Returns the
-/// pool as written.
+/// `allow_overlap` (which also sets its `spec.allowOverlap`: where the portalloc-pool-overlap
+/// policy is installed, the API server still refuses it unless the other pool allows it too),
+/// then every shard of its record, empty and carrying its spec. Returns the pool as written.
 pub async fn create_pool(
     client: &Client,
-    pool: PortPool,
+    mut pool: PortPool,
     allow_overlap: bool,
 ) -> Result<PortPool, PoolError> {
     let name = pool.name_any();
     let ports = pool_ports(&pool)?;
+    pool.spec.allow_overlap |= allow_overlap;
     if !allow_overlap
-        && let Some(overlap) = overlapping_pool(&pool.spec, &ports, &list_pools(client).await?)
+        && let Some(overlap) = overlapping_pool(&name, &pool.spec, &list_pools(client).await?)
     {
         return Err(PoolError::Overlaps {
             pool: name,
             protocol: pool.spec.protocol,
-            overlap,
+            overlap: Box::new(overlap),
         });
     }
     let pools: Api<PortPool> = Api::all(client.clone());

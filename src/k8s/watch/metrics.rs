@@ -146,6 +146,7 @@ struct WorkGauges {
     pool_allocated: Replaced,
     pool_free: Replaced,
     pool_largest_free_run: Replaced,
+    pool_overlap: Replaced,
     allocations: Replaced,
     stalled: Replaced,
 }
@@ -169,6 +170,13 @@ impl WorkGauges {
                 "portalloc_pool_largest_free_run_ports",
                 "The longest run of contiguous free ports in the band: the largest block it can still give.",
             ),
+            // A series only while two pools overlap: the cardinality is that of the problems.
+            pool_overlap: Replaced::new(
+                r.0,
+                "portalloc_pool_overlap_ports",
+                "Ports the pool's ranges share with another pool of its protocol (other) without both allowing it (spec.allowOverlap): each pool may hand such a port to a workload of its own. No series while none does.",
+                &["pool", "other"],
+            ),
             allocations: Replaced::new(
                 r.0,
                 "portalloc_allocations",
@@ -185,12 +193,13 @@ impl WorkGauges {
         }
     }
 
-    fn all(&self) -> [&Replaced; 6] {
+    fn all(&self) -> [&Replaced; 7] {
         [
             &self.pool_ports,
             &self.pool_allocated,
             &self.pool_free,
             &self.pool_largest_free_run,
+            &self.pool_overlap,
             &self.allocations,
             &self.stalled,
         ]
@@ -396,6 +405,18 @@ impl Metrics {
         m.pool_allocated.replace(allocated);
         m.pool_free.replace(free);
         m.pool_largest_free_run.replace(run);
+        m.pool_overlap.replace(
+            count
+                .overlaps
+                .iter()
+                .map(|o| {
+                    (
+                        vec![o.pool.clone(), o.other.clone()],
+                        i64::from(o.shared.len()),
+                    )
+                })
+                .collect(),
+        );
         self.0.activity.pool_refresh_errors.inc_by(count.unreadable);
     }
 

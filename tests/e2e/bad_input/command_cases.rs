@@ -59,7 +59,7 @@ pub fn pool_flag_cases(f: &Fixture) -> Vec<Case> {
             "pool create: overlaps a pool",
             &["35000-35010"],
             4,
-            &[&format!("PortPool \"{other}\" would overlap")],
+            &[&format!("PortPool \"{other}\" would share TCP ports")],
         ),
     ]
 }

@@ -31,6 +31,11 @@
 //
 // instead runs the tenancy ValidatingAdmissionPolicy of FILE on synthetic writes and prints its
 // runtime costs (policy.go).
+//
+//	celcost --overlap-policy FILE
+//
+// runs the pool overlap ValidatingAdmissionPolicy of FILE on synthetic PortPool writes against
+// 1,000 existing pools and prints its runtime costs (overlap.go).
 package main
 
 import (
@@ -85,6 +90,10 @@ func main() {
 
 	if len(os.Args) == 3 && os.Args[1] == "--policy" {
 		runPolicy(os.Args[2])
+		return
+	}
+	if len(os.Args) == 3 && os.Args[1] == "--overlap-policy" {
+		runOverlapPolicy(os.Args[2])
 		return
 	}
 	files := os.Args[1:]

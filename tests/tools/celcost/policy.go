@@ -112,6 +112,11 @@ func runPolicy(path string) {
 }
 
 func readPolicy(path string) (*admissionregistrationv1.ValidatingAdmissionPolicy, error) {
+	return readPolicyNamed(path, policyName)
+}
+
+// readPolicyNamed is the ValidatingAdmissionPolicy `name` of the YAML documents in `path`.
+func readPolicyNamed(path, name string) (*admissionregistrationv1.ValidatingAdmissionPolicy, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -121,9 +126,9 @@ func readPolicy(path string) (*admissionregistrationv1.ValidatingAdmissionPolicy
 	for {
 		var p admissionregistrationv1.ValidatingAdmissionPolicy
 		if err := docs.Decode(&p); err != nil {
-			return nil, fmt.Errorf("no ValidatingAdmissionPolicy %s: %w", policyName, err)
+			return nil, fmt.Errorf("no ValidatingAdmissionPolicy %s: %w", name, err)
 		}
-		if p.Kind == "ValidatingAdmissionPolicy" && p.Name == policyName {
+		if p.Kind == "ValidatingAdmissionPolicy" && p.Name == name {
 			return &p, nil
 		}
 	}
