@@ -118,6 +118,8 @@ fn subcommands(text: &str) -> Vec<String> {
         .skip_while(|l| !l.starts_with("Commands:"))
         .skip(1)
         .take_while(|l| l.starts_with("  "))
+        // A description wrapped onto the next line is indented further than the names.
+        .filter(|l| !l.starts_with("   "))
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         // clap's own `help` subcommand has no --help of its own.
         .filter(|name| name != "help")
