@@ -138,7 +138,7 @@ async fn a_port_gets_a_second_holder_only_once_the_first_copy_is_full() {
         .unwrap()
         .split_whitespace()
         .collect();
-    // NAME PROTOCOL RANGES SIZE ALLOCATED AVAILABLE HOLDERS AGE REUSE: every copy counts.
+    // NAME PROTOCOL RANGES SIZE ALLOCATED FREE HOLDERS AGE REUSE: every copy counts.
     assert_eq!(&row[3..7], &["8", "12", "4", "3"], "{listed}");
     assert_eq!(row[8], "2", "{listed}");
 
