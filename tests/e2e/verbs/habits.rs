@@ -350,3 +350,29 @@ async fn get_w_prints_the_table_then_a_line_per_change() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[tokio::test]
+async fn a_create_that_fails_part_way_names_what_it_wrote() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "part-way").await;
+    let pool = support::unique_name("part-way");
+    support::create_pool(&pool, "36700-36702");
+    // Both documents are valid and their pool exists; the second does not fit after the first.
+    let file = format!(
+        "{}---\n{}",
+        support::simple_allocation("fits", &pool, "web", 2, &["http"]),
+        support::simple_allocation("too-big", &pool, "web", 2, &["http"])
+    );
+    let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns], &file);
+    assert_eq!(run.code, 4, "{run}");
+    let error = run.stderr.lines().last().unwrap_or_default();
+    assert!(
+        error.starts_with(
+            "error: create -f stopped part way; written before this failed: portallocation.portalloc.dev/fits: "
+        ),
+        "{run}"
+    );
+    let api: Api<PortAllocation> = Api::namespaced(client, &ns);
+    assert!(api.get_opt("fits").await.unwrap().is_some());
+    assert!(api.get_opt("too-big").await.unwrap().is_none());
+}
