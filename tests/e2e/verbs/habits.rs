@@ -183,6 +183,11 @@ async fn create_f_reads_directories_and_prints_only_names_with_o_name() {
     );
     assert!(api.get_opt("c").await.unwrap().is_some());
 
+    let run = cli::run(&["sync", "b", "-n", &ns, "-o", "name"]);
+    assert!(run.ok(), "{run}");
+    assert_eq!(run.stdout, "portallocation.portalloc.dev/b\n", "{run}");
+    assert!(run.stderr.contains("portallocation/b"), "{run}");
+
     let empty = tempfile::tempdir().unwrap();
     let run = cli::run(&["create", "-f", empty.path().to_str().unwrap()]);
     assert_eq!(run.code, 7, "{run}");
@@ -375,4 +380,53 @@ async fn a_create_that_fails_part_way_names_what_it_wrote() {
     let api: Api<PortAllocation> = Api::namespaced(client, &ns);
     assert!(api.get_opt("fits").await.unwrap().is_some());
     assert!(api.get_opt("too-big").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn pool_get_w_prints_a_line_when_the_pool_changes() {
+    let pool = support::unique_name("pool-watch");
+    support::create_pool(&pool, "36800-36809");
+    let mut child = Command::new(cli::BIN)
+        .args(["pool", "get", &pool, "-w"])
+        .env("KUBECONFIG", &support::cluster().kubeconfig)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (send, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if send.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let header: Vec<String> = next_line(&lines, "the header")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        header[..6],
+        ["NAME", "PROTOCOL", "RANGES", "SIZE", "ALLOCATED", "FREE"]
+    );
+    let row = next_line(&lines, "the pool");
+    assert!(
+        row.starts_with(&format!("{pool} ")) && row.contains("36800-36809"),
+        "{row}"
+    );
+    let run = cli::run_stdin(
+        &["create", "-f", "-", "--force"],
+        &pool_doc(&pool, "36800-36819"),
+    );
+    assert!(run.ok(), "{run}");
+    let mut changed = next_line(&lines, "the changed pool");
+    while !changed.contains("36800-36819") {
+        changed = next_line(&lines, "the pool with its new range");
+    }
+    assert!(changed.starts_with(&format!("{pool} ")), "{changed}");
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
