@@ -430,3 +430,35 @@ async fn pool_get_w_prints_a_line_when_the_pool_changes() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// The checks before the first write read only for files of several objects: `create -f` of
+/// one PortAllocation (the path whose requests cell 2a counts) sends the requests it sent
+/// before, none for its namespace or pool; a file of a pool and a PortAllocation reads the
+/// namespace once and the pool once before writing.
+#[tokio::test]
+async fn checks_before_writing_add_no_request_to_a_single_allocation() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "precheck-requests").await;
+    let pool = support::unique_name("precheck");
+    let namespace_get = format!("GET /api/v1/namespaces/{ns} ");
+    let pool_get = format!("GET /apis/portalloc.dev/v1alpha1/portpools/{pool} ");
+    let both = format!(
+        "{}---\n{}",
+        pool_doc(&pool, "36900-36909"),
+        support::simple_allocation("first", &pool, "web", 1, &["http"])
+    );
+    let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns, "-v", "2"], &both);
+    assert!(run.ok(), "{run}");
+    let count = |text: &str, request: &str| text.lines().filter(|l| l.contains(request)).count();
+    assert_eq!(count(&run.stderr, &namespace_get), 1, "{run}");
+    assert!(count(&run.stderr, &pool_get) >= 1, "{run}");
+
+    let one = support::simple_allocation("second", &pool, "web", 1, &["http"]);
+    let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns, "-v", "2"], &one);
+    assert!(run.ok(), "{run}");
+    assert_eq!(count(&run.stderr, &namespace_get), 0, "{run}");
+    assert_eq!(count(&run.stderr, "GET /api/v1/namespaces"), 0, "{run}");
+    let requests = count(&run.stderr, " /api");
+    eprintln!("create -f of one 1-port PortAllocation, warm cache: {requests} requests");
+    assert!(requests <= 4, "{run}");
+}
