@@ -137,11 +137,13 @@ pub async fn run(global: &GlobalArgs, args: GetArgs) -> anyhow::Result<()> {
     };
     let mut shown = items.clone();
     let changes = k8s::changes(api, args.selector.as_deref(), &items);
-    futures::pin_mut!(changes);
+    // One future for the whole watch: a Ctrl-C while a row is printed is not missed.
+    let interrupted = tokio::signal::ctrl_c();
+    futures::pin_mut!(changes, interrupted);
     loop {
         let seen = tokio::select! {
             seen = changes.next() => seen,
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut interrupted => return Ok(()),
         };
         let pa = match seen {
             None => return Ok(()),

@@ -128,11 +128,13 @@ pub async fn get(client: &Client, args: GetArgs) -> anyhow::Result<()> {
     let mut shown = items.clone();
     let api: kube::Api<PortPool> = kube::Api::all(client.clone());
     let changes = k8s::changes(api, args.selector.as_deref(), &items);
-    futures::pin_mut!(changes);
+    // One future for the whole watch: a Ctrl-C while a row is printed is not missed.
+    let interrupted = tokio::signal::ctrl_c();
+    futures::pin_mut!(changes, interrupted);
     loop {
         let seen = tokio::select! {
             seen = futures::StreamExt::next(&mut changes) => seen,
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut interrupted => return Ok(()),
         };
         let pool = match seen {
             None => return Ok(()),

@@ -352,8 +352,14 @@ async fn get_w_prints_the_table_then_a_line_per_change() {
     assert!(cli::run(&["delete", "first", "-n", &ns]).ok());
     let deleted = next_line(&lines, "the deleted object");
     assert!(deleted.starts_with("first "), "{deleted}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    // Ctrl-C ends it, as a success.
+    let interrupt = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupt.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "get -w after Ctrl-C: {status}");
 }
 
 #[tokio::test]
