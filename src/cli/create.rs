@@ -168,14 +168,20 @@ async fn check_before_writing(
     force: bool,
 ) -> anyhow::Result<()> {
     for pool in pools {
-        if let PoolPlan::Change { differences } = k8s::plan_pool(&session.client, pool).await?
-            && !force
-        {
-            return Err(PoolError::AlreadyExists {
-                pool: pool.name_any(),
-                differences,
+        if let PoolPlan::Change { differences } = k8s::plan_pool(&session.client, pool).await? {
+            if !force {
+                return Err(PoolError::AlreadyExists {
+                    pool: pool.name_any(),
+                    differences,
+                }
+                .into());
             }
-            .into());
+            // What --force changes, said before it is done.
+            eprintln!(
+                "PortPool {:?} changes: {}",
+                pool.name_any(),
+                differences.join("; ")
+            );
         }
     }
     if pools.len() + allocations.len() < 2 {

@@ -108,6 +108,12 @@ async fn create_f_never_rewrites_a_live_pool_by_surprise() {
             .contains(&format!("portpool.portalloc.dev/{pool} configured")),
         "{run}"
     );
+    assert!(
+        run.stderr.contains(&format!(
+            "PortPool \"{pool}\" changes: spec.ranges: [\"36100-36199\"] -> [\"36100-36299\"]"
+        )),
+        "{run}"
+    );
     assert_eq!(
         pools.get(&pool).await.unwrap().spec.ranges[0].0,
         "36100-36299"
