@@ -103,7 +103,9 @@ pub async fn run(global: &GlobalArgs, args: CreateArgs) -> anyhow::Result<()> {
             .map_err(|e| stopped(&written, e.into()))?;
         let verb = applied_verb(applied);
         print_line(args.output, "portpool.portalloc.dev", &name, verb);
-        written.push(format!("portpool.portalloc.dev/{name} ({verb})"));
+        if applied != Applied::Unchanged {
+            written.push(format!("portpool.portalloc.dev/{name} ({verb})"));
+        }
     }
     let mut results = Vec::new();
     // ConfigMaps that could not follow their allocation: the ports are held, the others go on,
