@@ -21,12 +21,12 @@ use crate::k8s::{self, ApiErrorKind, DeleteError, PoolError};
 #[command(after_help = "Examples:
   kubectl portalloc delete sglang-pd -n llm
 
-  # Several at once, or all with a label
-  kubectl portalloc delete sglang-pd vllm-ray -n llm
+  # Several at once (those already gone skipped), or all with a label
+  kubectl portalloc delete sglang-pd vllm-ray -n llm --ignore-not-found
   kubectl portalloc delete -l team=a -n llm
 
   # What a manifest created: its PortAllocations, then its PortPools (refused while held)
-  kubectl portalloc delete -f sglang-pd.yaml -n llm
+  kubectl portalloc delete -f sglang-pd.yaml -n llm --ignore-not-found
 
   # Which ports it would free, with nothing deleted
   kubectl portalloc delete sglang-pd -n llm --dry-run=server")]
