@@ -11,7 +11,7 @@ use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
 use crate::api::PortAllocation;
 use crate::k8s::{self, ApiErrorKind, DeleteError, PoolError};
 
-/// Delete PortAllocations and give their ports back; with -f, also the PortPools the file names.
+/// Delete PortAllocations and give their ports back (with -f, a file's PortPools too).
 ///
 /// Each object goes first, then its pool entry. If this is interrupted in between, the entry
 /// belongs to a UID that no longer exists, which `kubectl portalloc repair` frees; the

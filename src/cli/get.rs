@@ -22,8 +22,11 @@ use crate::k8s::{self, ApiErrorKind, Seen, get_allocation, list_allocations_matc
   kubectl portalloc get -A -o wide
   kubectl portalloc get sglang-pd -n llm -o yaml
 
-  # Those with a label, then a line for each change until Ctrl-C
-  kubectl portalloc get -l team=a -w")]
+  # Only those with a label
+  kubectl portalloc get -A -l team=a
+
+  # The list, then a line for each PortAllocation that changes, until Ctrl-C
+  kubectl portalloc get -w")]
 pub struct GetArgs {
     pub name: Option<String>,
     /// List across all namespaces.
