@@ -169,8 +169,10 @@ async fn check_before_writing(
     allocations: &[PortAllocation],
     force: bool,
 ) -> anyhow::Result<()> {
+    let mut changed_pools = BTreeSet::new();
     for pool in pools {
         if let PoolPlan::Change { differences } = k8s::plan_pool(&session.client, pool).await? {
+            changed_pools.insert(pool.name_any());
             if !force {
                 return Err(PoolError::AlreadyExists {
                     pool: pool.name_any(),
@@ -232,7 +234,34 @@ async fn check_before_writing(
         )
         .into());
     }
-    Ok(())
+    check_fit(session, pools, allocations, &changed_pools).await
+}
+
+/// Whether every PortAllocation of the file fits, decided together against one copy of each
+/// pool (as the writes would, in order), with nothing sent. Those of a pool the file changes
+/// are decided when written: the copy would have the old spec.
+async fn check_fit(
+    session: &Session,
+    pools: &[crate::api::PortPool],
+    allocations: &[PortAllocation],
+    changed_pools: &BTreeSet<String>,
+) -> anyhow::Result<()> {
+    let items: Vec<(PortAllocation, k8s::Intent)> = allocations
+        .iter()
+        .filter(|pa| !changed_pools.contains(&pa.spec.pool))
+        .map(|pa| (pa.clone(), k8s::Intent::Apply))
+        .collect();
+    if items.is_empty() {
+        return Ok(());
+    }
+    let previews = k8s::preview(&session.client, items, k8s::DryRun::Client, pools).await?;
+    let Some(refusal) = previews.iter().find_map(|p| p.refusal.as_ref()) else {
+        return Ok(());
+    };
+    let exit = exit_for(&anyhow::Error::from(k8s::AllocateError::Refused(
+        refusal.clone(),
+    )));
+    Err(CliError::new(exit, format!("{refusal}; nothing of the file was written")).into())
 }
 
 /// `create --dry-run`: what applying the pools would do, then each PortAllocation's preview.

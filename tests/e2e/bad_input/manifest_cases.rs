@@ -421,6 +421,17 @@ pub fn before_the_first_write_cases(f: &Fixture) -> Vec<Case> {
             ],
         ),
         manifest(
+            "two PortAllocations that fit one at a time but not together",
+            ns,
+            format!(
+                "{}---\n{}",
+                pa_doc("y", &f.second, &web("6", HTTP)),
+                pa_doc("z", &f.second, &web("6", HTTP))
+            ),
+            4,
+            &[&format!("{ns}/z"), "nothing of the file was written"],
+        ),
+        manifest(
             "an existing pool with another spec, then a PortAllocation",
             ns,
             format!(
