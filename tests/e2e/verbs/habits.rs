@@ -458,7 +458,7 @@ async fn pool_get_w_prints_a_line_when_the_pool_changes() {
 /// The checks before the first write read only for files of several objects: `create -f` of
 /// one PortAllocation (the path whose requests cell 2a counts) sends the requests it sent
 /// before, none for its namespace or pool; a file of a pool and a PortAllocation reads the
-/// namespace once and the pool once before writing.
+/// namespace once, and the pool, before writing.
 #[tokio::test]
 async fn checks_before_writing_add_no_request_to_a_single_allocation() {
     let client = support::client().await;
