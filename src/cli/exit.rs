@@ -88,6 +88,7 @@ pub fn exit_for(err: &anyhow::Error) -> Exit {
                 PoolError::Overlaps { .. }
                 | PoolError::AlreadyExists { .. }
                 | PoolError::Held { .. }
+                | PoolError::Strands { .. }
                 | PoolError::ReuseInUse { .. } => Exit::Refused,
                 PoolError::Changed { .. } => Exit::Unavailable,
                 PoolError::Kube(e) => kube_exit(e),

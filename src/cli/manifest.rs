@@ -1,6 +1,7 @@
 //! Reading PortPool and PortAllocation manifests from a file or stdin (`-f -`).
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -16,21 +17,109 @@ pub enum Manifest {
 
 /// Read every document; fail on the first bad one, naming it, before anything is applied.
 pub fn read_manifests(path: &str) -> Result<Vec<Manifest>, CliError> {
-    let (source, text) = if path == "-" {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).map_err(|e| {
-            CliError::new(Exit::Invalid, format!("cannot read standard input: {e}"))
-        })?;
-        ("<stdin>".to_string(), text)
-    } else {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| CliError::new(Exit::Invalid, format!("cannot read {path}: {e}")))?;
-        (path.to_string(), text)
-    };
-    parse_manifests(&source, &text)
+    read_manifest_paths(&[path.to_string()], false)
 }
 
-pub fn parse_manifests(source: &str, text: &str) -> Result<Vec<Manifest>, CliError> {
+/// Every document of every `-f`: a file, `-` for standard input, or a directory, whose
+/// `*.yaml`, `*.yml` and `*.json` files are read in name order (and those of its
+/// subdirectories with `recursive`, as `kubectl -R` does). Fails on the first bad document.
+pub fn read_manifest_paths(paths: &[String], recursive: bool) -> Result<Vec<Manifest>, CliError> {
+    let invalid = |message: String| CliError::new(Exit::Invalid, message);
+    let mut manifests = Vec::new();
+    for path in paths {
+        if path == "-" {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| invalid(format!("cannot read standard input: {e}")))?;
+            manifests.extend(parse_documents("<stdin>", &text)?);
+            continue;
+        }
+        let files = manifest_files(Path::new(path), recursive, true)?;
+        if files.is_empty() {
+            return Err(invalid(format!(
+                "{path}: no *.yaml, *.yml or *.json files in this directory{}",
+                if recursive {
+                    ""
+                } else {
+                    " (-R reads its subdirectories)"
+                }
+            )));
+        }
+        for file in files {
+            let source = file.display().to_string();
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| invalid(format!("cannot read {source}: {e}")))?;
+            manifests.extend(parse_documents(&source, &text)?);
+        }
+    }
+    if manifests.is_empty() {
+        return Err(invalid(format!(
+            "{}: no PortPool or PortAllocation found",
+            match paths {
+                [one] if one == "-" => "<stdin>".to_string(),
+                _ => paths.join(", "),
+            }
+        )));
+    }
+    Ok(manifests)
+}
+
+/// `path` itself when it is a file; a directory's manifest files, sorted, descending into
+/// subdirectories when `recursive` (`top`: the directory named on the command line).
+fn manifest_files(path: &Path, recursive: bool, top: bool) -> Result<Vec<PathBuf>, CliError> {
+    let unreadable = |e: std::io::Error| {
+        CliError::new(
+            Exit::Invalid,
+            format!("cannot read {}: {e}", path.display()),
+        )
+    };
+    if !path.is_dir() {
+        // A file named on the command line is read whatever its extension, as kubectl does.
+        return Ok(if top {
+            vec![path.to_path_buf()]
+        } else {
+            Vec::new()
+        });
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(unreadable)?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()
+        .map_err(unreadable)?;
+    entries.sort();
+    let mut files = Vec::new();
+    for entry in entries {
+        if entry.is_dir() {
+            if recursive {
+                files.extend(manifest_files(&entry, true, false)?);
+            }
+        } else if entry
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
+        {
+            files.push(entry);
+        }
+    }
+    Ok(files)
+}
+
+/// One text's documents, at least one of ours (what the tests read).
+#[cfg(test)]
+fn parse_manifests(source: &str, text: &str) -> Result<Vec<Manifest>, CliError> {
+    let manifests = parse_documents(source, text)?;
+    if manifests.is_empty() {
+        return Err(CliError::new(
+            Exit::Invalid,
+            format!("{source}: no PortPool or PortAllocation found"),
+        ));
+    }
+    Ok(manifests)
+}
+
+/// The PortPools and PortAllocations of one file (none is fine: a directory may hold others).
+fn parse_documents(source: &str, text: &str) -> Result<Vec<Manifest>, CliError> {
     let invalid = |message: String| CliError::new(Exit::Invalid, message);
     let mut manifests = Vec::new();
     for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
@@ -81,11 +170,6 @@ pub fn parse_manifests(source: &str, text: &str) -> Result<Vec<Manifest>, CliErr
             Manifest::Allocation(strict(&at, value)?)
         };
         manifests.push(manifest);
-    }
-    if manifests.is_empty() {
-        return Err(invalid(format!(
-            "{source}: no PortPool or PortAllocation found"
-        )));
     }
     Ok(manifests)
 }

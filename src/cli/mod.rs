@@ -21,6 +21,7 @@ mod output;
 mod pool;
 mod pool_copies;
 mod pool_flags;
+mod pool_get;
 mod pool_guard;
 mod release;
 mod repair;

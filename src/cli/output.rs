@@ -47,6 +47,29 @@ pub fn print_rows_without(table: &mut Table, columns: &[usize]) -> anyhow::Resul
     print_table(table)
 }
 
+/// The last `rows` rows of a table whose columns are sized by all of its rows, without the
+/// columns given (a watch prints each change as one row lined up with the table before it).
+pub fn print_last_rows_without(
+    table: &mut Table,
+    columns: &[usize],
+    rows: usize,
+) -> anyhow::Result<()> {
+    use tabled::settings::Remove;
+    use tabled::settings::object::Columns;
+    for &column in columns.iter().rev() {
+        table.with(Remove::column(Columns::new(column..=column)));
+    }
+    table.with(Style::blank()).with(Padding::new(0, 2, 0, 0));
+    let text = table.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = io::stdout().lock();
+    for line in &lines[lines.len().saturating_sub(rows)..] {
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 /// A kubectl-style table: no borders, two spaces between columns, upper-case headers.
 pub fn print_table(table: &mut Table) -> anyhow::Result<()> {
     table.with(Style::blank()).with(Padding::new(0, 2, 0, 0));
@@ -55,6 +78,7 @@ pub fn print_table(table: &mut Table) -> anyhow::Result<()> {
     for line in text.lines() {
         writeln!(out, "{}", line.trim_end())?;
     }
+    out.flush()?;
     Ok(())
 }
 
@@ -63,6 +87,7 @@ pub fn print_names(kind: &str, names: impl IntoIterator<Item = String>) -> anyho
     for name in names {
         writeln!(out, "{kind}/{name}")?;
     }
+    out.flush()?;
     Ok(())
 }
 

@@ -3,10 +3,9 @@
 use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
-use kube::{Client, ResourceExt};
-use tabled::Tabled;
+use kube::Client;
 
-use super::output::{OutputFormat, age, bar, print_names, print_objects, print_rows_without};
+use super::output::{OutputFormat, bar, print_names, print_objects};
 use super::pool_flags::{ProtocolFlag, StaticBandParser};
 use super::{CliError, Exit, GlobalArgs, Session};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -15,7 +14,7 @@ use crate::api::{
     FollowNodes, GuardMode, PortPool, PortPoolSpec, PortRangeText, StaticBandSetting,
 };
 use crate::core::{Band, PoolState, hazards};
-use crate::k8s::{self, PoolView, get_pool};
+use crate::k8s::{self, get_pool};
 use crate::ledger::{Anomaly, PoolSnapshot, WindowRecord};
 
 #[derive(Args, Debug)]
@@ -27,7 +26,7 @@ pub struct PoolArgs {
 #[derive(Subcommand, Debug)]
 pub enum PoolCommand {
     Create(CreateArgs),
-    Get(GetArgs),
+    Get(super::pool_get::GetArgs),
     Describe(DescribeArgs),
     Delete(DeleteArgs),
 }
@@ -110,17 +109,6 @@ pub struct CreateArgs {
     pub output: Option<OutputFormat>,
 }
 
-/// List PortPools with their usage.
-#[derive(Args, Debug)]
-#[command(after_help = "Examples:
-  kubectl portalloc pool get
-  kubectl portalloc pool get default -o yaml")]
-pub struct GetArgs {
-    pub name: Option<String>,
-    #[arg(short = 'o', long, value_enum, default_value = "table")]
-    pub output: OutputFormat,
-}
-
 /// Show a pool's ranges, bands, usage, holders and warnings.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
@@ -146,7 +134,7 @@ pub async fn run(global: &GlobalArgs, args: PoolArgs) -> anyhow::Result<()> {
     let session = Session::connect(global).await?;
     match args.command {
         PoolCommand::Create(args) => create(&session.client, args).await,
-        PoolCommand::Get(args) => get(&session.client, args).await,
+        PoolCommand::Get(args) => super::pool_get::get(&session.client, args).await,
         PoolCommand::Describe(args) => describe(&session.client, args).await,
         PoolCommand::Delete(args) => delete(&session.client, args).await,
     }
@@ -204,7 +192,23 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
         )
     })?;
     let pool = PortPool::new(&args.name, spec);
-    let written = k8s::create_pool(client, pool, args.allow_overlap).await?;
+    let (written, applied) = k8s::create_or_keep_pool(client, pool, args.allow_overlap).await?;
+    if applied == k8s::Applied::Unchanged {
+        // As `kubectl apply` says of an object already as asked: nothing to do, not an error.
+        return match args.output {
+            Some(format @ (OutputFormat::Json | OutputFormat::Yaml)) => {
+                print_objects(&[written], format, true)
+            }
+            Some(OutputFormat::Name) => print_names("portpool.portalloc.dev", [args.name]),
+            _ => {
+                println!(
+                    "portpool.portalloc.dev/{} unchanged (it already exists with this spec)",
+                    args.name
+                );
+                Ok(())
+            }
+        };
+    }
     let ports = k8s::pool_ports(&written)?;
     let state = PoolState::new(ports.clone(), written.spec.core_static_band());
     for hazard in hazards(&ports) {
@@ -239,99 +243,6 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
                 }
             );
             Ok(())
-        }
-    }
-}
-
-#[derive(Tabled)]
-struct PoolRow {
-    #[tabled(rename = "NAME")]
-    name: String,
-    #[tabled(rename = "PROTOCOL")]
-    protocol: String,
-    #[tabled(rename = "RANGES")]
-    ranges: String,
-    #[tabled(rename = "SIZE")]
-    size: u32,
-    #[tabled(rename = "ALLOCATED")]
-    allocated: u32,
-    #[tabled(rename = "AVAILABLE")]
-    available: u32,
-    #[tabled(rename = "HOLDERS")]
-    holders: usize,
-    #[tabled(rename = "AGE")]
-    age: String,
-    /// `-o wide` only: its `nodeReuse` (ALLOCATED and AVAILABLE count every copy).
-    #[tabled(rename = "REUSE")]
-    reuse: u16,
-}
-
-/// The REUSE column, which only `-o wide` shows.
-const REUSE_COLUMN: usize = 8;
-
-/// One table row; `view` is the pool's record as readers see it (its shards' union), `None`
-/// when the spec is unusable.
-fn row(pool: &PortPool, view: Option<&PoolView>) -> PoolRow {
-    let ranges = pool
-        .spec
-        .ranges
-        .iter()
-        .map(|r| r.0.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
-    let base = PoolRow {
-        name: pool.name_any(),
-        protocol: pool.spec.protocol.to_string(),
-        ranges,
-        size: 0,
-        reuse: pool.spec.reuse(),
-        allocated: 0,
-        available: 0,
-        holders: 0,
-        age: age(pool.metadata.creation_timestamp.as_ref()),
-    };
-    // With reuse, AVAILABLE counts every copy: how many more pods' ports fit.
-    match view {
-        Some(view) => PoolRow {
-            size: view.record.state.size(),
-            allocated: view.held(),
-            available: view.capacity().saturating_sub(view.held()),
-            holders: view.holders(),
-            ..base
-        },
-        None => base,
-    }
-}
-
-async fn get(client: &Client, args: GetArgs) -> anyhow::Result<()> {
-    let items = match &args.name {
-        Some(name) => vec![get_pool(client, name).await?],
-        None => k8s::list_pools(client).await?,
-    };
-    match args.output {
-        OutputFormat::Json | OutputFormat::Yaml => {
-            print_objects(&items, args.output, args.name.is_some())
-        }
-        OutputFormat::Name => {
-            print_names("portpool.portalloc.dev", items.iter().map(|p| p.name_any()))
-        }
-        OutputFormat::Table | OutputFormat::Wide => {
-            if items.is_empty() {
-                eprintln!(
-                    "No PortPools found. Create one with `kubectl portalloc pool create NAME --range A-B`."
-                );
-                return Ok(());
-            }
-            let mut rows = Vec::new();
-            for pool in &items {
-                let view = k8s::pool_view(client, pool.clone()).await?.ok();
-                rows.push(row(pool, view.as_ref()));
-            }
-            let drop: &[usize] = match args.output {
-                OutputFormat::Wide => &[],
-                _ => &[REUSE_COLUMN],
-            };
-            print_rows_without(&mut tabled::Table::new(rows), drop)
         }
     }
 }
@@ -411,7 +322,7 @@ fn write_usage(out: &mut String, record: &WindowRecord) {
         state.held_count(),
         bar(state.held_count(), state.size(), 30)
     );
-    let _ = writeln!(out, "Available:    {}", state.free_count());
+    let _ = writeln!(out, "Free:         {}", state.free_count());
     let frag = state.fragmentation();
     let fits: Vec<String> = record
         .block_sizes_to_report()

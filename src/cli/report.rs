@@ -4,13 +4,22 @@
 use crate::k8s::{ConfigMapError, SyncReport};
 
 pub fn print_report(report: &SyncReport, verbosity: u8) {
+    print_report_to(report, verbosity, false)
+}
+
+/// [`print_report`], on stderr when `to_stderr` (with `-o`, stdout is for the objects or names).
+pub fn print_report_to(report: &SyncReport, verbosity: u8, to_stderr: bool) {
+    let line = |text: String| match to_stderr {
+        true => eprintln!("{text}"),
+        false => println!("{text}"),
+    };
     if verbosity >= 1 {
-        println!(
+        line(format!(
             "{report} [attempts={} conflicts={}]",
             report.attempts, report.conflicts
-        );
+        ));
     } else {
-        println!("{report}");
+        line(report.to_string());
     }
     if report.holdings.port_count() > 0
         && let Some(warning) = report.allocation.reused_ports_warning()
@@ -18,7 +27,7 @@ pub fn print_report(report: &SyncReport, verbosity: u8) {
         eprintln!("warning: {warning}");
     }
     match &report.configmap {
-        Some(Ok(configmap)) => println!("{configmap}"),
+        Some(Ok(configmap)) => line(configmap.to_string()),
         // Callers that fail on it take it out first; the others (repair) still say it.
         Some(Err(error)) => eprintln!("error: {error}"),
         None => {}

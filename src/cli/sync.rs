@@ -9,7 +9,7 @@ use kube::ResourceExt;
 
 use super::dry_run::DryRunArg;
 use super::output::{OutputFormat, print_names, print_objects};
-use super::report::{print_report, take_configmap_error};
+use super::report::{print_report_to, take_configmap_error};
 use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
 use crate::k8s::{self, Readiness, WatchOptions, get_allocation, list_allocations};
 use crate::ledger::leader_lease::lease_name;
@@ -130,9 +130,8 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
         match result {
             Ok(mut report) => {
                 let configmap_error = take_configmap_error(&mut report);
-                if args.output.is_none() {
-                    print_report(&report, session.verbosity);
-                }
+                // With -o, stdout is for the objects or names alone.
+                print_report_to(&report, session.verbosity, args.output.is_some());
                 synced.push(report.allocation);
                 // Its ports are synced either way; the ConfigMap failure still fails the run.
                 if let Some(e) = configmap_error {

@@ -21,12 +21,14 @@
 //! and repair, pool creation and deletion, and the create-then-allocate of a manifest.
 
 pub mod allocate;
+mod changes;
 mod client;
 mod cpu_bound;
 mod crds;
 mod error;
 mod events;
 mod leader;
+mod manifest_checks;
 pub mod names;
 pub mod node_agent;
 pub mod node_ports;
@@ -43,18 +45,22 @@ pub mod webhook;
 pub use allocate::{
     AllocateError, Allocator, ApplyError, Change, ConfigMapError, DeleteError, Deleted, DryRun,
     EnvConfigMap, Intent, Preview, SyncReport, apply_allocation, apply_configmap,
-    delete_allocation, get_allocation, list_allocations, preview, preview_pool,
+    delete_allocation, get_allocation, list_allocations, list_allocations_matching, preview,
+    preview_pool,
 };
+pub use changes::{Seen, changes};
 pub use client::{ClientOptions, Connection, connect};
 pub use cpu_bound::cpu_bound;
 pub use crds::{install_crds, install_overlap_policy};
 pub use error::{ApiErrorKind, KubeError, Target, error_chain};
 pub use events::Events;
 pub use leader::{LeaderElection, LeaseRef, Lost, default_identity};
+pub use manifest_checks::{missing_namespaces, missing_pools};
 pub use probes::serve_probes;
 pub use record::{
-    Applied, DeletedPool, NodesView, PoolError, PoolView, ShardStore, apply_pool, carry_spec,
-    create_pool, delete_pool, get_pool, list_pools, pool_overlaps_of, pool_ports, pool_view,
+    Applied, DeletedPool, NodesView, PoolError, PoolPlan, PoolView, ShardStore, apply_pool,
+    carry_spec, create_or_keep_pool, create_pool, delete_pool, get_pool, list_pools,
+    list_pools_matching, plan_pool, pool_overlaps_of, pool_ports, pool_view,
 };
 pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};

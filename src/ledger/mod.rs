@@ -57,6 +57,7 @@ mod repair_plan;
 mod repair_restore;
 mod repair_text;
 mod shard_choice;
+mod spec_change;
 mod spread;
 mod window_choice;
 mod window_record;
@@ -91,6 +92,7 @@ pub use refusal::{Reason, Refusal};
 pub use repair_outcome::{Change, Finding, FreeReason, RepairPlan, Restored};
 pub use repair_plan::plan_repair;
 pub use shard_choice::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
+pub use spec_change::{spec_differences, stranded_holders};
 pub use window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
 pub use windows::{
     ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,

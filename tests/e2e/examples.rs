@@ -75,7 +75,7 @@ async fn sglang_prefill_decode_on_host_network() {
     let client = support::client().await;
     let ns = support::namespace(&client, "ex-sglang").await;
     let pool = support::unique_name("ex-sglang");
-    let text = example("sglang-pd-hostnetwork.yaml", "llm", &pool);
+    let text = example("sglang-pd-hostnetwork.yaml", "sglang-pd-hostnetwork", &pool);
     let path = std::env::temp_dir().join(format!("{pool}.yaml"));
     std::fs::write(&path, &text).unwrap();
     let file = path.to_str().unwrap();
@@ -219,7 +219,7 @@ async fn statefulset_reads_its_port_from_the_configmap() {
     let ns = support::namespace(&client, "ex-sts").await;
     let pool = support::unique_name("ex-sts");
     support::create_pool(&pool, "33000-33099");
-    let text = example("statefulset-configmap.yaml", "llm", &pool);
+    let text = example("statefulset-configmap.yaml", "statefulset-configmap", &pool);
     let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns], &text);
     assert!(run.ok(), "{run}");
     let run = cli::run(&[

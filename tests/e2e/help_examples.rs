@@ -92,6 +92,29 @@ fn sglang_pd() -> String {
     allocation.replace("pool: quickstart", "pool: default")
 }
 
+/// The pool `create -f pool.yaml --force` changes: `default` as the examples make it, with its
+/// static band spelled out.
+const POOL: &str = "apiVersion: portalloc.dev/v1alpha1
+kind: PortPool
+metadata: {name: default}
+spec:
+  ranges: [\"20000-20999\"]
+  staticBand: Auto
+";
+
+/// A second PortAllocation, in a subdirectory of `manifests/` (`create -f manifests/ -R`).
+const VLLM_RAY: &str = "apiVersion: portalloc.dev/v1alpha1
+kind: PortAllocation
+metadata: {name: vllm-ray}
+spec:
+  pool: default
+  roles:
+  - name: head
+    replicas: 1
+    ports:
+    - {name: gcs, scope: RoleScoped, env: RAY_GCS_PORT}
+";
+
 const OLD_POOL_USER: &str = "apiVersion: portalloc.dev/v1alpha1
 kind: PortAllocation
 metadata: {name: old-pool-user}
@@ -201,6 +224,10 @@ async fn every_help_example_runs_as_written() {
     std::fs::write(dir.join("sglang-pd.yaml"), sglang_pd()).unwrap();
     std::fs::write(dir.join("rendered.yaml"), sglang_pd()).unwrap();
     std::fs::write(dir.join("old-pool-user.yaml"), OLD_POOL_USER).unwrap();
+    std::fs::write(dir.join("pool.yaml"), POOL).unwrap();
+    std::fs::create_dir_all(dir.join("manifests/team")).unwrap();
+    std::fs::write(dir.join("manifests/sglang-pd.yaml"), sglang_pd()).unwrap();
+    std::fs::write(dir.join("manifests/team/vllm-ray.yaml"), VLLM_RAY).unwrap();
     std::fs::copy(
         support::repo_root().join("tests/fixtures/rbg/v1alpha2-pd.yaml"),
         dir.join("rbg.yaml"),

@@ -138,7 +138,7 @@ async fn a_port_gets_a_second_holder_only_once_the_first_copy_is_full() {
         .unwrap()
         .split_whitespace()
         .collect();
-    // NAME PROTOCOL RANGES SIZE ALLOCATED AVAILABLE HOLDERS AGE REUSE: every copy counts.
+    // NAME PROTOCOL RANGES SIZE ALLOCATED FREE HOLDERS AGE REUSE: every copy counts.
     assert_eq!(&row[3..7], &["8", "12", "4", "3"], "{listed}");
     assert_eq!(row[8], "2", "{listed}");
 
@@ -155,7 +155,8 @@ async fn a_port_gets_a_second_holder_only_once_the_first_copy_is_full() {
     let lowered = format!(
         "apiVersion: portalloc.dev/v1alpha1\nkind: PortPool\nmetadata:\n  name: {pool}\nspec:\n  ranges: [\"{RANGE}\"]\n  nodeReuse: 1\n"
     );
-    let run = cli::run_stdin(&["create", "-f", "-"], &lowered);
+    // (--force: a pool's spec changes only when asked to; even then not under its holders.)
+    let run = cli::run_stdin(&["create", "-f", "-", "--force"], &lowered);
     assert_eq!(run.code, 4, "{run}");
     assert_eq!(run.stderr.trim().lines().count(), 1, "{run}");
     assert!(
@@ -169,7 +170,7 @@ async fn a_port_gets_a_second_holder_only_once_the_first_copy_is_full() {
     // Once copy 1 is empty, the same edit goes through.
     let run = cli::run(&["delete", "c", "-n", &ns]);
     assert!(run.ok(), "{run}");
-    let run = cli::run_stdin(&["create", "-f", "-"], &lowered);
+    let run = cli::run_stdin(&["create", "-f", "-", "--force"], &lowered);
     assert!(run.ok(), "{run}");
     assert_eq!(pools.get(&pool).await.unwrap().spec.node_reuse, Some(1));
 }

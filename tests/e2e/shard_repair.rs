@@ -350,7 +350,7 @@ async fn describe_sums_the_shards_and_delete_refuses_while_held() {
     for line in [
         "Record:       4 shards\n",
         "Size:         600 ports\n",
-        "Available:    597\n",
+        "Free:         597\n",
         "Holders:      2\n",
         "    web.http=45050,45100\n",
     ] {
@@ -376,7 +376,7 @@ async fn describe_sums_the_shards_and_delete_refuses_while_held() {
         .unwrap()
         .split_whitespace()
         .collect();
-    // NAME PROTOCOL RANGES SIZE ALLOCATED AVAILABLE HOLDERS AGE
+    // NAME PROTOCOL RANGES SIZE ALLOCATED FREE HOLDERS AGE
     assert_eq!(&row[3..7], &["600", "3", "597", "2"], "{run}");
 
     // A small pool is one shard.

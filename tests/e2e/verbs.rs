@@ -1,6 +1,7 @@
 //! The plugin as users meet it: every verb and output format, errors and exit codes, help,
 //! completion, colour rules and pipes. The binary runs as a process against the real server.
 
+mod habits;
 mod help;
 
 use k8s_openapi::api::core::v1::Service;
@@ -124,7 +125,7 @@ async fn get_in_every_format() {
             "RANGES",
             "SIZE",
             "ALLOCATED",
-            "AVAILABLE",
+            "FREE",
             "HOLDERS",
             "AGE"
         ]

@@ -60,11 +60,25 @@ pub async fn list_allocations(
     client: &Client,
     namespace: Option<&str>,
 ) -> Result<Vec<PortAllocation>, KubeError> {
+    list_allocations_matching(client, namespace, None).await
+}
+
+/// [`list_allocations`] of those whose labels match `selector` (a label selector, as
+/// `kubectl -l` takes it; the API server applies it).
+pub async fn list_allocations_matching(
+    client: &Client,
+    namespace: Option<&str>,
+    selector: Option<&str>,
+) -> Result<Vec<PortAllocation>, KubeError> {
     let api: Api<PortAllocation> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let mut items = list_in_pages(&api, &ListParams::default())
+    let mut params = ListParams::default();
+    if let Some(selector) = selector {
+        params = params.labels(selector);
+    }
+    let mut items = list_in_pages(&api, &params)
         .await
         .map_err(|e| KubeError::from_kube(e, ALLOCATIONS.all("list", namespace)))?;
     items.sort_by_key(|pa| (pa.namespace(), pa.name_any()));

@@ -20,7 +20,7 @@ mod whole_pool;
 pub(crate) use allocations::list_in_pages;
 pub use allocations::{
     ApplyError, DeleteError, Deleted, apply_allocation, delete_allocation, get_allocation,
-    list_allocations,
+    list_allocations, list_allocations_matching,
 };
 pub use allocator::{AllocateError, Allocator};
 pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};

@@ -8,6 +8,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
+use super::pool_change::refuse_stranding;
 use super::shards::ShardStore;
 use crate::api::{PortPool, PortPoolShard, PortPoolStatus, Protocol, SpecError};
 use crate::core::{Holdings, PortSet};
@@ -16,7 +17,7 @@ use crate::k8s::resources::{POOL_STATUS, POOLS, SHARDS};
 use crate::k8s::retry::{Attempts, RetryPolicy, Stop};
 use crate::ledger::{
     PoolOverlap, PoolRecord, PoolSnapshot, ShardKey, ShardRecord, all_overlaps, load_shard,
-    new_shard, overlapping_pool,
+    new_shard, overlapping_pool, spec_differences,
 };
 
 /// Shard writes in flight at once when a pool is created or its spec carried to its shards.
@@ -43,10 +44,21 @@ pub enum PoolError {
         overlap: Box<PoolOverlap>,
     },
 
+    #[error("{}", already_exists(.pool, .differences))]
+    AlreadyExists {
+        pool: String,
+        /// `field: old -> new` for each field the asked spec changes; empty when unknown.
+        differences: Vec<String>,
+    },
+
     #[error(
-        "PortPool {pool:?} already exists: see it with `kubectl portalloc pool describe {pool}`"
+        "PortPool {pool:?}: the new spec would strand {} holders: {}; nothing was changed. Keep \
+         their ports in the pool, or release those PortAllocations first (`kubectl portalloc \
+         release NAME -n NAMESPACE`)",
+        .holders.len(),
+        .holders.join(", ")
     )]
-    AlreadyExists { pool: String },
+    Strands { pool: String, holders: Vec<String> },
 
     #[error(
         "PortPool {pool:?} still has {} holders: {}. Delete those PortAllocations first \
@@ -81,6 +93,20 @@ pub enum PoolError {
     Kube(#[from] KubeError),
 }
 
+fn already_exists(pool: &str, differences: &[String]) -> String {
+    if differences.is_empty() {
+        return format!(
+            "PortPool {pool:?} already exists: see it with `kubectl portalloc pool describe {pool}`"
+        );
+    }
+    format!(
+        "PortPool {pool:?} already exists and differs ({}); nothing was changed. To change it, \
+         apply its manifest with `kubectl portalloc create -f FILE --force`; to keep it, use \
+         another name",
+        differences.join("; ")
+    )
+}
+
 /// What applying a pool from a manifest did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Applied {
@@ -105,9 +131,21 @@ pub async fn get_pool(client: &Client, name: &str) -> Result<PortPool, KubeError
 
 /// Every pool, sorted by name.
 pub async fn list_pools(client: &Client) -> Result<Vec<PortPool>, KubeError> {
+    list_pools_matching(client, None).await
+}
+
+/// [`list_pools`] of those whose labels match `selector` (as `kubectl -l` takes it).
+pub async fn list_pools_matching(
+    client: &Client,
+    selector: Option<&str>,
+) -> Result<Vec<PortPool>, KubeError> {
     let pools: Api<PortPool> = Api::all(client.clone());
+    let mut params = ListParams::default();
+    if let Some(selector) = selector {
+        params = params.labels(selector);
+    }
     let mut items = pools
-        .list(&ListParams::default())
+        .list(&params)
         .await
         .map_err(|e| KubeError::from_kube(e, POOLS.all("list", None)))?
         .items;
@@ -144,33 +182,60 @@ pub async fn pool_overlaps_of(client: &Client, name: &str) -> Vec<String> {
 /// then every shard of its record, empty and carrying its spec. Returns the pool as written.
 pub async fn create_pool(
     client: &Client,
-    mut pool: PortPool,
+    pool: PortPool,
     allow_overlap: bool,
 ) -> Result<PortPool, PoolError> {
+    Ok(create_or_keep_pool(client, pool, allow_overlap).await?.0)
+}
+
+/// [`create_pool`], except that a pool of that name with the same spec is kept as it is
+/// (`Applied::Unchanged`, as `kubectl apply` says) and one with another spec is refused with
+/// what differs (`AlreadyExists`), never mistaken for an overlap with itself.
+pub async fn create_or_keep_pool(
+    client: &Client,
+    mut pool: PortPool,
+    allow_overlap: bool,
+) -> Result<(PortPool, Applied), PoolError> {
     let name = pool.name_any();
     let ports = pool_ports(&pool)?;
     pool.spec.allow_overlap |= allow_overlap;
-    if !allow_overlap
-        && let Some(overlap) = overlapping_pool(&name, &pool.spec, &list_pools(client).await?)
-    {
-        return Err(PoolError::Overlaps {
-            pool: name,
-            protocol: pool.spec.protocol,
-            overlap: Box::new(overlap),
-        });
+    if !allow_overlap {
+        let mut others = list_pools(client).await?;
+        if let Some(at) = others.iter().position(|p| p.name_any() == name) {
+            return keep_existing(others.swap_remove(at), pool);
+        }
+        if let Some(overlap) = overlapping_pool(&name, &pool.spec, &others) {
+            return Err(PoolError::Overlaps {
+                pool: name,
+                protocol: pool.spec.protocol,
+                overlap: Box::new(overlap),
+            });
+        }
     }
     let pools: Api<PortPool> = Api::all(client.clone());
     let created = match pools.create(&crate::k8s::write_params(), &pool).await {
         Ok(created) => created,
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
-            return Err(PoolError::AlreadyExists { pool: name });
+            let existing = get_pool(client, &name).await?;
+            return keep_existing(existing, pool);
         }
         Err(e) => return Err(KubeError::from_kube(e, POOLS.on("create", &name, None)).into()),
     };
     tracing::info!("created PortPool {name}: {ports}");
     let written = initialize_status(&pools, created, &ports).await?;
     create_shards(client, &written).await?;
-    Ok(written)
+    Ok((written, Applied::Created))
+}
+
+/// The existing pool when it is what was asked, else why not.
+fn keep_existing(existing: PortPool, asked: PortPool) -> Result<(PortPool, Applied), PoolError> {
+    if existing.spec == asked.spec {
+        return Ok((existing, Applied::Unchanged));
+    }
+    Err(PoolError::AlreadyExists {
+        pool: asked.name_any(),
+        differences: spec_differences(&existing.spec, &asked.spec),
+    })
 }
 
 /// The size for the printer column from the start.
@@ -280,9 +345,7 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
             if existing.spec == pool.spec {
                 return Ok(Applied::Unchanged);
             }
-            if pool.spec.follow_nodes.is_none() && pool.spec.reuse() < existing.spec.reuse() {
-                refuse_reuse_below_use(client, &existing, pool.spec.reuse()).await?;
-            }
+            refuse_stranding(client, &existing, &pool.spec).await?;
             existing.spec = pool.spec;
             // The resourceVersion just read makes this a compare-and-swap: a conflict is
             // reported (a rerun is safe) rather than overwriting someone else's change.
@@ -297,45 +360,6 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
         }
         Err(e) => Err(KubeError::from_kube(e, POOLS.on("create", &name, None)).into()),
     }
-}
-
-/// Lowering `nodeReuse` to `asked` must leave no holder in a copy past it.
-async fn refuse_reuse_below_use(
-    client: &Client,
-    pool: &PortPool,
-    asked: u16,
-) -> Result<(), PoolError> {
-    let name = pool.name_any();
-    let shards = ShardStore::new(client.clone())
-        .list(&name)
-        .await
-        .map_err(kube_error)?;
-    let record = PoolRecord::load(PoolSnapshot::of_pool(pool), shards).map_err(|error| {
-        PoolError::Invalid {
-            pool: name.clone(),
-            error,
-        }
-    })?;
-    let Some(&last) = record.copies_in_use().last() else {
-        return Ok(());
-    };
-    if last < asked {
-        return Ok(());
-    }
-    let mut holders: Vec<String> = record
-        .copies
-        .range(asked..)
-        .flat_map(|(_, copy)| copy.shards.values())
-        .flat_map(|shard| shard.record.holders.values().map(|h| h.owner.clone()))
-        .collect();
-    holders.sort();
-    holders.dedup();
-    Err(PoolError::ReuseInUse {
-        pool: name,
-        asked,
-        in_use: last + 1,
-        holders,
-    })
 }
 
 /// Write the pool's current spec to every shard that carries an older one, re-reading after a
@@ -383,7 +407,7 @@ pub async fn carry_spec(client: &Client, name: &str) -> Result<(), PoolError> {
     }
 }
 
-fn kube_error((e, target): (kube::Error, Target)) -> KubeError {
+pub(super) fn kube_error((e, target): (kube::Error, Target)) -> KubeError {
     KubeError::from_kube(e, target)
 }
 

@@ -13,6 +13,15 @@ pub struct Case {
 }
 
 impl Case {
+    /// The same case without `-n` (its documents name their namespaces).
+    pub fn without_namespace_flag(self) -> Case {
+        let mut args = self.args;
+        if let Some(at) = args.iter().position(|a| a == "-n") {
+            args.drain(at..=at + 1);
+        }
+        Case { args, ..self }
+    }
+
     /// The same case with `input` on stdin.
     pub fn with_stdin(self, input: String) -> Case {
         Case {

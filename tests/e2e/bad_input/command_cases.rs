@@ -82,6 +82,16 @@ pub fn pool_command_cases(f: &Fixture) -> Vec<Case> {
             &[&format!("PortPool \"{p}\" already exists")],
         ),
         case(
+            "pool create: name taken, another spec, no --allow-overlap",
+            &["pool", "create", p, "--range", "35000-35059"],
+            4,
+            &[
+                &format!("PortPool \"{p}\" already exists and differs"),
+                "spec.exclude: [\"35040-35049\"] -> <unset>",
+                "spec.ranges: [\"35000-35049\"] -> [\"35000-35059\"]",
+            ],
+        ),
+        case(
             "pool delete while held",
             &["pool", "delete", p],
             4,

@@ -87,7 +87,7 @@ impl Fixture {
     }
 }
 
-fn pool_doc(name: &str, spec: &str) -> String {
+pub fn pool_doc(name: &str, spec: &str) -> String {
     format!(
         "apiVersion: portalloc.dev/v1alpha1\nkind: PortPool\nmetadata:\n  name: {name}\nspec:\n{spec}"
     )

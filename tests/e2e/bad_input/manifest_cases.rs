@@ -371,3 +371,102 @@ pub fn source_cases(f: &Fixture) -> Vec<Case> {
         ),
     ]
 }
+
+/// Files of several objects whose later ones cannot be written: refused before the first
+/// write, so nothing of the file is applied; and a pool of the file that exists with another
+/// spec.
+pub fn before_the_first_write_cases(f: &Fixture) -> Vec<Case> {
+    let ns = f.ns.as_str();
+    let new_pool = f.bad_pool(&ranges("\"35300-35309\""));
+    let (pool, other, nowhere) = (f.pool.as_str(), f.other_pool.as_str(), f.nowhere.as_str());
+    vec![
+        manifest(
+            "a new pool, then a bad second document: the pool is not created",
+            ns,
+            format!("{new_pool}---\n{}", pa_doc("y", other, &web("-1", HTTP))),
+            7,
+            &[&format!("PortAllocation {ns}/y"), "replicas"],
+        ),
+        manifest(
+            "a new pool, then a PortAllocation in a namespace that does not exist",
+            ns,
+            format!(
+                "{new_pool}---\n{}",
+                pa_doc("y", other, &web("1", HTTP)).replace(
+                    "  name: y\n",
+                    &format!("  name: y\n  namespace: {nowhere}\n")
+                )
+            ),
+            3,
+            &[
+                &format!("namespace \"{nowhere}\" does not exist"),
+                "\"y\"",
+                "nothing was written",
+            ],
+        )
+        .without_namespace_flag(),
+        manifest(
+            "two PortAllocations, the second naming a pool that does not exist",
+            ns,
+            format!(
+                "{}---\n{}",
+                pa_doc("y", pool, &web("1", HTTP)),
+                pa_doc("z", nowhere, &web("1", HTTP))
+            ),
+            3,
+            &[
+                &format!("PortPool \"{nowhere}\""),
+                &format!("{ns}/z"),
+                "neither exists nor is in the file",
+            ],
+        ),
+        manifest(
+            "two PortAllocations that fit one at a time but not together",
+            ns,
+            format!(
+                "{}---\n{}",
+                pa_doc("y", &f.second, &web("6", HTTP)),
+                pa_doc("z", &f.second, &web("6", HTTP))
+            ),
+            4,
+            &[&format!("{ns}/z"), "nothing of the file was written"],
+        ),
+        manifest(
+            "an existing pool with another spec, then a PortAllocation",
+            ns,
+            format!(
+                "{}---\n{}",
+                super::fixture::pool_doc(
+                    pool,
+                    &format!(
+                        "{}  exclude: [\"35040-35049\"]\n",
+                        ranges("\"35000-35059\"")
+                    )
+                ),
+                pa_doc("y", pool, &web("1", HTTP))
+            ),
+            4,
+            &[
+                &format!("PortPool \"{pool}\" already exists and differs"),
+                "spec.ranges: [\"35000-35049\"] -> [\"35000-35059\"]",
+                "--force",
+            ],
+        ),
+        case(
+            "an existing pool changed with --force so that its holder's port is excluded",
+            &["create", "-f", "-", "-n", ns, "--force"],
+            4,
+            &[
+                &format!("PortPool \"{pool}\": the new spec would strand 1 holders"),
+                &format!("{ns}/owner (ports 35005: outside the new ranges or excluded)"),
+            ],
+        )
+        .with_stdin(super::fixture::pool_doc(
+            pool,
+            &format!(
+                "{}  exclude: [\"35005\", \"35040-35049\"]\n",
+                ranges("\"35000-35049\"")
+            ),
+        )),
+    ]
+}

@@ -31,6 +31,10 @@ fn tables(f: &Fixture) -> Vec<(&'static str, Vec<Case>)> {
         ("references", manifest_cases::reference_cases(f)),
         ("against the pool", manifest_cases::pool_fit_cases(f)),
         ("manifest source", manifest_cases::source_cases(f)),
+        (
+            "before the first write",
+            manifest_cases::before_the_first_write_cases(f),
+        ),
         ("pool flags", command_cases::pool_flag_cases(f)),
         ("pool verbs", command_cases::pool_command_cases(f)),
         ("named objects", command_cases::named_object_cases(f)),
