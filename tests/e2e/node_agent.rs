@@ -11,12 +11,31 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
+use portalloc::node::reserved_ports;
+
 use crate::support::agent_node::{AgentNode, script};
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::webhook::start_webhook;
 
 const NODE: &str = "node-a";
 const POOL_RANGE: (u16, u16) = (45_000, 45_009);
+const RESERVED: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+
+/// Entries someone else reserved on a node, in no order and of every length: several KiB,
+/// none in 46000-46009, and most of the ephemeral range left free.
+fn others_reserved_ports() -> String {
+    let mut entries = vec!["30000-32767".to_string(), "33000-33009".to_string()];
+    for i in 0..1200u32 {
+        let port = 20_000 + (i * 7) % 9_000;
+        entries.push(if i % 2 == 0 {
+            port.to_string()
+        } else {
+            format!("{port}-{}", port + 2)
+        });
+    }
+    entries.push("8080".into());
+    entries.join(",")
+}
 
 /// Poll `check` every 100 ms until it is true or `within` passes.
 fn eventually(
@@ -330,6 +349,21 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
     assert!(run.ok(), "{run}");
     let plain_root = tempfile::tempdir().unwrap();
     let log_path = plain_root.path().join("agent.log");
+    // Others' entries before the agent starts, several KiB of them (a NodePort range among
+    // them): far past the 32 bytes a first small read of the setting sees.
+    let others = others_reserved_ports();
+    let value_file = plain_root.path().join("others");
+    std::fs::write(&value_file, format!("{others}\n")).unwrap();
+    node.sh(&format!(
+        "python3 -c 'import os,sys; b=open(sys.argv[1],\"rb\").read(); fd=os.open(\"{RESERVED}\",os.O_WRONLY)\nwhile b: b=b[os.write(fd,b):]' '{}'",
+        value_file.display()
+    ));
+    let expected = format!("{others},46000-46009");
+    assert_eq!(
+        reserved_ports::parse(&node.sh(&format!("cat {RESERVED}"))),
+        reserved_ports::parse(&others),
+        "the test's own value is in place"
+    );
     let _agent = KillOnDrop(
         node.nsenter()
             .arg(env!("CARGO_BIN_EXE_kubectl-portalloc"))
@@ -356,11 +390,18 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     eventually(
         Duration::from_secs(15),
-        "reserving the pool without a guard",
-        || node.sh("cat /proc/sys/net/ipv4/ip_local_reserved_ports") == "46000-46009",
+        "reserving the pool without a guard, beside every entry of others",
+        || {
+            reserved_ports::parse(&node.sh(&format!("cat {RESERVED}")))
+                == reserved_ports::parse(&expected)
+        },
         log,
     );
     let said = log();
+    assert!(
+        !said.contains(RESERVED) && !said.contains("reserved-ports"),
+        "no failed read or write of the setting:\n{said}"
+    );
     assert_eq!(
         said.matches("binds are not guarded on this node").count(),
         1,

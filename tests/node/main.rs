@@ -4,4 +4,5 @@
 //! (CI runs as root; `mount -t cgroup2` shows where the hierarchy is).
 
 mod guard;
+mod reserved;
 mod support;

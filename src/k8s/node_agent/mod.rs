@@ -189,11 +189,25 @@ impl Agent {
         // ports go back to the kernel's choice. Each is retried next round if it failed, and a
         // setting that cannot be written never keeps the guard from following the pools.
         let guarded = self.set_modes(&plan);
-        if self.reserved.as_ref() != Some(&plan.reserved) {
-            match self.apply_plan(&plan) {
-                Ok(()) => self.reserved = Some(plan.reserved.clone()),
-                Err(e) => tracing::warn!(node = %self.options.node_name, "{e:#}"),
+        if plan_changed {
+            self.warn_unreserved(&plan);
+        }
+        // Every round, not only when the pools change: a value another writer put there
+        // without the agent's entries gets them back.
+        match self.reserved_ports.apply(&plan.reserved) {
+            Ok(reservation) => {
+                if reservation.written || self.reserved.as_ref() != Some(&plan.reserved) {
+                    tracing::info!(
+                        node = %self.options.node_name,
+                        pool_ports = plan.reserved.len(),
+                        reserved = reservation.reserved.len(),
+                        guarded = ?plan.guarded,
+                        "reserved every pool's ports"
+                    );
+                }
+                self.reserved = Some(plan.reserved.clone());
             }
+            Err(e) => tracing::warn!(node = %self.options.node_name, "{e}"),
         }
         let guarded = match guarded {
             Ok(true) => self.guard_round(pods, &pools).await,
@@ -231,27 +245,13 @@ impl Agent {
         self.report(&found, &by_uid).await
     }
 
-    fn apply_plan(&mut self, plan: &NodePlan) -> anyhow::Result<()> {
+    fn warn_unreserved(&self, plan: &NodePlan) {
         for (pool, why) in &plan.unusable {
             tracing::warn!(pool = %pool, "PortPool {pool:?} names no usable ports ({why}); nothing of it is reserved or guarded");
         }
         for line in &plan.unreserved {
             tracing::warn!(node = %self.options.node_name, "{line}");
         }
-        let reservation = self.reserved_ports.apply(&plan.reserved).map_err(|e| {
-            anyhow::anyhow!(
-                "writing {}: {e} (the agent needs CAP_NET_ADMIN and a writable file there)",
-                self.options.reserved_ports_file.display()
-            )
-        })?;
-        tracing::info!(
-            node = %self.options.node_name,
-            pool_ports = plan.reserved.len(),
-            reserved = reservation.reserved.len(),
-            guarded = ?plan.guarded,
-            "reserved every pool's ports"
-        );
-        Ok(())
     }
 
     /// Renew the Lease with what the agent does now, when that changed or is due.
