@@ -334,6 +334,24 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
         "Audit",
     ]);
     assert!(run.ok(), "{run}");
+    // No guard on SCTP, whose binds no cgroup bind hook sees: refused before the API server
+    // is asked (which refuses it too, tests/e2e/crd_validation.rs).
+    let run = cluster.run(&[
+        "pool",
+        "create",
+        "sctp",
+        "--range",
+        "47000-47009",
+        "--protocol",
+        "SCTP",
+        "--guard",
+        "Enforce",
+    ]);
+    assert_eq!(run.code, 7, "{run}");
+    assert!(
+        run.stderr.contains("spec.guard: guard Enforce cannot be set on an SCTP pool: the kernel hands an SCTP bind to sctp_bind"),
+        "{run}"
+    );
     // A pool of every port would leave the node no source port for any connection (the
     // agent's own to the API server included): it is not reserved, and said so.
     let run = cluster.run(&[
