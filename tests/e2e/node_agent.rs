@@ -317,7 +317,6 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
         return;
     };
     let client = cluster.client().await;
-    crate::support::create_namespace(&client, "portalloc-system").await;
     let node = AgentNode::start(&cluster.kubeconfig, "agent-plain");
     // Something of the node's own listens on a port the pool will cover.
     let pid = node.sh(&format!(
@@ -420,14 +419,39 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
         !said.contains(RESERVED) && !said.contains("reserved-ports"),
         "no failed read or write of the setting:\n{said}"
     );
+    // The Lease's namespace does not exist yet: said once when it starts, however many
+    // rounds (100 ms) and retries (every --report-every, 1 s) pass, and once when it ends.
+    let lease_fails = "renewing the node agent's Lease in namespace portalloc-system";
+    eventually(
+        Duration::from_secs(15),
+        "the missing Lease namespace said",
+        || log().contains(lease_fails),
+        log,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    crate::support::create_namespace(&client, "portalloc-system").await;
+    eventually(
+        Duration::from_secs(15),
+        "the Lease renewed once its namespace exists",
+        || log().contains("the node agent's Lease is renewed again"),
+        log,
+    );
+    let said = log();
+    assert_eq!(
+        said.matches(lease_fails).count(),
+        2,
+        "once as a warning, once in the line that it ended:\n{said}"
+    );
     assert_eq!(
         said.matches("binds are not guarded on this node").count(),
         1,
         "one line, not one per round:\n{said}"
     );
     assert!(said.contains("no cgroup v2 hierarchy at"), "{said}");
-    assert!(
-        said.contains("port 46003/TCP of PortPool plain is already listened on"),
+    assert_eq!(
+        said.matches("port 46003/TCP of PortPool plain is already listened on")
+            .count(),
+        1,
         "{said}"
     );
     eventually(
