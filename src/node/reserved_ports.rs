@@ -299,6 +299,15 @@ impl ReservedPorts {
         self.apply_to(&SysctlFile(&self.sysctl), pools)
     }
 
+    /// Take every entry the agent added out of the setting, leaving every other (for
+    /// `node-agent --detach`); the entries taken out.
+    pub fn release(&self) -> Result<BTreeSet<u16>, ReserveError> {
+        let ours = self.ours()?;
+        let before = self.current()?;
+        self.apply(&BTreeSet::new())?;
+        Ok(ours.intersection(&before).copied().collect())
+    }
+
     fn apply_to(
         &self,
         setting: &dyn Setting,

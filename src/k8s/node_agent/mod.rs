@@ -290,18 +290,9 @@ impl Agent {
     }
 
     fn driver(&self) -> CgroupDriver {
-        self.options.cgroup_driver.unwrap_or_else(|| {
-            if self
-                .options
-                .cgroup_root
-                .join(CgroupDriver::Systemd.kubepods())
-                .is_dir()
-            {
-                CgroupDriver::Systemd
-            } else {
-                CgroupDriver::Cgroupfs
-            }
-        })
+        self.options
+            .cgroup_driver
+            .unwrap_or_else(|| CgroupDriver::detect(&self.options.cgroup_root))
     }
 
     fn kubepods(&self) -> PathBuf {
