@@ -231,18 +231,16 @@ impl Agent {
         let outcome = reserved.as_ref().map(|_| ()).map_err(ToString::to_string);
         self.note("reserve", "the pools' ports are reserved again", outcome);
         if let Ok(reservation) = reserved {
-            {
-                if reservation.written || self.reserved.as_ref() != Some(&plan.reserved) {
-                    tracing::info!(
-                        node = %self.options.node_name,
-                        pool_ports = plan.reserved.len(),
-                        reserved = reservation.reserved.len(),
-                        guarded = ?plan.guarded,
-                        "reserved every pool's ports"
-                    );
-                }
-                self.reserved = Some(plan.reserved.clone());
+            if reservation.written || self.reserved.as_ref() != Some(&plan.reserved) {
+                tracing::info!(
+                    node = %self.options.node_name,
+                    pool_ports = plan.reserved.len(),
+                    reserved = reservation.reserved.len(),
+                    guarded = ?plan.guarded,
+                    "reserved every pool's ports"
+                );
             }
+            self.reserved = Some(plan.reserved.clone());
         }
         let guarded = match guarded {
             Ok(true) => self.guard_round(pods, &pools).await,
