@@ -186,6 +186,29 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         "ok",
         "processes outside pods are never touched"
     );
+    // Detached under the running agent (bpftool, or node-agent --detach too early): the next
+    // round attaches the guard again, with its maps written afresh.
+    assert_eq!(
+        portalloc::node::bind_guard::BindGuard::detach(&node.cgroups.kubepods()).unwrap(),
+        2
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the guard attached again and refusing the intruder",
+        || node.bind(Some(&intruder_cg), port[0]) == "EPERM",
+        || node.log(),
+    );
+    assert!(
+        node.log()
+            .contains("the bind guard is no longer attached whole (0 of its 2 programs)"),
+        "{}",
+        node.log()
+    );
+    assert_eq!(
+        node.bind(Some(&cgroup[0]), port[0]),
+        "ok",
+        "the holder still binds"
+    );
 
     // The refusal is an Event on the intruder, naming the port, the pool and the holder.
     let events: Api<Event> = Api::namespaced(client.clone(), "team");

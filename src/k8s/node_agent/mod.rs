@@ -215,6 +215,9 @@ impl Agent {
         let plan = node_plan(&pools.values().cloned().collect::<Vec<_>>(), ephemeral);
         let plan_changed = self.plan.as_ref() != Some(&plan);
         self.plan = Some(plan.clone());
+        if self.guard.is_some() {
+            self.check_attachment();
+        }
         if self.guard.is_none() {
             self.attach_guard();
         }
@@ -295,6 +298,30 @@ impl Agent {
 
     fn kubepods(&self) -> PathBuf {
         self.options.cgroup_root.join(self.driver().kubepods())
+    }
+
+    /// Whether the guard's programs are still attached, both of them: one detached (by
+    /// `node-agent --detach`, bpftool, a cgroup recreated) is attached again this round, from
+    /// nothing, so no bind is judged by half a guard or by maps nobody keeps.
+    fn check_attachment(&mut self) {
+        let kubepods = self.kubepods();
+        let attached = BindGuard::attached(&kubepods);
+        if matches!(attached, Ok(2)) {
+            return;
+        }
+        let found = match attached {
+            Ok(n) => format!("{n} of its 2 programs"),
+            Err(e) => format!("its programs could not be listed: {e}"),
+        };
+        tracing::warn!(
+            node = %self.options.node_name,
+            kubepods = %kubepods.display(),
+            "the bind guard is no longer attached whole ({found}); attaching it again"
+        );
+        if let Err(e) = BindGuard::detach(&kubepods) {
+            tracing::warn!(node = %self.options.node_name, "detaching what is left of the guard: {e}");
+        }
+        self.guard = None;
     }
 
     fn attach_guard(&mut self) {
