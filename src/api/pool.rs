@@ -37,6 +37,7 @@ use super::{PortRangeText, StaticBandSetting};
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(exclusions_inside_ranges()).message("every exclusion must lie inside one of spec.ranges").field_path(".exclude"))]
 #[x_kube(validation = Rule::new(ranges_disjoint()).message("spec.ranges must not overlap: list each port once").field_path(".ranges"))]
+#[x_kube(validation = Rule::new(GUARD_NOT_SCTP).message("spec.guard Audit or Enforce cannot be set on an SCTP pool: the kernel hands an SCTP bind to sctp_bind, which runs no cgroup bind4/bind6 hook, so the node agent can neither see nor refuse it; set guard to Off or remove it (the agent still reserves the pool's ports)").field_path(".guard"))]
 #[x_kube(validation = Rule::new(FIXED_OR_FOLLOWING).message("set either nodeReuse (a fixed number of copies) or followNodes (copies that follow the nodes), not both: keep followNodes and remove nodeReuse, or the reverse").field_path(".followNodes"))]
 pub struct PortPoolSpec {
     /// Inclusive port ranges ("A-B") or single ports ("A") in 1..65535; they must not overlap.
@@ -99,6 +100,15 @@ impl PortPoolSpec {
         self.guard.unwrap_or_default()
     }
 
+    /// The guard the kernel can apply: `Off` for SCTP, whose binds no cgroup bind hook sees
+    /// (see [`PortPoolSpec::check_guard`]), else `spec.guard`.
+    pub fn judged_guard(&self) -> GuardMode {
+        match self.protocol {
+            Protocol::Sctp => GuardMode::Disabled,
+            _ => self.guard_mode(),
+        }
+    }
+
     /// How many copies of its ports the pool keeps: `nodeReuse`, 1 when unset. Values the
     /// schema refuses (below 1, above 256) are read as the nearest it allows.
     pub fn reuse(&self) -> u16 {
@@ -124,6 +134,10 @@ pub struct FollowNodes {
 /// repeats it client-side).
 const FIXED_OR_FOLLOWING: &str =
     "!has(self.followNodes) || !has(self.nodeReuse) || self.nodeReuse <= 1";
+
+/// Refuses a guard on an SCTP pool (the CEL rule; [`PortPoolSpec::check_guard`] repeats it).
+const GUARD_NOT_SCTP: &str =
+    "!has(self.guard) || self.guard == 'Off' || !has(self.protocol) || self.protocol != 'SCTP'";
 
 /// The most copies a pool may keep: a shard's copy number is 0-255.
 pub const MAX_NODE_REUSE: i32 = 256;

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
 use super::{
-    LwsMember, PortAllocationSpec, PortPoolSpec, PortRequest, Role, Scope, StaticBandSetting,
-    WorkloadKind,
+    GuardMode, LwsMember, PortAllocationSpec, PortPoolSpec, PortRequest, Protocol, Role, Scope,
+    StaticBandSetting, WorkloadKind,
 };
 use crate::core::{self, PortDemand, PortSet, SlotKey};
 
@@ -78,6 +78,24 @@ impl PortPoolSpec {
                      of copies or copies that follow the nodes. Keep followNodes and remove \
                      nodeReuse (the copies then follow the nodes counted), or keep nodeReuse and \
                      remove followNodes"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// No guard on an SCTP pool (the schema's CEL rule, repeated for specs from any source):
+    /// the kernel hands an SCTP bind to `sctp_bind`, which runs no cgroup `bind4`/`bind6` hook,
+    /// so a guard there would be described as judging binds it never sees.
+    pub fn check_guard(&self) -> Result<(), SpecError> {
+        match (self.protocol, self.guard_mode()) {
+            (Protocol::Sctp, mode @ (GuardMode::Audit | GuardMode::Enforce)) => Err(spec_error(
+                "spec.guard",
+                format!(
+                    "guard {mode} cannot be set on an SCTP pool: the kernel hands an SCTP bind to \
+                     sctp_bind, which runs no cgroup bind4/bind6 hook, so the node agent can \
+                     neither see nor refuse it. Set guard to Off or remove it; the agent still \
+                     keeps the pool's ports out of the kernel's ephemeral choice"
                 ),
             )),
             _ => Ok(()),

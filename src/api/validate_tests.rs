@@ -385,3 +385,38 @@ fn pool_ports_subtract_exclusions() {
     overlapping.ranges.push("30009-30010".into());
     assert_eq!(overlapping.port_set().unwrap_err().field, "spec.ranges");
 }
+
+#[test]
+fn a_guard_on_an_sctp_pool_is_refused_and_says_why() {
+    let sctp = |guard| PortPoolSpec {
+        ranges: vec!["40000-40009".into()],
+        exclude: vec![],
+        protocol: Protocol::Sctp,
+        static_band: StaticBandSetting::Auto,
+        node_reuse: None,
+        follow_nodes: None,
+        guard,
+        allow_overlap: false,
+    };
+    for mode in [GuardMode::Audit, GuardMode::Enforce] {
+        let refused = sctp(Some(mode)).check_guard().unwrap_err();
+        assert_eq!(refused.field, "spec.guard");
+        assert!(
+            refused
+                .message
+                .contains("sctp_bind, which runs no cgroup bind4/bind6 hook"),
+            "{refused}"
+        );
+        // Its ports are still usable, and reserved by the agent: only the guard is refused.
+        assert!(sctp(Some(mode)).port_set().is_ok());
+        assert_eq!(sctp(Some(mode)).judged_guard(), GuardMode::Disabled);
+    }
+    assert_eq!(sctp(Some(GuardMode::Disabled)).check_guard(), Ok(()));
+    assert_eq!(sctp(None).check_guard(), Ok(()));
+    let tcp = PortPoolSpec {
+        protocol: Protocol::Tcp,
+        ..sctp(Some(GuardMode::Enforce))
+    };
+    assert_eq!(tcp.check_guard(), Ok(()));
+    assert_eq!(tcp.judged_guard(), GuardMode::Enforce);
+}

@@ -10,7 +10,9 @@ use clap::Args;
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::k8s::node_agent::{NodeAgentOptions, run_node_agent};
 use crate::k8s::{self, Metrics, Readiness};
-use crate::node::cgroups::CgroupDriver;
+use crate::node::bind_guard::BindGuard;
+use crate::node::cgroups::{self, CgroupDriver};
+use crate::node::reserved_ports::ReservedPorts;
 
 /// Keep pools' ports reserved on this node and let only their holders bind them.
 ///
@@ -23,11 +25,25 @@ use crate::node::cgroups::CgroupDriver;
   kubectl portalloc node-agent --node-name \"$NODE_NAME\"
 
   # A node whose kubelet uses the systemd cgroup driver, with the hierarchy mounted elsewhere
-  kubectl portalloc node-agent --node-name gpu-7 --cgroup-root /host/cgroup --cgroup-driver systemd")]
+  kubectl portalloc node-agent --node-name gpu-7 --cgroup-root /host/cgroup --cgroup-driver systemd
+
+  # On a node whose agent was removed: take the guard and the agent's reserved ports away
+  kubectl portalloc node-agent --detach")]
 pub struct NodeAgentArgs {
     /// The node this agent runs on (the downward API's spec.nodeName).
-    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
-    pub node_name: String,
+    #[arg(
+        long,
+        env = "NODE_NAME",
+        value_name = "NAME",
+        required_unless_present = "detach"
+    )]
+    pub node_name: Option<String>,
+    /// Remove what the agent put on this node, then exit: detach the bind guard's programs
+    /// from kubelet's kubepods cgroup (found by name, as a restarted agent finds them) and take
+    /// the agent's entries out of net.ipv4.ip_local_reserved_ports, leaving everyone else's.
+    /// Stop the agent first (remove its DaemonSet), or it puts both back. Reads no API.
+    #[arg(long)]
+    pub detach: bool,
     /// Where the node's cgroup v2 hierarchy is mounted.
     #[arg(long, default_value = "/sys/fs/cgroup", value_name = "DIR")]
     pub cgroup_root: PathBuf,
@@ -68,7 +84,11 @@ pub struct NodeAgentArgs {
 }
 
 pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()> {
-    if args.node_name.trim().is_empty() {
+    if args.detach {
+        return detach(&args);
+    }
+    let node_name = args.node_name.clone().unwrap_or_default();
+    if node_name.trim().is_empty() {
         return Err(CliError::new(
             Exit::Usage,
             "--node-name is empty: pass the node's name, or set NODE_NAME from the downward API (spec.nodeName)",
@@ -85,13 +105,9 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         tracing::info!("serving /healthz, /readyz and /metrics on {bound}");
     }
     let options = NodeAgentOptions {
-        node_name: args.node_name,
+        node_name,
         cgroup_root: args.cgroup_root,
-        cgroup_driver: match args.cgroup_driver {
-            DriverFlag::Auto => None,
-            DriverFlag::Cgroupfs => Some(CgroupDriver::Cgroupfs),
-            DriverFlag::Systemd => Some(CgroupDriver::Systemd),
-        },
+        cgroup_driver: driver(args.cgroup_driver),
         state_dir: args.state_dir,
         reserved_ports_file: args.reserved_ports_file,
         round: args.round,
@@ -100,6 +116,55 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
     };
     let stop = super::sync::signalled(signals, 1);
     run_node_agent(session.client, options, (readiness, metrics), stop).await
+}
+
+/// `--detach`: the guard off `kubepods`, the agent's reserved ports out, others' kept.
+fn detach(args: &NodeAgentArgs) -> anyhow::Result<()> {
+    let root = &args.cgroup_root;
+    let driver = driver(args.cgroup_driver).unwrap_or_else(|| CgroupDriver::detect(root));
+    let kubepods = root.join(driver.kubepods());
+    let guard = if !cgroups::is_cgroup2(root) || !kubepods.is_dir() {
+        format!(
+            "no guard to detach: {} is not a cgroup v2 kubepods directory",
+            kubepods.display()
+        )
+    } else {
+        let detached = BindGuard::detach(&kubepods).map_err(|e| {
+            CliError::new(
+                Exit::Failure,
+                format!(
+                    "detaching the bind guard from {}: {e} (detaching needs root with \
+                     CAP_NET_ADMIN and CAP_SYS_ADMIN, in the node's network namespace)",
+                    kubepods.display()
+                ),
+            )
+        })?;
+        format!(
+            "detached {detached} bind guard program{} from {}",
+            if detached == 1 { "" } else { "s" },
+            kubepods.display()
+        )
+    };
+    let reserved = ReservedPorts::at(&args.reserved_ports_file, &args.state_dir);
+    let released = reserved
+        .release()
+        .map_err(|e| CliError::new(Exit::Failure, e.to_string()))?;
+    println!("{guard}");
+    println!(
+        "took {} port{} the agent had reserved out of {}; entries others put there stay",
+        released.len(),
+        if released.len() == 1 { "" } else { "s" },
+        args.reserved_ports_file.display()
+    );
+    Ok(())
+}
+
+fn driver(flag: DriverFlag) -> Option<CgroupDriver> {
+    match flag {
+        DriverFlag::Auto => None,
+        DriverFlag::Cgroupfs => Some(CgroupDriver::Cgroupfs),
+        DriverFlag::Systemd => Some(CgroupDriver::Systemd),
+    }
 }
 
 /// `--cgroup-driver`.

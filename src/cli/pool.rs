@@ -265,10 +265,13 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
     let reports = k8s::node_agent::node_reports(client)
         .await
         .map_err(|e| e.to_string());
-    let mode = view.record.pool.spec.guard_mode();
     print!(
         "{}",
-        super::pool_guard::guard_text(&args.name, mode, reports.as_deref().map_err(Clone::clone))
+        super::pool_guard::guard_text_of(
+            &args.name,
+            &view.record.pool.spec,
+            reports.as_deref().map_err(Clone::clone)
+        )
     );
     Ok(())
 }

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::api::GuardMode;
+use crate::api::{GuardMode, PortPoolSpec};
 use crate::ledger::node_report::{PoolGuardSummary, ReadReport, pool_guard_summary};
 
 /// How many node names a line lists before it says how many more.
@@ -14,8 +14,52 @@ const NAMES_SHOWN: usize = 10;
 /// The section for `pool` (guard `mode`), from every agent's report, or why they could not be
 /// read.
 pub fn guard_text(pool: &str, mode: GuardMode, reports: Result<&[ReadReport], String>) -> String {
+    section(pool, mode.to_string(), mode, reports)
+}
+
+/// The section for a pool with `spec`: a guard the kernel cannot apply (SCTP's) is named as
+/// asked and said to be unapplied, and no agent is listed as guarding the pool.
+pub fn guard_text_of(
+    pool: &str,
+    spec: &PortPoolSpec,
+    reports: Result<&[ReadReport], String>,
+) -> String {
+    let (asked, judged) = (spec.guard_mode(), spec.judged_guard());
+    if asked == judged {
+        return guard_text(pool, asked, reports);
+    }
+    let heading = format!(
+        "{asked}, not applied: the kernel hands an {} bind to sctp_bind, which runs no cgroup \
+         bind hook, so no node agent sees it (set guard to Off; the ports are still reserved)",
+        spec.protocol
+    );
+    // An agent older than this rule may still list the pool: the kernel judges none of its binds.
+    let reports: Result<Vec<ReadReport>, String> = reports.map(|reports| {
+        reports
+            .iter()
+            .cloned()
+            .map(|mut read| {
+                read.report.pools.remove(pool);
+                read
+            })
+            .collect()
+    });
+    section(
+        pool,
+        heading,
+        judged,
+        reports.as_deref().map_err(Clone::clone),
+    )
+}
+
+fn section(
+    pool: &str,
+    heading: String,
+    mode: GuardMode,
+    reports: Result<&[ReadReport], String>,
+) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "Guard:        {mode}");
+    let _ = writeln!(out, "Guard:        {heading}");
     let reports = match reports {
         Ok(reports) => reports,
         Err(why) => {
@@ -130,6 +174,34 @@ mod tests {
              reserve its ports, no guard: gpu-3 (no cgroup v2 hierarchy at /sys/fs/cgroup)\n  \
              stopped reporting: gpu-4 (last 10m ago): their guard stays attached with the ports it last knew\n"
         );
+    }
+
+    #[test]
+    fn an_sctp_pool_is_never_called_guarded() {
+        let spec: PortPoolSpec = serde_json::from_value(serde_json::json!({
+            "ranges": ["40000-40009"], "protocol": "SCTP", "guard": "Enforce"
+        }))
+        .unwrap();
+        // An agent that still lists the pool (an older one) is not believed either.
+        let reports = [
+            read("gpu-1", Some(GuardMode::Enforce), 5),
+            read("gpu-2", None, 5),
+        ];
+        let text = guard_text_of("llm", &spec, Ok(&reports));
+        assert!(
+            text.starts_with(
+                "Guard:        Enforce, not applied: the kernel hands an SCTP bind to sctp_bind"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("guard it"), "{text}");
+        assert!(!text.contains("has not applied"), "{text}");
+        assert!(text.contains("Node agents:  2 report"), "{text}");
+        let tcp = PortPoolSpec {
+            protocol: crate::api::Protocol::Tcp,
+            ..spec
+        };
+        assert!(guard_text_of("llm", &tcp, Ok(&reports)).contains("guard it (Enforce): gpu-1"));
     }
 
     #[test]

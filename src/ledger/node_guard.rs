@@ -82,7 +82,8 @@ pub fn node_plan(pools: &[PortPool], ephemeral: Option<EphemeralRange>) -> NodeP
                 .push(unreserved_line(pool, &ports, ephemeral, left)),
             None => plan.reserved.extend(ports.iter()),
         }
-        let mode = pool.spec.guard_mode();
+        // SCTP binds run no cgroup bind hook: such a pool is reserved, never called guarded.
+        let mode = pool.spec.judged_guard();
         if mode == GuardMode::Disabled {
             continue;
         }
@@ -281,10 +282,17 @@ mod tests {
                     Protocol::Udp,
                     Some(GuardMode::Audit),
                 ),
+                // No cgroup bind hook runs for SCTP: reserved, never guarded.
+                pool(
+                    "sctp",
+                    &["33000-33002"],
+                    Protocol::Sctp,
+                    Some(GuardMode::Enforce),
+                ),
             ],
             Some((32768, 60999)),
         );
-        assert_eq!(plan.reserved.len(), 12);
+        assert_eq!(plan.reserved.len(), 15);
         assert_eq!(plan.modes.len(), 2);
         assert_eq!(
             plan.modes.get(&slot(Protocol::Udp, 31000)),

@@ -190,6 +190,22 @@ impl BindGuard {
         Ok(detached)
     }
 
+    /// How many guard programs are attached to `kubepods` (2 when whole: IPv4 and IPv6), found
+    /// by name as [`BindGuard::attach`] finds them.
+    pub fn attached(kubepods: &Path) -> io::Result<usize> {
+        let cgroup = File::open(kubepods)?;
+        let mut attached = 0;
+        for (name, attach_type) in PROGRAM_NAMES {
+            for id in bpf_sys::prog_query(cgroup.as_fd(), attach_type)? {
+                let prog = bpf_sys::prog_by_id(id)?;
+                if bpf_sys::prog_info(prog.as_fd())?.name == name {
+                    attached += 1;
+                }
+            }
+        }
+        Ok(attached)
+    }
+
     fn configure(&self, pod_level: u32, netns_cookie: u64) -> Result<(), GuardError> {
         let config = self.maps.config.as_fd();
         let put = |key: u32, value: u64| {

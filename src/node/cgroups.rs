@@ -25,6 +25,15 @@ pub enum CgroupDriver {
 const QOS_CLASSES: [&str; 2] = ["burstable", "besteffort"];
 
 impl CgroupDriver {
+    /// The driver whose tree `root` shows: systemd's where `kubepods.slice` exists.
+    pub fn detect(root: &Path) -> Self {
+        if root.join(Self::Systemd.kubepods()).is_dir() {
+            Self::Systemd
+        } else {
+            Self::Cgroupfs
+        }
+    }
+
     /// The directory of every pod, below the cgroup root.
     pub fn kubepods(self) -> &'static str {
         match self {

@@ -214,6 +214,17 @@ async fn invalid_manifests_are_rejected_by_the_api_server() {
             &["spec.staticBand", "must be Auto, None, or a port count"],
         ),
         (
+            "a guard on an SCTP pool, whose binds no cgroup bind hook sees",
+            pool(
+                &format!("{p}-11"),
+                json!({"ranges": ["30000"], "protocol": "SCTP", "guard": "Audit"}),
+            ),
+            &[
+                "spec.guard",
+                "sctp_bind, which runs no cgroup bind4/bind6 hook",
+            ],
+        ),
+        (
             "unknown scope",
             allocation(
                 "scope",

@@ -11,12 +11,31 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
+use portalloc::node::reserved_ports;
+
 use crate::support::agent_node::{AgentNode, script};
 use crate::support::private_cluster::PrivateCluster;
 use crate::support::webhook::start_webhook;
 
 const NODE: &str = "node-a";
 const POOL_RANGE: (u16, u16) = (45_000, 45_009);
+const RESERVED: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+
+/// Entries someone else reserved on a node, in no order and of every length: several KiB,
+/// none in 46000-46009, and most of the ephemeral range left free.
+fn others_reserved_ports() -> String {
+    let mut entries = vec!["30000-32767".to_string(), "33000-33009".to_string()];
+    for i in 0..1200u32 {
+        let port = 20_000 + (i * 7) % 9_000;
+        entries.push(if i % 2 == 0 {
+            port.to_string()
+        } else {
+            format!("{port}-{}", port + 2)
+        });
+    }
+    entries.push("8080".into());
+    entries.join(",")
+}
 
 /// Poll `check` every 100 ms until it is true or `within` passes.
 fn eventually(
@@ -167,6 +186,29 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         "ok",
         "processes outside pods are never touched"
     );
+    // Detached under the running agent (bpftool, or node-agent --detach too early): the next
+    // round attaches the guard again, with its maps written afresh.
+    assert_eq!(
+        portalloc::node::bind_guard::BindGuard::detach(&node.cgroups.kubepods()).unwrap(),
+        2
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the guard attached again and refusing the intruder",
+        || node.bind(Some(&intruder_cg), port[0]) == "EPERM",
+        || node.log(),
+    );
+    assert!(
+        node.log()
+            .contains("the bind guard is no longer attached whole (0 of its 2 programs)"),
+        "{}",
+        node.log()
+    );
+    assert_eq!(
+        node.bind(Some(&cgroup[0]), port[0]),
+        "ok",
+        "the holder still binds"
+    );
 
     // The refusal is an Event on the intruder, naming the port, the pool and the holder.
     let events: Api<Event> = Api::namespaced(client.clone(), "team");
@@ -298,7 +340,6 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
         return;
     };
     let client = cluster.client().await;
-    crate::support::create_namespace(&client, "portalloc-system").await;
     let node = AgentNode::start(&cluster.kubeconfig, "agent-plain");
     // Something of the node's own listens on a port the pool will cover.
     let pid = node.sh(&format!(
@@ -315,6 +356,24 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
         "Audit",
     ]);
     assert!(run.ok(), "{run}");
+    // No guard on SCTP, whose binds no cgroup bind hook sees: refused before the API server
+    // is asked (which refuses it too, tests/e2e/crd_validation.rs).
+    let run = cluster.run(&[
+        "pool",
+        "create",
+        "sctp",
+        "--range",
+        "47000-47009",
+        "--protocol",
+        "SCTP",
+        "--guard",
+        "Enforce",
+    ]);
+    assert_eq!(run.code, 7, "{run}");
+    assert!(
+        run.stderr.contains("spec.guard: guard Enforce cannot be set on an SCTP pool: the kernel hands an SCTP bind to sctp_bind"),
+        "{run}"
+    );
     // A pool of every port would leave the node no source port for any connection (the
     // agent's own to the API server included): it is not reserved, and said so.
     let run = cluster.run(&[
@@ -330,6 +389,21 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
     assert!(run.ok(), "{run}");
     let plain_root = tempfile::tempdir().unwrap();
     let log_path = plain_root.path().join("agent.log");
+    // Others' entries before the agent starts, several KiB of them (a NodePort range among
+    // them): far past the 32 bytes a first small read of the setting sees.
+    let others = others_reserved_ports();
+    let value_file = plain_root.path().join("others");
+    std::fs::write(&value_file, format!("{others}\n")).unwrap();
+    node.sh(&format!(
+        "python3 -c 'import os,sys; b=open(sys.argv[1],\"rb\").read(); fd=os.open(\"{RESERVED}\",os.O_WRONLY)\nwhile b: b=b[os.write(fd,b):]' '{}'",
+        value_file.display()
+    ));
+    let expected = format!("{others},46000-46009");
+    assert_eq!(
+        reserved_ports::parse(&node.sh(&format!("cat {RESERVED}"))),
+        reserved_ports::parse(&others),
+        "the test's own value is in place"
+    );
     let _agent = KillOnDrop(
         node.nsenter()
             .arg(env!("CARGO_BIN_EXE_kubectl-portalloc"))
@@ -356,19 +430,51 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     eventually(
         Duration::from_secs(15),
-        "reserving the pool without a guard",
-        || node.sh("cat /proc/sys/net/ipv4/ip_local_reserved_ports") == "46000-46009",
+        "reserving the pool without a guard, beside every entry of others",
+        || {
+            reserved_ports::parse(&node.sh(&format!("cat {RESERVED}")))
+                == reserved_ports::parse(&expected)
+        },
         log,
     );
     let said = log();
+    assert!(
+        !said.contains(RESERVED) && !said.contains("reserved-ports"),
+        "no failed read or write of the setting:\n{said}"
+    );
+    // The Lease's namespace does not exist yet: said once when it starts, however many
+    // rounds (100 ms) and retries (every --report-every, 1 s) pass, and once when it ends.
+    let lease_fails = "renewing the node agent's Lease in namespace portalloc-system";
+    eventually(
+        Duration::from_secs(15),
+        "the missing Lease namespace said",
+        || log().contains(lease_fails),
+        log,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    crate::support::create_namespace(&client, "portalloc-system").await;
+    eventually(
+        Duration::from_secs(15),
+        "the Lease renewed once its namespace exists",
+        || log().contains("the node agent's Lease is renewed again"),
+        log,
+    );
+    let said = log();
+    assert_eq!(
+        said.matches(lease_fails).count(),
+        2,
+        "once as a warning, once in the line that it ended:\n{said}"
+    );
     assert_eq!(
         said.matches("binds are not guarded on this node").count(),
         1,
         "one line, not one per round:\n{said}"
     );
     assert!(said.contains("no cgroup v2 hierarchy at"), "{said}");
-    assert!(
-        said.contains("port 46003/TCP of PortPool plain is already listened on"),
+    assert_eq!(
+        said.matches("port 46003/TCP of PortPool plain is already listened on")
+            .count(),
+        1,
         "{said}"
     );
     eventually(

@@ -8,6 +8,7 @@
 //! and writes what differs, so a restart, a missed watch event or a pod deleted while the agent
 //! was down all come right on the next round.
 
+mod conditions;
 mod holdings;
 mod lease;
 mod report;
@@ -27,18 +28,16 @@ use kube::runtime::watcher;
 use crate::api::{GuardMode, PortPool};
 use crate::k8s::record::ShardStore;
 use crate::k8s::watch::{Metrics, Readiness};
-use crate::ledger::node_guard::{
-    HELD_TWICE, HeldTwice, NodePlan, PodHolding, listener_conflicts, node_plan, owners,
-};
+use crate::ledger::node_guard::{HeldTwice, NodePlan, PodHolding, node_plan, owners};
 use crate::ledger::node_report::NodeReport;
 use crate::node::bind_guard::BindGuard;
 use crate::node::bind_program::{
     MODE_AUDIT, MODE_ENFORCE, POD_SEEN, QOS_DIR, VERDICT_AUDITED, VERDICT_CLAIMED, VERDICT_REFUSED,
 };
 use crate::node::cgroups::{self, CgroupDriver, PodCgroups};
-use crate::node::listeners::listeners;
 use crate::node::netns_cookie;
 use crate::node::reserved_ports::ReservedPorts;
+use conditions::{Conditions, Transition};
 pub use lease::node_reports;
 use report::Reports;
 pub use report::{BindReport, BindVerdict};
@@ -63,6 +62,10 @@ pub struct NodeAgentOptions {
 /// How long a pod cgroup whose pod the API does not show stays unseen (free to claim a port
 /// no seen pod holds) before the guard treats it as a pod that holds nothing.
 const UNKNOWN_POD_GRACE: Duration = Duration::from_secs(10);
+
+/// How long after a failed write of the Lease the agent tries again (at most: no longer than
+/// its report interval): a missing namespace is not asked about five times a second.
+const LEASE_RETRY: Duration = Duration::from_secs(5);
 
 /// Reads of pods' PortAllocations and shards in flight at once.
 const READS_AT_ONCE: usize = 16;
@@ -104,6 +107,8 @@ pub async fn run_node_agent(
         reserved: None,
         metrics,
         published: None,
+        lease_retry_at: None,
+        conditions: Conditions::default(),
     };
     pools.wait_until_ready().await?;
     pods.wait_until_ready().await?;
@@ -117,9 +122,12 @@ pub async fn run_node_agent(
             _ = &mut stop => break,
             _ = ticker.tick() => {}
         }
-        if let Err(e) = agent.round(&pools.state(), &pods.state()).await {
-            tracing::warn!(node = %node, "node agent round: {e:#}");
-        }
+        let round = agent.round(&pools.state(), &pods.state()).await;
+        agent.note(
+            "round",
+            "the guard's round works again",
+            round.map_err(|e| format!("node agent round: {e:#}")),
+        );
     }
     tracing::info!(node = %node, "node agent stopped; the guard stays attached");
     Ok(())
@@ -165,9 +173,28 @@ struct Agent {
     metrics: Metrics,
     /// The report last written to the Lease, and when.
     published: Option<(NodeReport, Instant)>,
+    /// After a failed write of the Lease: not before then.
+    lease_retry_at: Option<Instant>,
+    /// What fails round after round, said when it starts and ends.
+    conditions: Conditions,
 }
 
 impl Agent {
+    /// Say a lasting condition (`key`) when it starts or changes, as a warning, and when it
+    /// ends, as `ended` with what it last said; not every round.
+    fn note(&mut self, key: &str, ended: &str, outcome: Result<(), String>) {
+        let node = &self.options.node_name;
+        match self.conditions.observe(key, outcome) {
+            Some(Transition::Started(message) | Transition::Changed(message)) => {
+                tracing::warn!(node = %node, "{message}")
+            }
+            Some(Transition::Ended(message)) => {
+                tracing::info!(node = %node, "{ended} (it was: {message})")
+            }
+            None => {}
+        }
+    }
+
     async fn round(
         &mut self,
         pools: &[std::sync::Arc<PortPool>],
@@ -177,16 +204,23 @@ impl Agent {
             .iter()
             .map(|p| (p.name_any(), (**p).clone()))
             .collect();
-        let ephemeral = match self.reserved_ports.ephemeral_range() {
-            Ok(range) => Some(range),
-            Err(e) => {
-                tracing::warn!(node = %self.options.node_name, "reading the ephemeral port range: {e}; reserving every pool");
-                None
-            }
-        };
+        let ephemeral = self.reserved_ports.ephemeral_range();
+        let outcome = ephemeral
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| format!("reading the ephemeral port range: {e}; reserving every pool"));
+        self.note(
+            "ephemeral-range",
+            "the ephemeral port range reads again",
+            outcome,
+        );
+        let ephemeral = ephemeral.ok();
         let plan = node_plan(&pools.values().cloned().collect::<Vec<_>>(), ephemeral);
         let plan_changed = self.plan.as_ref() != Some(&plan);
         self.plan = Some(plan.clone());
+        if self.guard.is_some() {
+            self.check_attachment();
+        }
         if self.guard.is_none() {
             self.attach_guard();
         }
@@ -194,11 +228,25 @@ impl Agent {
         // ports go back to the kernel's choice. Each is retried next round if it failed, and a
         // setting that cannot be written never keeps the guard from following the pools.
         let guarded = self.set_modes(&plan);
-        if self.reserved.as_ref() != Some(&plan.reserved) {
-            match self.apply_plan(&plan) {
-                Ok(()) => self.reserved = Some(plan.reserved.clone()),
-                Err(e) => tracing::warn!(node = %self.options.node_name, "{e:#}"),
+        if plan_changed {
+            self.warn_unreserved(&plan);
+        }
+        // Every round, not only when the pools change: a value another writer put there
+        // without the agent's entries gets them back.
+        let reserved = self.reserved_ports.apply(&plan.reserved);
+        let outcome = reserved.as_ref().map(|_| ()).map_err(ToString::to_string);
+        self.note("reserve", "the pools' ports are reserved again", outcome);
+        if let Ok(reservation) = reserved {
+            if reservation.written || self.reserved.as_ref() != Some(&plan.reserved) {
+                tracing::info!(
+                    node = %self.options.node_name,
+                    pool_ports = plan.reserved.len(),
+                    reserved = reservation.reserved.len(),
+                    guarded = ?plan.guarded,
+                    "reserved every pool's ports"
+                );
             }
+            self.reserved = Some(plan.reserved.clone());
         }
         let guarded = match guarded {
             Ok(true) => self.guard_round(pods, &pools).await,
@@ -236,109 +284,47 @@ impl Agent {
         self.report(&found, &by_uid).await
     }
 
-    fn apply_plan(&mut self, plan: &NodePlan) -> anyhow::Result<()> {
+    fn warn_unreserved(&self, plan: &NodePlan) {
         for (pool, why) in &plan.unusable {
             tracing::warn!(pool = %pool, "PortPool {pool:?} names no usable ports ({why}); nothing of it is reserved or guarded");
         }
         for line in &plan.unreserved {
             tracing::warn!(node = %self.options.node_name, "{line}");
         }
-        let reservation = self.reserved_ports.apply(&plan.reserved).map_err(|e| {
-            anyhow::anyhow!(
-                "writing {}: {e} (the agent needs CAP_NET_ADMIN and a writable file there)",
-                self.options.reserved_ports_file.display()
-            )
-        })?;
-        tracing::info!(
-            node = %self.options.node_name,
-            pool_ports = plan.reserved.len(),
-            reserved = reservation.reserved.len(),
-            guarded = ?plan.guarded,
-            "reserved every pool's ports"
-        );
-        Ok(())
-    }
-
-    /// Renew the Lease with what the agent does now, when that changed or is due.
-    /// The listeners are read (all of `/proc/net/tcp` and the like) only when the pools changed
-    /// or the report is due, not every round.
-    async fn publish_report(&mut self, pools: &BTreeMap<String, PortPool>, pools_changed: bool) {
-        let Some(namespace) = self.options.lease_namespace.clone() else {
-            return;
-        };
-        let due = self
-            .published
-            .as_ref()
-            .is_none_or(|(_, at)| at.elapsed() >= self.options.report_every);
-        let plan = self.plan.clone().unwrap_or_default();
-        let conflicts = match &self.published {
-            Some((last, _)) if !due && !pools_changed => last.conflicts.clone(),
-            _ => {
-                let listeners: Vec<_> = listeners()
-                    .into_iter()
-                    .map(|l| (l.protocol, l.port, l.uid))
-                    .collect();
-                let owners = self.written_owners.clone().unwrap_or_default();
-                let pools: Vec<PortPool> = pools.values().cloned().collect();
-                let mut lines = listener_conflicts(&pools, &listeners, &owners);
-                lines.extend(plan.unreserved.iter().cloned());
-                lines
-            }
-        };
-        let mut conflicts = conflicts;
-        conflicts.retain(|line| !line.contains(HELD_TWICE));
-        conflicts.extend(self.held_twice.iter().cloned());
-        let report = NodeReport {
-            node: self.options.node_name.clone(),
-            guard_unavailable: self.guard_failure.clone(),
-            pools: if self.guard.is_some() {
-                plan.guarded.clone()
-            } else {
-                BTreeMap::new()
-            },
-            reserved: plan.reserved.len(),
-            conflicts,
-        };
-        let changed = self
-            .published
-            .as_ref()
-            .is_none_or(|(last, _)| last != &report);
-        if !due && !changed {
-            return;
-        }
-        for line in &report.conflicts {
-            let known = self
-                .published
-                .as_ref()
-                .is_some_and(|(r, _)| r.conflicts.contains(line));
-            if !known {
-                tracing::warn!(node = %report.node, "{line}");
-            }
-        }
-        let duration = self.options.report_every * 3;
-        match lease::publish(&self.client, &namespace, &report, duration).await {
-            Ok(()) => self.published = Some((report, Instant::now())),
-            Err(e) => tracing::warn!(node = %report.node, "renewing the node agent's Lease: {e}"),
-        }
     }
 
     fn driver(&self) -> CgroupDriver {
-        self.options.cgroup_driver.unwrap_or_else(|| {
-            if self
-                .options
-                .cgroup_root
-                .join(CgroupDriver::Systemd.kubepods())
-                .is_dir()
-            {
-                CgroupDriver::Systemd
-            } else {
-                CgroupDriver::Cgroupfs
-            }
-        })
+        self.options
+            .cgroup_driver
+            .unwrap_or_else(|| CgroupDriver::detect(&self.options.cgroup_root))
     }
 
     fn kubepods(&self) -> PathBuf {
         self.options.cgroup_root.join(self.driver().kubepods())
+    }
+
+    /// Whether the guard's programs are still attached, both of them: one detached (by
+    /// `node-agent --detach`, bpftool, a cgroup recreated) is attached again this round, from
+    /// nothing, so no bind is judged by half a guard or by maps nobody keeps.
+    fn check_attachment(&mut self) {
+        let kubepods = self.kubepods();
+        let attached = BindGuard::attached(&kubepods);
+        if matches!(attached, Ok(2)) {
+            return;
+        }
+        let found = match attached {
+            Ok(n) => format!("{n} of its 2 programs"),
+            Err(e) => format!("its programs could not be listed: {e}"),
+        };
+        tracing::warn!(
+            node = %self.options.node_name,
+            kubepods = %kubepods.display(),
+            "the bind guard is no longer attached whole ({found}); attaching it again"
+        );
+        if let Err(e) = BindGuard::detach(&kubepods) {
+            tracing::warn!(node = %self.options.node_name, "detaching what is left of the guard: {e}");
+        }
+        self.guard = None;
     }
 
     fn attach_guard(&mut self) {
@@ -409,13 +395,21 @@ impl Agent {
             .await;
         for (pod, result) in missing.into_iter().zip(results) {
             let uid = cgroup_uid(pod);
-            match result {
+            let key = format!("pod-ports/{uid}");
+            let name = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            let outcome = match result {
                 Ok(holding) => {
                     self.holdings.insert(uid, holding);
+                    Ok(())
                 }
-                Err(e) => tracing::warn!(pod = %pod.name_any(), "reading the pod's ports: {e}"),
-            }
+                Err(e) => Err(format!("reading the ports of pod {name}: {e}")),
+            };
+            self.note(&key, &format!("the ports of pod {name} are read"), outcome);
         }
+        self.conditions.forget_unless(|key| {
+            key.strip_prefix("pod-ports/")
+                .is_none_or(|uid| found.pods.contains_key(uid))
+        });
         self.holdings.retain(|uid, _| found.pods.contains_key(uid));
         self.first_seen
             .retain(|uid, _| found.pods.contains_key(uid));

@@ -153,6 +153,19 @@ pub async fn list_pools_matching(
     Ok(items)
 }
 
+/// A pool spec fit to be written: its ports, and no guard the kernel cannot apply. Pools
+/// already stored are read with [`pool_ports`] alone, so an SCTP pool guarded before this
+/// check still hands out its ports.
+fn pool_ports_to_write(pool: &PortPool) -> Result<PortSet, PoolError> {
+    pool.spec
+        .check_guard()
+        .map_err(|error| PoolError::Invalid {
+            pool: pool.name_any(),
+            error,
+        })?;
+    pool_ports(pool)
+}
+
 /// The pool's port set, or why its spec is unusable.
 pub fn pool_ports(pool: &PortPool) -> Result<PortSet, PoolError> {
     pool.spec.port_set().map_err(|error| PoolError::Invalid {
@@ -197,7 +210,7 @@ pub async fn create_or_keep_pool(
     allow_overlap: bool,
 ) -> Result<(PortPool, Applied), PoolError> {
     let name = pool.name_any();
-    let ports = pool_ports(&pool)?;
+    let ports = pool_ports_to_write(&pool)?;
     pool.spec.allow_overlap |= allow_overlap;
     if !allow_overlap {
         let mut others = list_pools(client).await?;
@@ -330,7 +343,7 @@ async fn create_shards(client: &Client, pool: &PortPool) -> Result<(), PoolError
 pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, PoolError> {
     let api: Api<PortPool> = Api::all(client.clone());
     let name = pool.name_any();
-    let ports = pool_ports(&pool)?;
+    let ports = pool_ports_to_write(&pool)?;
     match api.create(&crate::k8s::write_params(), &pool).await {
         Ok(created) => {
             let written = initialize_status(&api, created, &ports).await?;
