@@ -1,5 +1,6 @@
 //! Installing the CRDs.
 
+use crate::k8s::error::error_chain;
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -34,7 +35,7 @@ pub async fn install_crds(client: &Client, wait: Duration) -> Result<Vec<String>
                 return Err(KubeError::new(
                     ApiErrorKind::Other,
                     CRDS.all("watch", None),
-                    format!("waiting for {name} to be Established: {e}"),
+                    format!("waiting for {name} to be Established: {}", error_chain(&e)),
                 ));
             }
             Err(_) => {

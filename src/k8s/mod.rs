@@ -26,6 +26,7 @@ mod cpu_bound;
 mod crds;
 mod error;
 mod events;
+mod granting_roles;
 mod leader;
 pub mod names;
 pub mod node_agent;
@@ -48,7 +49,7 @@ pub use allocate::{
 pub use client::{ClientOptions, Connection, connect};
 pub use cpu_bound::cpu_bound;
 pub use crds::install_crds;
-pub use error::{ApiErrorKind, KubeError, Target, error_chain};
+pub use error::{ApiErrorKind, KubeError, Target, Unreachable, error_chain, render_kube_error};
 pub use events::Events;
 pub use leader::{LeaderElection, LeaseRef, Lost, default_identity};
 pub use probes::serve_probes;

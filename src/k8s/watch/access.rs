@@ -2,6 +2,7 @@
 //! (SelfSubjectAccessReview), so a missing binding is one clear error rather than retries
 //! forever; and what it may do but need not (the pools' usage summary).
 
+use crate::k8s::error::error_chain;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -139,7 +140,10 @@ pub(super) async fn may_keep_usage(client: &Client) -> bool {
             false
         }
         Err(e) => {
-            tracing::warn!("not keeping the PortPools' usage summary: {e}");
+            tracing::warn!(
+                "not keeping the PortPools' usage summary: {}",
+                error_chain(&e)
+            );
             false
         }
     }
