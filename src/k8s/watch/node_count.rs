@@ -125,7 +125,10 @@ async fn count_once(client: &Client, store: &Store<PartialObjectMeta<Node>>) -> 
             .replace_status(&name, &crate::k8s::write_params(), &written)
             .await
         {
-            Ok(_) => tracing::info!(pool = %name, nodes = ?count, "counted the pool's nodes"),
+            Ok(_) => match count {
+                Some(nodes) => tracing::info!(pool = %name, nodes, "counted the pool's nodes"),
+                None => tracing::info!(pool = %name, "the pool no longer follows nodes"),
+            },
             Err(kube::Error::Api(s)) if s.is_conflict() => {
                 tracing::debug!("PortPool {name} changed since it was listed: counted again");
                 done = false;
