@@ -249,13 +249,20 @@ impl KubeError {
             }
         };
         let roles = granting_roles::granting(&verb, &group, &resource, target.name.as_deref());
+        // A role bound in one namespace does not grant a request across all of them.
+        let where_ = match &target.namespace {
+            Some(ns) => format!(" in namespace {ns:?} (a RoleBinding)"),
+            None => " cluster-wide (a ClusterRoleBinding)".to_string(),
+        };
         match roles.as_slice() {
             [] => "No role of kubectl-portalloc grants it (see rbac/ for what each allows): ask a \
                    cluster administrator for this right"
                 .to_string(),
-            [one] => format!("{one} grants it: ask a cluster administrator to bind it to you"),
+            [one] => {
+                format!("{one} grants it: ask a cluster administrator to bind it to you{where_}")
+            }
             many => format!(
-                "{} grant it: ask a cluster administrator to bind one to you",
+                "{} grant it: ask a cluster administrator to bind one to you{where_}",
                 many.join(", ")
             ),
         }
@@ -547,7 +554,7 @@ mod tests {
             "forbidden: you may not patch customresourcedefinitions.apiextensions.k8s.io: User \"u\" \
              cannot patch resource \"customresourcedefinitions\" in API group \"apiextensions.k8s.io\" \
              at the cluster scope. ClusterRole portalloc-admin (rbac/portalloc-admin.yaml) grants it: \
-             ask a cluster administrator to bind it to you"
+             ask a cluster administrator to bind it to you cluster-wide (a ClusterRoleBinding)"
         );
         assert_product(&text);
         // Through the CLI's renderer, which walks the causes: still once.

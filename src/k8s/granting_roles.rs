@@ -212,18 +212,25 @@ pub fn split_resource(resource: &str) -> (&str, String) {
 }
 
 /// The roles of ours that grant `verb` on `resource` in API `group` (for the object `name`,
-/// if one is named), users' roles first, as `ClusterRole portalloc-admin (rbac/portalloc-admin.yaml)`.
+/// if one is named), as `ClusterRole portalloc-admin (rbac/portalloc-admin.yaml)`: the users'
+/// roles (rbac/) that do, or else the workloads' (deploy/: the watcher's, the webhook's, the
+/// node agent's), which a person only needs to run those themselves.
 pub fn granting(verb: &str, group: &str, resource: &str, name: Option<&str>) -> Vec<String> {
-    ROLES
-        .iter()
-        .filter(|role| {
-            role.rules.iter().any(|r| {
-                r.groups.contains(&group)
-                    && r.resources.contains(&resource)
-                    && r.verbs.contains(&verb)
-                    && (r.names.is_empty() || name.is_some_and(|n| r.names.contains(&n)))
-            })
+    let grants = |role: &&Role| {
+        role.rules.iter().any(|r| {
+            r.groups.contains(&group)
+                && r.resources.contains(&resource)
+                && r.verbs.contains(&verb)
+                && (r.names.is_empty() || name.is_some_and(|n| r.names.contains(&n)))
         })
+    };
+    let (users, workloads): (Vec<&Role>, Vec<&Role>) = ROLES
+        .iter()
+        .filter(grants)
+        .partition(|role| role.file.starts_with("rbac/"));
+    let chosen = if users.is_empty() { workloads } else { users };
+    chosen
+        .iter()
         .map(|role| format!("{} {} ({})", role.kind, role.name, role.file))
         .collect()
 }
@@ -359,10 +366,18 @@ mod tests {
             (group, resource.as_str()),
             ("portalloc.dev", "portpoolshards/status")
         );
-        let roles = granting("update", group, &resource, None);
+        // A user's roles only, when one grants it.
         assert_eq!(
-            roles[0],
-            "ClusterRole portalloc-pool-user (rbac/portalloc-user.yaml)"
+            granting("update", group, &resource, None),
+            [
+                "ClusterRole portalloc-pool-user (rbac/portalloc-user.yaml)",
+                "ClusterRole portalloc-admin (rbac/portalloc-admin.yaml)"
+            ]
+        );
+        // The watcher's, when none does.
+        assert_eq!(
+            granting("list", "", "nodes", None),
+            ["ClusterRole portalloc-watcher (deploy/watcher.yaml)"]
         );
         // Narrowed to one name: granted for it, not for another.
         let (group, resource) = split_resource("secrets");

@@ -54,8 +54,11 @@ pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<()
             let kind = match resource {
                 "configmaps" => "ConfigMap",
                 "portpools" => "PortPool",
+                "portpoolshards" => "PortPoolShard",
                 _ => "PortAllocation",
             };
+            // Pools and shards are cluster-wide: refused for every namespace alike.
+            let namespaced = ["portallocations", "configmaps"].contains(&resource);
             return Err(KubeError::new(
                 ApiErrorKind::Forbidden,
                 Target {
@@ -63,7 +66,7 @@ pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<()
                     resource: plural,
                     kind,
                     name: None,
-                    namespace: namespace.map(str::to_string),
+                    namespace: namespace.filter(|_| namespaced).map(str::to_string),
                 },
                 "the watcher needs it (see deploy/watcher.yaml for its ClusterRole)",
             ));
