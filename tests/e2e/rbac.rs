@@ -169,7 +169,13 @@ async fn the_user_role_is_enough_to_allocate_and_without_it_the_refusal_is_named
         &group("pd", "shared"),
     );
     assert_forbidden(&run, "create", "portallocations.portalloc.dev");
-    assert!(run.stderr.contains("team-none"), "{run}");
+    assert!(
+        run.stderr.contains(
+            "ClusterRole portalloc-user (rbac/portalloc-user.yaml) grants it: ask a cluster \
+             administrator to bind it to you in namespace \"team-none\" (a RoleBinding)"
+        ),
+        "{run}"
+    );
     assert_forbidden(
         &as_user(&cluster, ctx, &["sync", "--all", "-A"]),
         "list",
