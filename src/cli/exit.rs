@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use crate::api::ResolveError;
 use crate::k8s::{
-    AllocateError, ApiErrorKind, ApplyError, ConfigMapError, DeleteError, KubeError, PoolError,
-    RepairError,
+    self, AllocateError, ApiErrorKind, ApplyError, ConfigMapError, DeleteError, KubeError,
+    PoolError, RepairError,
 };
 use crate::ledger::Refusal;
 
@@ -143,20 +143,10 @@ fn refusal_exit(refusal: &Refusal) -> Exit {
 }
 
 /// The message of an error from any layer, on one line: the top error and each cause whose text
-/// it does not already carry (a `KubeError` renders its `kube::Error` itself).
+/// it does not already carry, kube's errors in words ([`k8s::error_chain`]).
 pub fn render_error(err: &anyhow::Error) -> String {
-    let mut text = err.to_string();
-    for cause in err.chain().skip(1) {
-        if cause.is::<kube::Error>() {
-            continue;
-        }
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-    }
-    text
+    let top: &(dyn std::error::Error + 'static) = err.as_ref();
+    k8s::error_chain(top)
 }
 
 fn kube_exit(e: &KubeError) -> Exit {

@@ -248,8 +248,10 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
     let webhook = async {
         first.await;
         readiness.stop();
-        if let Some(webhook) = webhook {
-            webhook.drain().await;
+        if let Some(webhook) = webhook
+            && let Some(withdrawn) = webhook.drain().await
+        {
+            super::webhook::report_withdrawal(withdrawn);
         }
     };
     tokio::select! {

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::k8s::webhook::{WEBHOOK_CONFIGURATION as CONFIGURATION, Withdrawal, Withdrawn};
 use crate::k8s::{
     self, Allocator, CertificateError, Metrics, StartError, WebhookOptions, WebhookServer,
     WebhookTlsError, WebhookUrl,
@@ -28,7 +29,9 @@ pub struct WebhookArgs {
     #[arg(long, value_name = "HOST:PORT", requires = "watch")]
     pub webhook_address: Option<SocketAddr>,
     /// Register the webhook at this base URL (https://HOST:PORT) instead of the Service, for a
-    /// webhook running outside the cluster.
+    /// webhook running outside the cluster. The registration is removed when the watcher stops
+    /// on SIGTERM or Ctrl-C; after a kill -9 it stays (labelled pods refused) until `kubectl
+    /// delete mutatingwebhookconfiguration portalloc`.
     #[arg(long, value_name = "URL", requires = "webhook_address")]
     pub webhook_url: Option<String>,
     /// The namespace of the webhook's Service and CA Secret (in a pod: its own namespace).
@@ -68,7 +71,40 @@ pub async fn start(
     let server = k8s::start_webhook(client, &options, allocator, metrics)
         .await
         .map_err(|e| start_error(e, options.address))?;
+    if let Some(url) = &args.webhook_url {
+        eprintln!(
+            "registered MutatingWebhookConfiguration {CONFIGURATION} to call {}/mutate; it is \
+             removed when this watcher stops on SIGTERM or Ctrl-C. If the process is killed \
+             instead (kill -9, a crash), it stays and every labelled pod is refused until you run \
+             `{REMOVE}`",
+            url.trim_end_matches('/')
+        );
+    }
     Ok(Some(server))
+}
+
+/// The one command that removes a registration a killed watcher left.
+const REMOVE: &str = "kubectl delete mutatingwebhookconfiguration portalloc";
+
+/// Say what became of a URL registration when the webhook stopped.
+pub fn report_withdrawal(withdrawn: Withdrawn) {
+    match withdrawn {
+        Ok(Withdrawal::Removed) => eprintln!(
+            "removed MutatingWebhookConfiguration {CONFIGURATION}: pods are no longer sent to \
+             this webhook"
+        ),
+        Ok(Withdrawal::Absent) => {
+            eprintln!("MutatingWebhookConfiguration {CONFIGURATION} was already removed")
+        }
+        Ok(Withdrawal::Elsewhere(calls)) => eprintln!(
+            "left MutatingWebhookConfiguration {CONFIGURATION} in place: it now calls {calls}, \
+             not this webhook"
+        ),
+        Err(e) => eprintln!(
+            "warning: could not remove MutatingWebhookConfiguration {CONFIGURATION} ({e}); \
+             until it is removed every labelled pod is refused: `{REMOVE}`"
+        ),
+    }
 }
 
 impl WebhookArgs {

@@ -4,6 +4,7 @@ use std::fmt::Display;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use kube::{Client, Config};
 use tower::{Layer, Service};
 
 use super::KubeError;
+use super::error::Unreachable;
 
 /// The kubectl-style flags that pick a cluster and bound each request.
 #[derive(Clone, Debug, Default)]
@@ -48,6 +50,36 @@ fn config_error(message: String) -> KubeError {
     KubeError::config(message)
 }
 
+/// A `--context` the kubeconfig does not have, named with the contexts it has (as `kubectl
+/// config get-contexts` lists them). A kubeconfig that cannot be read is left to kube's own
+/// error.
+fn unknown_context(kubeconfig: &Kubeconfig, context: &str, source: &str) -> Option<KubeError> {
+    if kubeconfig.contexts.iter().any(|c| c.name == context) {
+        return None;
+    }
+    let names: Vec<&str> = kubeconfig
+        .contexts
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    let there = match names.as_slice() {
+        [] => "it has no contexts".to_string(),
+        names => format!("its contexts: {}", names.join(", ")),
+    };
+    Some(KubeError::config(format!(
+        "context {context:?} is not in the kubeconfig ({source}); {there}. Pick one with \
+         --context, or list them with `kubectl config get-contexts`"
+    )))
+}
+
+/// Where kube reads the kubeconfig from without `--kubeconfig`, for messages.
+fn kubeconfig_source() -> String {
+    match std::env::var("KUBECONFIG") {
+        Ok(paths) if !paths.is_empty() => format!("KUBECONFIG={paths}"),
+        _ => "~/.kube/config".to_string(),
+    }
+}
+
 /// A client, the namespace the selected context defaults to, and the cluster's cache directory.
 pub async fn connect(options: &ClientOptions) -> Result<Connection, KubeError> {
     let kube_options = KubeConfigOptions {
@@ -59,13 +91,25 @@ pub async fn connect(options: &ClientOptions) -> Result<Connection, KubeError> {
             let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
                 config_error(format!("cannot read kubeconfig {}: {e}", path.display()))
             })?;
+            if let Some(context) = &options.context
+                && let Some(e) = unknown_context(&kubeconfig, context, &path.display().to_string())
+            {
+                return Err(e);
+            }
             Config::from_custom_kubeconfig(kubeconfig, &kube_options)
                 .await
                 .map_err(|e| config_error(format!("kubeconfig {}: {e}", path.display())))?
         }
-        (None, Some(_)) => Config::from_kubeconfig(&kube_options)
-            .await
-            .map_err(|e| config_error(format!("kubeconfig: {e}")))?,
+        (None, Some(context)) => {
+            if let Ok(kubeconfig) = Kubeconfig::read()
+                && let Some(e) = unknown_context(&kubeconfig, context, &kubeconfig_source())
+            {
+                return Err(e);
+            }
+            Config::from_kubeconfig(&kube_options)
+                .await
+                .map_err(|e| config_error(format!("kubeconfig: {e}")))?
+        }
         (None, None) => Config::infer().await.map_err(|e| {
             config_error(format!(
                 "no cluster configured ({e}): set KUBECONFIG, pass --kubeconfig, or run inside a pod"
@@ -82,9 +126,10 @@ pub async fn connect(options: &ClientOptions) -> Result<Connection, KubeError> {
         .cache_dir
         .as_deref()
         .map(|base| super::record::cluster_cache_dir(base, &config.cluster_url.to_string()));
+    let log = RequestLog::new(&config.cluster_url.to_string());
     let client = ClientBuilder::try_from(config)
         .map_err(|e| config_error(format!("cannot build a client for the cluster: {e}")))?
-        .with_layer(&RequestLog)
+        .with_layer(&log)
         .build();
     Ok(Connection {
         client,
@@ -98,20 +143,52 @@ pub async fn connect(options: &ClientOptions) -> Result<Connection, KubeError> {
 /// `GET /apis/portalloc.dev/v1alpha1/portpools/p 200 4.1ms`. It wraps kube's whole stack, so the
 /// path is still relative to the cluster URL, and a request kube retries itself (429, 503, 504)
 /// is one line with the last attempt's status and the time of all attempts.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RequestLog;
+///
+/// A request that gets no answer fails as [`Unreachable`], naming the server it dialled, so the
+/// message can say where (kube's transport errors do not).
+#[derive(Clone, Debug)]
+pub struct RequestLog {
+    server: Arc<str>,
+}
+
+impl RequestLog {
+    pub fn new(server: &str) -> RequestLog {
+        RequestLog {
+            server: server.trim_end_matches('/').into(),
+        }
+    }
+}
 
 impl<S> Layer<S> for RequestLog {
     type Service = RequestLogService<S>;
 
     fn layer(&self, inner: S) -> RequestLogService<S> {
-        RequestLogService { inner }
+        RequestLogService {
+            inner,
+            server: self.server.clone(),
+        }
     }
 }
 
 #[derive(Clone, Debug)]
 pub struct RequestLogService<S> {
     inner: S,
+    server: Arc<str>,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// kube's own errors (raised by its layers below, e.g. authentication) pass as they are, so
+/// kube still classifies them; everything else is a request the server never answered.
+fn unreachable(server: &str, error: impl Into<BoxError>) -> BoxError {
+    let error = error.into();
+    if error.is::<kube::Error>() {
+        return error;
+    }
+    Box::new(Unreachable {
+        server: server.to_string(),
+        source: error,
+    })
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -120,19 +197,24 @@ impl<S, RequestBody, ResponseBody> Service<Request<RequestBody>> for RequestLogS
 where
     S: Service<Request<RequestBody>, Response = Response<ResponseBody>>,
     S::Future: Send + 'static,
-    S::Error: Display,
+    S::Error: Display + Into<BoxError>,
 {
     type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<S::Response, S::Error>>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<S::Response, BoxError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        let server = self.server.clone();
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| unreachable(&server, e))
     }
 
     fn call(&mut self, request: Request<RequestBody>) -> Self::Future {
+        let server = self.server.clone();
         if !tracing::enabled!(tracing::Level::DEBUG) {
-            return Box::pin(self.inner.call(request));
+            let response = self.inner.call(request);
+            return Box::pin(async move { response.await.map_err(|e| unreachable(&server, e)) });
         }
         let method = request.method().clone();
         let path = shown_path(request.uri());
@@ -147,7 +229,7 @@ where
                 }
                 Err(error) => tracing::debug!("{method} {path} failed after {took:.1?}: {error}"),
             }
-            result
+            result.map_err(|e| unreachable(&server, e))
         })
     }
 }
@@ -219,7 +301,10 @@ mod tests {
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
         let request = Request::builder().method(method).uri(uri).body(()).unwrap();
-        let _ = RequestLog.layer(inner).call(request).await;
+        let _ = RequestLog::new("https://10.0.0.1:6443")
+            .layer(inner)
+            .call(request)
+            .await;
         String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
     }
 

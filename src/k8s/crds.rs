@@ -1,5 +1,6 @@
 //! Installing the CRDs, and the admission policy that keeps pools from sharing ports.
 
+use crate::k8s::error::error_chain;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -37,7 +38,7 @@ pub async fn install_crds(client: &Client, wait: Duration) -> Result<Vec<String>
                 return Err(KubeError::new(
                     ApiErrorKind::Other,
                     CRDS.all("watch", None),
-                    format!("waiting for {name} to be Established: {e}"),
+                    format!("waiting for {name} to be Established: {}", error_chain(&e)),
                 ));
             }
             Err(_) => {

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use kube::core::Status;
 
+use super::granting_roles;
+
 /// What kind of failure, for exit codes and retry decisions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApiErrorKind {
@@ -101,7 +103,7 @@ impl KubeError {
             kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
                 (ApiErrorKind::Unavailable, transport_message(&err), None)
             }
-            other => (ApiErrorKind::Other, error_chain(other), None),
+            other => (ApiErrorKind::Other, render_kube_error(other), None),
         };
         KubeError(Box::new(Failure {
             kind,
@@ -140,14 +142,10 @@ impl KubeError {
     }
 }
 
-impl std::error::Error for KubeError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0
-            .source
-            .as_ref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
+/// A leaf of any error chain: its message already says all the `kube::Error` in it says (in
+/// words), and a wrapper that is `#[error(transparent)]` would otherwise hand that error on as a
+/// cause of its own, to be said twice. [`KubeError::kube_error`] gives it to those who need it.
+impl std::error::Error for KubeError {}
 
 impl fmt::Display for KubeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -165,22 +163,40 @@ impl fmt::Display for KubeError {
             ),
             ApiErrorKind::Forbidden => write!(
                 f,
-                "forbidden: you may not {verb} {resource}{}: {detail}. Ask a cluster administrator to bind \
-                 the portalloc ClusterRoles (see rbac/ in the kubectl-portalloc repository)",
-                target.scope()
-            ),
-            ApiErrorKind::NotFound => write!(
-                f,
-                "{} {:?} not found{}{}",
-                target.kind,
-                target.name(),
+                "forbidden: you may not {verb} {resource}{}: {}. {}",
                 target.scope(),
-                self.0.hint
+                forbidden_reason(detail),
+                self.granted_by()
             ),
-            ApiErrorKind::Unavailable => write!(
-                f,
-                "the API server is unavailable while trying to {verb} {resource}: {detail} (safe to retry)"
-            ),
+            ApiErrorKind::NotFound => match self.missing_namespace() {
+                Some(ns) => write!(
+                    f,
+                    "namespace {ns:?} does not exist (needed to {verb} {} {:?}): create it with \
+                     `kubectl create namespace {ns}`, or choose another with -n",
+                    target.kind,
+                    target.name()
+                ),
+                None => write!(
+                    f,
+                    "{} {:?} not found{}{}",
+                    target.kind,
+                    target.name(),
+                    target.scope(),
+                    self.0.hint
+                ),
+            },
+            ApiErrorKind::Unavailable => match self.unreachable_server() {
+                Some(server) => write!(
+                    f,
+                    "the API server at {server} is unavailable (no answer) while trying to {verb} \
+                     {resource}: {detail}. Check that the cluster is running and that --context or \
+                     --kubeconfig selects it (safe to retry)"
+                ),
+                None => write!(
+                    f,
+                    "the API server is unavailable while trying to {verb} {resource}: {detail} (safe to retry)"
+                ),
+            },
             ApiErrorKind::Conflict => write!(
                 f,
                 "{} {:?}{} was changed by another client while this command was updating it ({verb} \
@@ -192,6 +208,96 @@ impl fmt::Display for KubeError {
             ApiErrorKind::Other => write!(f, "{verb} {resource}: {detail}"),
         }
     }
+}
+
+impl KubeError {
+    /// The namespace a write was refused for because it does not exist: the server answers 404
+    /// naming the namespace, not the object.
+    fn missing_namespace(&self) -> Option<&str> {
+        let target = self.0.target.as_ref()?;
+        let Some(kube::Error::Api(status)) = &self.0.source else {
+            return None;
+        };
+        let details = status.details.as_ref()?;
+        let ns = target.namespace.as_deref()?;
+        (details.kind == "namespaces" && details.name == ns).then_some(ns)
+    }
+
+    /// The API server's URL, when the request never got an answer from it.
+    fn unreachable_server(&self) -> Option<&str> {
+        let mut source = std::error::Error::source(self.0.source.as_ref()?);
+        while let Some(cause) = source {
+            if let Some(unreachable) = cause.downcast_ref::<Unreachable>() {
+                return Some(&unreachable.server);
+            }
+            source = cause.source();
+        }
+        None
+    }
+
+    /// Which of our roles grants the refused request (the server's own words name it most
+    /// exactly, the target otherwise), and what to do.
+    fn granted_by(&self) -> String {
+        let Some(target) = &self.0.target else {
+            return String::new();
+        };
+        let (verb, group, resource) = match refused_request(&self.0.detail) {
+            Some((verb, group, resource)) => (verb, group, resource),
+            None => {
+                let (group, resource) = granting_roles::split_resource(&target.resource);
+                (target.verb.to_string(), group.to_string(), resource)
+            }
+        };
+        let roles = granting_roles::granting(&verb, &group, &resource, target.name.as_deref());
+        // A role bound in one namespace does not grant a request across all of them.
+        let where_ = match &target.namespace {
+            Some(ns) => format!(" in namespace {ns:?} (a RoleBinding)"),
+            None => " cluster-wide (a ClusterRoleBinding)".to_string(),
+        };
+        match roles.as_slice() {
+            [] => "No role of kubectl-portalloc grants it (see rbac/ for what each allows): ask a \
+                   cluster administrator for this right"
+                .to_string(),
+            [one] => {
+                format!("{one} grants it: ask a cluster administrator to bind it to you{where_}")
+            }
+            many => format!(
+                "{} grant it: ask a cluster administrator to bind one to you{where_}",
+                many.join(", ")
+            ),
+        }
+    }
+}
+
+/// The server's reason without its lead-in: `portpools.portalloc.dev "x" is forbidden: User
+/// "u" cannot ...` -> `User "u" cannot ...` (the line already says what was forbidden).
+fn forbidden_reason(message: &str) -> &str {
+    message
+        .split_once(" is forbidden: ")
+        .map_or(message, |(_, reason)| reason)
+}
+
+/// (verb, API group, resource[/subresource]) from the server's `cannot VERB resource "R" in
+/// API group "G"`.
+fn refused_request(message: &str) -> Option<(String, String, String)> {
+    let rest = message.split_once(" cannot ")?.1;
+    let (verb, rest) = rest.split_once(" resource \"")?;
+    let (resource, rest) = rest.split_once('"')?;
+    let group = rest
+        .split_once("in API group \"")
+        .and_then(|(_, g)| g.split_once('"'))
+        .map_or("", |(g, _)| g);
+    Some((verb.to_string(), group.to_string(), resource.to_string()))
+}
+
+/// A request that got no answer from the API server at `server` (refused, reset, timed out,
+/// TLS failed): set by the client's outermost layer, so a message can name where it dialled.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach the API server at {server}")]
+pub struct Unreachable {
+    pub server: String,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 /// The kind of an answer from the server, and the detail its message should carry.
@@ -239,7 +345,7 @@ pub fn server_retry_after(err: &kube::Error) -> Option<Duration> {
 /// What went wrong on the wire. A timeout says so first: the chain alone reads "client error
 /// (Connect): deadline has elapsed", which does not tell a user that the server did not answer.
 pub fn transport_message(err: &kube::Error) -> String {
-    let chain = error_chain(err);
+    let chain = render_kube_error(err);
     let timed_out = chain.contains("deadline has elapsed") || chain.contains("timed out") || {
         let mut source = std::error::Error::source(err);
         let mut found = false;
@@ -258,19 +364,87 @@ pub fn transport_message(err: &kube::Error) -> String {
     }
 }
 
-/// `e: cause: cause` on one line; hyper's top-level messages alone are too vague.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
+/// A `kube::Error` in words, on one line: the server's message once (kube's own Display adds
+/// the reason and the whole Status in Rust debug form), or the transport's causes without
+/// kube's variant names. Every message and log line that carries a kube error goes through it.
+pub fn render_kube_error(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => status_text(status),
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
+            let mut parts: Vec<String> = Vec::new();
+            let mut source = std::error::Error::source(err);
+            while let Some(cause) = source {
+                // The server's URL is said by the message around this one.
+                if !cause.is::<Unreachable>() {
+                    push_new(&mut parts, cause.to_string());
+                }
+                source = cause.source();
+            }
+            if parts.is_empty() {
+                err.to_string()
+            } else {
+                parts.join(": ")
+            }
         }
-        source = cause.source();
+        other => {
+            let mut parts = vec![other.to_string()];
+            let mut source = std::error::Error::source(other);
+            while let Some(cause) = source {
+                push_new(&mut parts, cause.to_string());
+                source = cause.source();
+            }
+            parts.join(": ")
+        }
     }
-    text
+}
+
+/// The server's message once; a body that was not a Status (a proxy's page, `404 page not
+/// found`) by its first line.
+fn status_text(status: &Status) -> String {
+    let message = status.message.lines().next().unwrap_or_default().trim();
+    match (message.is_empty(), status.reason.is_empty()) {
+        (false, _) => message.to_string(),
+        (true, false) if status.reason != "Failed to parse error data" => {
+            format!("{} (HTTP {})", status.reason, status.code)
+        }
+        _ => format!("HTTP {}", status.code),
+    }
+}
+
+/// Append `text` unless what is there already says it.
+fn push_new(parts: &mut Vec<String>, text: String) {
+    if !parts.iter().any(|p| p.contains(&text)) {
+        parts.push(text);
+    }
+}
+
+/// `e: cause: cause` on one line; hyper's top-level messages alone are too vague. A
+/// [`KubeError`] in the chain says everything below it itself; a `kube::Error` (or a Status)
+/// is put in words by [`render_kube_error`], also where an error above embeds its text.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut level = Some(err);
+    while let Some(cause) = level {
+        if cause.is::<KubeError>() {
+            push_new(&mut parts, cause.to_string());
+            break;
+        }
+        let (raw, words) = if let Some(kube) = cause.downcast_ref::<kube::Error>() {
+            (kube.to_string(), render_kube_error(kube))
+        } else if let Some(status) = cause.downcast_ref::<Status>() {
+            (status.to_string(), status_text(status))
+        } else {
+            push_new(&mut parts, cause.to_string());
+            level = cause.source();
+            continue;
+        };
+        for part in &mut parts {
+            *part = part.replace(&raw, &words);
+        }
+        push_new(&mut parts, words);
+        break;
+    }
+    parts.join(": ")
 }
 
 #[cfg(test)]
@@ -339,6 +513,151 @@ mod tests {
         );
         let unknown = KubeError::from_kube(status(404, "", "404 page not found"), target());
         assert_eq!(unknown.kind(), ApiErrorKind::CrdsMissing);
+    }
+
+    /// Rust debug text, kube's variant names, or the same clause twice.
+    fn assert_product(text: &str) {
+        for leak in [
+            "Status {",
+            "Some(",
+            "ApiError",
+            "Failed to parse",
+            ": Forbidden",
+            ": NotFound",
+        ] {
+            assert!(!text.contains(leak), "{leak:?} in {text}");
+        }
+        for clause in text.split([':', '.', '(', ')']).map(str::trim) {
+            assert!(
+                clause.len() < 20 || text.matches(clause).count() == 1,
+                "said twice: {clause:?} in {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn forbidden_says_the_server_once_and_names_the_role_that_grants_it() {
+        let message = "customresourcedefinitions.apiextensions.k8s.io \"portpools.portalloc.dev\" is \
+                       forbidden: User \"u\" cannot patch resource \"customresourcedefinitions\" in API \
+                       group \"apiextensions.k8s.io\" at the cluster scope";
+        let target = Target {
+            verb: "patch",
+            resource: "customresourcedefinitions.apiextensions.k8s.io".into(),
+            kind: "CustomResourceDefinition",
+            name: Some("portpools.portalloc.dev".into()),
+            namespace: None,
+        };
+        let err = KubeError::from_kube(status(403, "Forbidden", message), target);
+        let text = err.to_string();
+        assert_eq!(
+            text,
+            "forbidden: you may not patch customresourcedefinitions.apiextensions.k8s.io: User \"u\" \
+             cannot patch resource \"customresourcedefinitions\" in API group \"apiextensions.k8s.io\" \
+             at the cluster scope. ClusterRole portalloc-admin (rbac/portalloc-admin.yaml) grants it: \
+             ask a cluster administrator to bind it to you cluster-wide (a ClusterRoleBinding)"
+        );
+        assert_product(&text);
+        // Through the CLI's renderer, which walks the causes: still once.
+        let wrapped = anyhow::Error::new(err).context("installing");
+        let top: &(dyn std::error::Error + 'static) = wrapped.as_ref();
+        assert_product(&error_chain(top));
+
+        let none = KubeError::from_kube(
+            status(
+                403,
+                "Forbidden",
+                "pods is forbidden: User \"u\" cannot deletecollection resource \"pods\" in API group \"\" in the namespace \"ns\"",
+            ),
+            target_in("deletecollection", "pods", "ns"),
+        );
+        assert!(
+            none.to_string()
+                .contains("No role of kubectl-portalloc grants it"),
+            "{none}"
+        );
+    }
+
+    fn target_in(verb: &'static str, resource: &str, ns: &str) -> Target {
+        Target {
+            verb,
+            resource: resource.into(),
+            kind: "PortAllocation",
+            name: Some("simple".into()),
+            namespace: Some(ns.into()),
+        }
+    }
+
+    #[test]
+    fn a_missing_namespace_is_named_as_such() {
+        let mut gone = Status {
+            code: 404,
+            reason: "NotFound".into(),
+            message: "namespaces \"missing-ns\" not found".into(),
+            ..Default::default()
+        };
+        gone.details = Some(
+            serde_json::from_value(serde_json::json!({"name": "missing-ns", "kind": "namespaces"}))
+                .unwrap(),
+        );
+        let err = KubeError::from_kube(
+            kube::Error::Api(Box::new(gone)),
+            target_in("create", "portallocations.portalloc.dev", "missing-ns"),
+        )
+        .with_hint(": list them with `kubectl portalloc get -A`");
+        assert_eq!(err.kind(), ApiErrorKind::NotFound);
+        let text = err.to_string();
+        assert!(
+            text.starts_with("namespace \"missing-ns\" does not exist")
+                && text.contains("kubectl create namespace missing-ns"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("PortAllocation \"simple\" not found"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_request_with_no_answer_names_the_server() {
+        let refused =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let err = kube::Error::Service(Box::new(Unreachable {
+            server: "https://10.0.0.1:6443".into(),
+            source: Box::new(refused),
+        }));
+        let text = KubeError::from_kube(err, target()).to_string();
+        assert!(
+            text.starts_with("the API server at https://10.0.0.1:6443 is unavailable")
+                && text.contains("connection refused")
+                && text.contains("--context"),
+            "{text}"
+        );
+        assert_product(&text);
+    }
+
+    #[test]
+    fn a_kube_error_in_a_chain_is_put_in_words() {
+        // A body that was not a Status, as kube reports it.
+        let page = status(404, "Failed to parse error data", "404 page not found");
+        assert_eq!(render_kube_error(&page), "404 page not found");
+        assert_product(&error_chain(&page));
+        let mut listed = status(
+            403,
+            "Forbidden",
+            "services is forbidden: User \"u\" cannot list",
+        );
+        if let kube::Error::Api(s) = &mut listed {
+            s.status = Some(kube::core::response::StatusSummary::Failure);
+        }
+        // An error around it that prints it with its own text, as kube_runtime's do.
+        #[derive(Debug, thiserror::Error)]
+        #[error("failed to perform initial object list: {0}")]
+        struct Around(#[source] kube::Error);
+        let text = error_chain(&Around(listed));
+        assert_eq!(
+            text,
+            "failed to perform initial object list: services is forbidden: User \"u\" cannot list"
+        );
     }
 
     #[test]

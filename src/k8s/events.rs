@@ -7,6 +7,7 @@
 //! may not write Events (a user running the plugin, a watcher bound to an older ClusterRole) is
 //! said at debug level only; any other failure at info level, naming the object.
 
+use crate::k8s::error::error_chain;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -141,9 +142,10 @@ impl Events {
                 status.message
             ),
             Err(e) => tracing::info!(
-                "could not record Event {} on {} (its status and this log say the same): {e}",
+                "could not record Event {} on {} (its status and this log say the same): {}",
                 notice.reason,
-                object()
+                object(),
+                error_chain(&e)
             ),
         }
     }
@@ -170,7 +172,10 @@ impl Events {
                     Ok(Some(object)) => object.uid()?,
                     Ok(None) => return None,
                     Err(e) => {
-                        tracing::debug!("no Event on PortPool {pool}: reading its UID: {e}");
+                        tracing::debug!(
+                            "no Event on PortPool {pool}: reading its UID: {}",
+                            error_chain(&e)
+                        );
                         return None;
                     }
                 };

@@ -6,8 +6,9 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
-use super::error::error_chain;
+use super::error::KubeError;
 use super::pages::{Paged, for_each_page};
+use super::resources::SERVICES;
 use crate::ledger::WindowRecord;
 
 /// Only NodePort and LoadBalancer Services have node ports: ClusterIP and ExternalName ones are
@@ -28,7 +29,7 @@ pub async fn node_port_conflicts(client: &kube::Client, record: &WindowRecord) -
     listed.unwrap_or_else(|e| {
         vec![format!(
             "could not check NodePort Services ({}); ports they use are not reported",
-            error_chain(&e)
+            KubeError::from_kube(e, SERVICES.all("list", None))
         )]
     })
 }

@@ -45,5 +45,6 @@ mod watch;
 mod watch_batch;
 mod webhook;
 mod webhook_cache;
+mod webhook_cleanup;
 mod webhook_ha;
 mod webhook_record;

@@ -70,6 +70,16 @@ fn assert_forbidden(run: &Run, verb: &str, resource: &str) {
         lines[0].contains(&format!("forbidden: you may not {verb} {resource}")),
         "{verb} {resource} not named: {run}"
     );
+    crate::support::error_text::assert_clean(&format!("{verb} {resource}"), lines[0]);
+}
+
+/// The Forbidden line of `run` names `role` as the one that grants what was refused.
+fn assert_granted_by(run: &Run, role: &str) {
+    assert!(
+        run.stderr.contains(&format!("ClusterRole {role} (rbac/"))
+            && run.stderr.contains("ask a cluster administrator to bind"),
+        "{role} not named: {run}"
+    );
 }
 
 #[tokio::test]
@@ -139,6 +149,12 @@ async fn the_user_role_is_enough_to_allocate_and_without_it_the_refusal_is_named
     ] {
         let run = as_user(&cluster, ctx, &args);
         assert!(run.ok(), "{args:?} as {USER_NAME}: {run}");
+        // What it could not read (pool describe: Services, node agents' Leases) is said in words.
+        let debug = crate::support::error_text::defects(&format!("{}{}", run.stdout, run.stderr));
+        assert!(
+            !debug.iter().any(|d| !d.starts_with("said twice")),
+            "{args:?}: {debug:?}: {run}"
+        );
     }
     assert!(
         cluster.run(&["repair", "--pool", "shared"]).ok(),
@@ -153,30 +169,37 @@ async fn the_user_role_is_enough_to_allocate_and_without_it_the_refusal_is_named
         &group("pd", "shared"),
     );
     assert_forbidden(&run, "create", "portallocations.portalloc.dev");
-    assert!(run.stderr.contains("team-none"), "{run}");
+    assert!(
+        run.stderr.contains(
+            "ClusterRole portalloc-user (rbac/portalloc-user.yaml) grants it: ask a cluster \
+             administrator to bind it to you in namespace \"team-none\" (a RoleBinding)"
+        ),
+        "{run}"
+    );
     assert_forbidden(
         &as_user(&cluster, ctx, &["sync", "--all", "-A"]),
         "list",
         "portallocations.portalloc.dev",
     );
-    assert_forbidden(
-        &as_user(
-            &cluster,
-            ctx,
-            &["pool", "create", "mine", "--range", "23100-23199"],
-        ),
-        "create",
-        "portpools.portalloc.dev",
+    let pool_create = as_user(
+        &cluster,
+        ctx,
+        &["pool", "create", "mine", "--range", "23100-23199"],
     );
+    assert_forbidden(&pool_create, "create", "portpools.portalloc.dev");
+    assert_granted_by(&pool_create, "portalloc-admin");
+    eprintln!("rbac: pool create as a user: {}", pool_create.stderr.trim());
     assert_forbidden(
         &as_user(&cluster, ctx, &["repair"]),
         "list",
         "portallocations.portalloc.dev",
     );
-    assert_forbidden(
-        &as_user(&cluster, ctx, &["install"]),
-        "patch",
-        "customresourcedefinitions",
+    let install = as_user(&cluster, ctx, &["install"]);
+    assert_forbidden(&install, "patch", "customresourcedefinitions");
+    assert_granted_by(&install, "portalloc-admin");
+    assert!(
+        !install.stderr.contains("ClusterRole portalloc-user"),
+        "{install}"
     );
     // The second user has no binding at all.
     assert_forbidden(

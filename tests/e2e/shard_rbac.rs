@@ -95,6 +95,18 @@ async fn the_tenancy_policy_confines_a_tenant_to_its_own_shard_entries() {
         matches!(&err, kube::Error::Api(s) if s.code == 403),
         "{err}"
     );
+    // In words, once, naming the role that grants it (the administrators').
+    let refusal = portalloc::k8s::KubeError::from_kube(
+        err,
+        portalloc::k8s::SHARDS.on("delete", &gpu91, None),
+    )
+    .to_string();
+    crate::support::error_text::assert_clean("delete a shard as a tenant", &refusal);
+    assert!(
+        refusal.contains("ClusterRole portalloc-admin (rbac/portalloc-admin.yaml)")
+            && !refusal.contains("ClusterRole portalloc-pool-user"),
+        "{refusal}"
+    );
     let mut object = shards_as_tenant.get(&gpu91).await.unwrap();
     object.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
     let err = shards_as_tenant

@@ -1,6 +1,7 @@
 //! PortAllocations: reading, applying from a manifest (create or update, then allocate), and
 //! deleting (the object first, then its pool entry).
 
+use crate::k8s::error::error_chain;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
@@ -231,9 +232,10 @@ async fn remove_created(api: &Api<PortAllocation>, created: &PortAllocation) {
     };
     if let Err(e) = api.delete(&created.name_any(), &params).await {
         tracing::warn!(
-            "could not remove PortAllocation {} after the failed allocation ({e}); delete it with \
+            "could not remove PortAllocation {} after the failed allocation ({}); delete it with \
              `kubectl portalloc delete {} -n {}`",
             owner_of(created),
+            error_chain(&e),
             created.name_any(),
             created.namespace().unwrap_or_default()
         );

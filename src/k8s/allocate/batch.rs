@@ -18,6 +18,7 @@
 //! PortAllocations' statuses are derived from them afterwards, several at a time, so a kill in
 //! between leaves what a single `sync` leaves.
 
+use crate::k8s::error::error_chain;
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, stream};
@@ -437,8 +438,9 @@ impl Allocator {
                 Ok(written) => report(written, true),
                 Err(e) => {
                     tracing::info!(
-                        "{}: status write failed ({e}); syncing it on its own",
-                        owner_of(&pa)
+                        "{}: status write failed ({}); syncing it on its own",
+                        owner_of(&pa),
+                        error_chain(&e)
                     );
                     // The single path keeps the ConfigMap itself.
                     return self.sync_or_record(pa).await.map(|mut one| {

@@ -12,6 +12,7 @@
 //! the status just written (see [`super::configmaps`]). It follows the allocation and never
 //! undoes it: its outcome, good or bad, is part of the [`SyncReport`].
 
+use crate::k8s::error::error_chain;
 use std::fmt;
 
 use kube::ResourceExt;
@@ -151,9 +152,10 @@ impl Allocator {
             .await
         {
             tracing::info!(
-                "{}: could not record {}: {e}",
+                "{}: could not record {}: {}",
                 owner_of(pa),
-                refusal.reason()
+                refusal.reason(),
+                error_chain(&e)
             );
         }
     }

@@ -108,7 +108,7 @@ impl Reports {
         };
         let reference: ObjectReference = pod.object_ref(&());
         if let Err(e) = self.recorder.publish(&event, &reference).await {
-            tracing::warn!(error = %e, "could not record an Event on pod {:?}", reference.name);
+            tracing::warn!(error = %crate::k8s::error_chain(&e), "could not record an Event on pod {:?}", reference.name);
         }
     }
 }

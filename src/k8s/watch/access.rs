@@ -2,6 +2,7 @@
 //! (SelfSubjectAccessReview), so a missing binding is one clear error rather than retries
 //! forever; and what it may do but need not (the pools' usage summary).
 
+use crate::k8s::error::error_chain;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -53,8 +54,11 @@ pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<()
             let kind = match resource {
                 "configmaps" => "ConfigMap",
                 "portpools" => "PortPool",
+                "portpoolshards" => "PortPoolShard",
                 _ => "PortAllocation",
             };
+            // Pools and shards are cluster-wide: refused for every namespace alike.
+            let namespaced = ["portallocations", "configmaps"].contains(&resource);
             return Err(KubeError::new(
                 ApiErrorKind::Forbidden,
                 Target {
@@ -62,7 +66,7 @@ pub async fn check_access(client: &Client, namespace: Option<&str>) -> Result<()
                     resource: plural,
                     kind,
                     name: None,
-                    namespace: namespace.map(str::to_string),
+                    namespace: namespace.filter(|_| namespaced).map(str::to_string),
                 },
                 "the watcher needs it (see deploy/watcher.yaml for its ClusterRole)",
             ));
@@ -139,7 +143,10 @@ pub(super) async fn may_keep_usage(client: &Client) -> bool {
             false
         }
         Err(e) => {
-            tracing::warn!("not keeping the PortPools' usage summary: {e}");
+            tracing::warn!(
+                "not keeping the PortPools' usage summary: {}",
+                error_chain(&e)
+            );
             false
         }
     }

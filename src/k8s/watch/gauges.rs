@@ -2,6 +2,7 @@
 //! pools so large that counting them takes over a second) while it leads: PortAllocations
 //! by phase, and every pool counted from its shards (for `/metrics` and its status' usage).
 
+use crate::k8s::error::error_chain;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
@@ -37,7 +38,7 @@ pub(super) async fn refresh_gauges(
                     }
                 }
                 Err(e) => {
-                    tracing::debug!("counting pools: listing them: {e}");
+                    tracing::debug!("counting pools: listing them: {}", error_chain(&e));
                     metrics.record_pool_list_error();
                 }
             }

@@ -33,6 +33,7 @@ pub mod node_count;
 pub mod pool_usage;
 mod synced_lately;
 
+use crate::k8s::error::error_chain;
 pub use access::{check_access, check_leader_access};
 pub use metrics::{Metrics, SyncResult};
 use std::sync::Arc;
@@ -363,7 +364,7 @@ async fn work(
             }
             async move {
                 if let Err(e) = outcome {
-                    tracing::debug!("watch: {e}");
+                    tracing::debug!("watch: {}", error_chain(&e));
                 }
             }
         })
@@ -479,7 +480,7 @@ fn configmap_outcome(
 }
 
 fn error_policy(pa: Arc<PortAllocation>, error: &Retriable, _: Arc<Context>) -> Action {
-    tracing::warn!(allocation = %owner_of(&pa), "sync failed, retrying in 5s: {error}");
+    tracing::warn!(allocation = %owner_of(&pa), "sync failed, retrying in 5s: {}", error_chain(error));
     Action::requeue(Duration::from_secs(5))
 }
 
@@ -519,7 +520,7 @@ async fn free_deleted(
                 Ok(None) => return,
                 Err(e) => {
                     metrics.record_watch_restart("deletions");
-                    tracing::warn!("watching deletions: {e}");
+                    tracing::warn!("watching deletions: {}", error_chain(&e));
                 }
             },
         }
@@ -545,7 +546,8 @@ async fn free(allocator: &Allocator, pa: &PortAllocation, events: &Events) {
         }
         Err(e) => tracing::warn!(
             allocation = %owner,
-            "deleted, but its ports could not be freed yet (the next repair pass frees them): {e}"
+            "deleted, but its ports could not be freed yet (the next repair pass frees them): {}",
+            error_chain(&e)
         ),
     }
 }
@@ -578,6 +580,9 @@ async fn repair(repairer: Option<&Repairer>, events: &Events) {
         events.repaired(plan).await;
     }
     if let Err(e) = outcome {
-        tracing::warn!("repair pass failed (tried again at the next resync): {e}");
+        tracing::warn!(
+            "repair pass failed (tried again at the next resync): {}",
+            error_chain(&e)
+        );
     }
 }

@@ -7,6 +7,7 @@
 //! written: a compare-and-swap on the pool as listed (status subresource), so a pool changed
 //! meanwhile (its spec, the usage count) is counted again at the next turn.
 
+use crate::k8s::error::error_chain;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -60,9 +61,10 @@ pub async fn keep_node_counts(client: Client, mut stop: tokio::sync::watch::Rece
                 Some(Err(e)) => {
                     if !warned {
                         tracing::warn!(
-                            "watching nodes for the pools that follow them: {e} (the watcher's \
+                            "watching nodes for the pools that follow them: {} (the watcher's \
                              identity needs get, list and watch on nodes; until then an \
-                             allocation counts them itself where it may)"
+                             allocation counts them itself where it may)",
+                            error_chain(&e)
                         );
                         warned = true;
                     }
@@ -86,7 +88,10 @@ async fn count_once(client: &Client, store: &Store<PartialObjectMeta<Node>>) -> 
     let pools = match api.list(&Default::default()).await {
         Ok(list) => list.items,
         Err(e) => {
-            tracing::debug!("counting nodes for the pools: listing pools: {e}");
+            tracing::debug!(
+                "counting nodes for the pools: listing pools: {}",
+                error_chain(&e)
+            );
             return false;
         }
     };
@@ -120,7 +125,10 @@ async fn count_once(client: &Client, store: &Store<PartialObjectMeta<Node>>) -> 
             .replace_status(&name, &crate::k8s::write_params(), &written)
             .await
         {
-            Ok(_) => tracing::info!(pool = %name, nodes = ?count, "counted the pool's nodes"),
+            Ok(_) => match count {
+                Some(nodes) => tracing::info!(pool = %name, nodes, "counted the pool's nodes"),
+                None => tracing::info!(pool = %name, "the pool no longer follows nodes"),
+            },
             Err(kube::Error::Api(s)) if s.is_conflict() => {
                 tracing::debug!("PortPool {name} changed since it was listed: counted again");
                 done = false;

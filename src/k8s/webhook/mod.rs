@@ -22,9 +22,10 @@ pub use certificates::CertificateError;
 pub use decision::PodWebhook;
 pub use denial::{Denial, RecordCheckError};
 pub use registration::{
-    ClientConfig, WEBHOOK_CONFIGURATION, register_webhook, repair_registration,
+    ClientConfig, WEBHOOK_CONFIGURATION, Withdrawal, register_webhook, repair_registration,
+    withdraw_registration,
 };
-pub use serve::{ServeError, WebhookServer};
+pub use serve::{ServeError, WebhookServer, Withdrawn};
 pub use start::{StartError, WebhookOptions, WebhookUrl, start_webhook};
 
 /// The API server's timeout for our webhook (`timeoutSeconds`); a sync that would take longer

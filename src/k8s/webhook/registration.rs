@@ -11,6 +11,12 @@
 //! configuration: a deleted one is an uninstall (`helm uninstall` and `kubectl delete -k deploy`
 //! delete it first), and a replica still running must not bring it back to refuse every
 //! labelled pod with no webhook left.
+//!
+//! A watcher registered by URL (out of the cluster, `--webhook-url`) is the only one the API
+//! server calls, so when it stops cleanly it takes its registration away
+//! ([`withdraw_registration`]): left behind, it would refuse every labelled pod. Only if the
+//! configuration still calls its URL: several such watchers share the one configuration, the
+//! last to start is the one called, and one that stops must not remove another's.
 
 use std::collections::BTreeMap;
 
@@ -20,13 +26,13 @@ use k8s_openapi::api::admissionregistration::v1::{
     WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Client, ResourceExt};
 
 use super::WEBHOOK_TIMEOUT;
 use crate::api::POD_ALLOCATION_LABEL;
 use crate::k8s::FIELD_MANAGER;
-use crate::k8s::error::KubeError;
+use crate::k8s::error::{ApiErrorKind, KubeError};
 use crate::k8s::resources::Resource;
 
 /// The MutatingWebhookConfiguration the watcher keeps.
@@ -144,6 +150,84 @@ pub async fn repair_registration(
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
         Err(e) => Err(KubeError::from_kube(e, at("patch"))),
+    }
+}
+
+/// What [`withdraw_registration`] did with the configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// Deleted: it called this webhook.
+    Removed,
+    /// There was none (deleted by hand, or by `helm uninstall`).
+    Absent,
+    /// Left alone: it calls this (another watcher registered since).
+    Elsewhere(String),
+}
+
+/// Delete the configuration if it still calls `config` (a watcher registered by URL, stopping):
+/// read it, then delete that very version (a precondition on its resourceVersion), so a watcher
+/// that registered in between keeps its registration. Within [`WEBHOOK_TIMEOUT`]: a stopping
+/// process does not wait on an API server that does not answer.
+pub async fn withdraw_registration(
+    client: &Client,
+    config: &ClientConfig,
+) -> Result<Withdrawal, KubeError> {
+    tokio::time::timeout(WEBHOOK_TIMEOUT, withdraw(client, config))
+        .await
+        .unwrap_or_else(|_| {
+            Err(KubeError::new(
+                ApiErrorKind::Unavailable,
+                WEBHOOK_CONFIGURATIONS.on("delete", WEBHOOK_CONFIGURATION, None),
+                format!("no answer within {}s", WEBHOOK_TIMEOUT.as_secs()),
+            ))
+        })
+}
+
+async fn withdraw(client: &Client, config: &ClientConfig) -> Result<Withdrawal, KubeError> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let at = |verb| WEBHOOK_CONFIGURATIONS.on(verb, WEBHOOK_CONFIGURATION, None);
+    let Some(current) = api
+        .get_opt(WEBHOOK_CONFIGURATION)
+        .await
+        .map_err(|e| KubeError::from_kube(e, at("get")))?
+    else {
+        return Ok(Withdrawal::Absent);
+    };
+    if !reaches(&current, None, config) {
+        return Ok(Withdrawal::Elsewhere(calls(&current)));
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: current.metadata.uid.clone(),
+            resource_version: current.metadata.resource_version.clone(),
+        }),
+        ..Default::default()
+    };
+    match api.delete(WEBHOOK_CONFIGURATION, &params).await {
+        Ok(_) => Ok(Withdrawal::Removed),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Withdrawal::Absent),
+        // Changed since it was read: another watcher registered itself.
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(Withdrawal::Elsewhere(
+            "another webhook (it was registered again while this one stopped)".into(),
+        )),
+        Err(e) => Err(KubeError::from_kube(e, at("delete"))),
+    }
+}
+
+/// What the configuration's webhook calls, in words.
+fn calls(configuration: &MutatingWebhookConfiguration) -> String {
+    let config = configuration
+        .webhooks
+        .iter()
+        .flatten()
+        .find(|w| w.name == WEBHOOK_NAME)
+        .map(|w| &w.client_config);
+    match config {
+        Some(WebhookClientConfig { url: Some(url), .. }) => url.clone(),
+        Some(WebhookClientConfig {
+            service: Some(s), ..
+        }) => format!("Service {}/{}", s.namespace, s.name),
+        _ => "no webhook of kubectl-portalloc".to_string(),
     }
 }
 
@@ -269,6 +353,23 @@ mod tests {
             patch["webhooks"][0]["clientConfig"]
                 .get("caBundle")
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn a_url_registration_is_withdrawn_only_while_it_calls_that_url() {
+        let ours = ClientConfig::Url("https://10.0.0.9:9443".into());
+        let registered = configuration(client_config(Some("CA-1"), &ours));
+        // The caBundle is not compared: the URL decides whose it is.
+        assert!(reaches(&registered, None, &ours));
+        let theirs = ClientConfig::Url("https://10.0.0.7:9443".into());
+        assert!(!reaches(&registered, None, &theirs));
+        assert_eq!(calls(&registered), "https://10.0.0.9:9443/mutate");
+        let service = configuration(client_config(None, &service()));
+        assert!(!reaches(&service, None, &ours));
+        assert_eq!(
+            calls(&service),
+            "Service portalloc-system/portalloc-webhook"
         );
     }
 

@@ -29,7 +29,9 @@ use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::crypto::CryptoProvider;
 
 use super::certificates::CertSlot;
+use super::registration::{ClientConfig, Withdrawal, withdraw_registration};
 use super::{PodWebhook, WEBHOOK_TIMEOUT};
+use crate::k8s::error::KubeError;
 
 /// A TLS handshake that has not finished by then is dropped (the API server's takes
 /// milliseconds; this only bounds a client that connects and says nothing).
@@ -44,7 +46,13 @@ pub struct WebhookServer {
     /// Keeps the certificate and the configuration current (Service mode only).
     pub(super) keeper: Option<JoinHandle<()>>,
     pub(super) delay: Duration,
+    /// Registered by URL: the registration to withdraw at shutdown (behind a Service it stays,
+    /// for the other replicas).
+    pub(super) registration: Option<(kube::Client, ClientConfig)>,
 }
+
+/// What became of a URL registration when the webhook stopped.
+pub type Withdrawn = Result<Withdrawal, KubeError>;
 
 /// Why the endpoint could not start.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +104,7 @@ pub(super) async fn serve(
         in_flight,
         keeper: None,
         delay: Duration::ZERO,
+        registration: None,
     };
     Ok((server, bound))
 }
@@ -172,10 +181,16 @@ impl Connection {
 impl WebhookServer {
     /// Stop as the module's comment says: answer everything that still comes for the shutdown
     /// delay, then finish what is in flight. The caller has made `/readyz` fail already.
-    pub async fn drain(mut self) {
+    /// Registered by URL, it first withdraws its registration (so the API server stops calling
+    /// it before it stops answering) and returns what became of it.
+    pub async fn drain(mut self) -> Option<Withdrawn> {
         if let Some(keeper) = self.keeper.take() {
             keeper.abort();
         }
+        let withdrawn = match self.registration.take() {
+            Some((client, config)) => Some(withdraw_registration(&client, &config).await),
+            None => None,
+        };
         let _ = self.phase.send(Phase::Draining);
         if !self.delay.is_zero() {
             tracing::info!(
@@ -196,6 +211,7 @@ impl WebhookServer {
                 self.in_flight.load(Ordering::Relaxed)
             ),
         }
+        withdrawn
     }
 }
 

@@ -121,11 +121,15 @@ pub async fn start_webhook(
     let (mut server, bound) = serve(options.address, provider, slot.clone(), webhook).await?;
     let config = options.client_config();
     register_webhook(client, pems.ca.as_deref(), &config).await?;
-    if options.url.is_none() {
+    if options.url.is_some() {
+        // Out of the cluster nothing else answers for it: withdrawn when this process stops.
+        server.registration = Some((client.clone(), config));
+    } else {
         // Behind a Service, readiness decides who is called: give the endpoints time to drop
         // this replica at shutdown, and keep the registration right while it runs. Out of the
         // cluster (a URL) this process is the only one called: it does neither, so it never
-        // takes the configuration back from a replica in the cluster.
+        // takes the configuration back from a replica in the cluster (and at shutdown it
+        // removes the registration only while it still calls this URL).
         server.delay = options.shutdown_delay;
         server.keeper = Some(tokio::spawn(keep_current(
             client.clone(),

@@ -67,6 +67,10 @@ pub fn check(case: &Case, run: &Run) -> Result<(), String> {
     if !line.starts_with("error: ") {
         return Err("the message must start with \"error: \"".into());
     }
+    let defects = crate::support::error_text::defects(line);
+    if !defects.is_empty() {
+        return Err(format!("not product text: {}", defects.join(", ")));
+    }
     for needle in &case.needles {
         if !line.contains(needle.as_str()) {
             return Err(format!("{needle:?} not in the message"));

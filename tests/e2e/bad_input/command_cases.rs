@@ -1,8 +1,8 @@
 //! Bad command lines: flags, names of objects that are not there, and where to connect.
 
 use super::case::{Case, case};
-use super::fixture::{Fixture, HTTP, web};
-use crate::support::USER_CONTEXT;
+use super::fixture::{Fixture, HTTP, pa_doc, web};
+use crate::support::{ADMIN_CONTEXT, USER_CONTEXT};
 
 /// `pool create` flags that describe no valid pool.
 pub fn pool_flag_cases(f: &Fixture) -> Vec<Case> {
@@ -126,6 +126,16 @@ pub fn named_object_cases(f: &Fixture) -> Vec<Case> {
             &["PortAllocation \"nothing\" not found", ns],
         ),
         case(
+            "create in a namespace that does not exist",
+            &["create", "-f", "-", "-n", f.nowhere.as_str()],
+            3,
+            &[
+                &format!("namespace \"{}\" does not exist", f.nowhere),
+                &format!("kubectl create namespace {}", f.nowhere),
+            ],
+        )
+        .with_stdin(pa_doc("x", &f.pool, &web("1", HTTP))),
+        case(
             "delete: no such object",
             &["delete", "nothing", "-n", ns],
             3,
@@ -248,7 +258,19 @@ pub fn connection_cases(f: &Fixture) -> Vec<Case> {
             "unknown context",
             &["get", "--context", "no-such-context"],
             9,
-            &["no-such-context"],
+            &[
+                "context \"no-such-context\" is not in the kubeconfig",
+                &format!("its contexts: {ADMIN_CONTEXT}, {USER_CONTEXT}"),
+            ],
+        ),
+        case(
+            "server that does not answer",
+            &["get", "--kubeconfig", &f.unreachable_kubeconfig],
+            6,
+            &[
+                "the API server at https://127.0.0.1:1 is unavailable",
+                "--context",
+            ],
         ),
         case(
             "kubeconfig that does not exist",

@@ -22,6 +22,8 @@ pub struct Fixture {
     pub owner: String,
     pub garbled_kubeconfig: String,
     pub missing_kubeconfig: String,
+    /// A kubeconfig whose server nothing listens on (port 1 of loopback).
+    pub unreachable_kubeconfig: String,
     pub dir: TempDir,
 }
 
@@ -62,7 +64,10 @@ impl Fixture {
         let garbled = dir.path().join("garbled");
         std::fs::write(&garbled, "apiVersion: v1\nclusters: [oops\n").unwrap();
         let missing = dir.path().join("missing");
+        let unreachable = dir.path().join("unreachable");
+        std::fs::write(&unreachable, UNREACHABLE_KUBECONFIG).unwrap();
         Fixture {
+            unreachable_kubeconfig: unreachable.to_str().unwrap().to_string(),
             other_pool: format!("{prefix}-other"),
             nowhere: format!("{prefix}-nowhere"),
             garbled_kubeconfig: garbled.to_str().unwrap().to_string(),
@@ -86,6 +91,21 @@ impl Fixture {
         pool_doc(&self.other_pool, spec)
     }
 }
+
+/// A cluster at a loopback port nothing listens on.
+const UNREACHABLE_KUBECONFIG: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: gone
+  cluster: {server: \"https://127.0.0.1:1\", insecure-skip-tls-verify: true}
+users:
+- name: someone
+  user: {token: nothing}
+contexts:
+- name: gone
+  context: {cluster: gone, user: someone}
+current-context: gone
+";
 
 pub fn pool_doc(name: &str, spec: &str) -> String {
     format!(

@@ -15,6 +15,7 @@ pub mod control_plane;
 #[path = "../../common/controllers.rs"]
 pub mod controllers;
 pub mod endpoints;
+pub mod error_text;
 #[path = "../../common/events.rs"]
 pub mod events;
 pub mod fault_proxy;
