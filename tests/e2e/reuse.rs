@@ -152,8 +152,9 @@ async fn a_port_gets_a_second_holder_only_once_the_first_copy_is_full() {
     );
 
     // Lowering nodeReuse below the copies in use: one line, nothing changed.
+    // (allowOverlap as create_reused_pool set it: the tests' reused pools share RANGE.)
     let lowered = format!(
-        "apiVersion: portalloc.dev/v1alpha1\nkind: PortPool\nmetadata:\n  name: {pool}\nspec:\n  ranges: [\"{RANGE}\"]\n  nodeReuse: 1\n"
+        "apiVersion: portalloc.dev/v1alpha1\nkind: PortPool\nmetadata:\n  name: {pool}\nspec:\n  ranges: [\"{RANGE}\"]\n  nodeReuse: 1\n  allowOverlap: true\n"
     );
     // (--force: a pool's spec changes only when asked to; even then not under its holders.)
     let run = cli::run_stdin(&["create", "-f", "-", "--force"], &lowered);

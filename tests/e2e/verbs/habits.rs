@@ -36,7 +36,7 @@ async fn create_f_never_rewrites_a_live_pool_by_surprise() {
         &["create", "-f", "-", "-n", &ns],
         &format!(
             "{}---\n{}",
-            pool_doc(&pool, "36100-36199"),
+            pool_doc(&pool, "38100-38199"),
             support::simple_allocation("held", &pool, "web", 1, &["http"])
         ),
     );
@@ -55,7 +55,7 @@ async fn create_f_never_rewrites_a_live_pool_by_surprise() {
         .allocated_values("web", "http")[0];
 
     // The same spec again: unchanged, nothing written.
-    let run = cli::run_stdin(&["create", "-f", "-"], &pool_doc(&pool, "36100-36199"));
+    let run = cli::run_stdin(&["create", "-f", "-"], &pool_doc(&pool, "38100-38199"));
     assert!(run.ok(), "{run}");
     assert_eq!(
         run.stdout,
@@ -64,21 +64,21 @@ async fn create_f_never_rewrites_a_live_pool_by_surprise() {
     );
 
     // Another spec: refused with what differs, the pool as it was.
-    let run = cli::run_stdin(&["create", "-f", "-"], &pool_doc(&pool, "36100-36299"));
+    let run = cli::run_stdin(&["create", "-f", "-"], &pool_doc(&pool, "38100-38299"));
     assert_eq!(run.code, 4, "{run}");
     assert!(
         run.stderr.contains(&format!(
-            "PortPool \"{pool}\" already exists and differs (spec.ranges: [\"36100-36199\"] -> [\"36100-36299\"])"
+            "PortPool \"{pool}\" already exists and differs (spec.ranges: [\"38100-38199\"] -> [\"38100-38299\"])"
         )),
         "{run}"
     );
     assert_eq!(pools.get(&pool).await.unwrap().resource_version(), version);
 
     // --force, but the holder's port would leave the pool: refused, the holder named.
-    let outside = if held < 36150 {
-        "36150-36199"
+    let outside = if held < 38150 {
+        "38150-38199"
     } else {
-        "36100-36149"
+        "38100-38149"
     };
     let run = cli::run_stdin(&["create", "-f", "-", "--force"], &pool_doc(&pool, outside));
     assert_eq!(run.code, 4, "{run}");
@@ -88,7 +88,7 @@ async fn create_f_never_rewrites_a_live_pool_by_surprise() {
         )),
         "{run}"
     );
-    let protocol = pool_doc(&pool, "36100-36199") + "  protocol: UDP\n";
+    let protocol = pool_doc(&pool, "38100-38199") + "  protocol: UDP\n";
     let run = cli::run_stdin(&["create", "-f", "-", "--force"], &protocol);
     assert_eq!(run.code, 4, "{run}");
     assert!(
@@ -100,7 +100,7 @@ async fn create_f_never_rewrites_a_live_pool_by_surprise() {
     // --force keeping the holder's port: configured.
     let run = cli::run_stdin(
         &["create", "-f", "-", "--force"],
-        &pool_doc(&pool, "36100-36299"),
+        &pool_doc(&pool, "38100-38299"),
     );
     assert!(run.ok(), "{run}");
     assert!(
@@ -110,20 +110,20 @@ async fn create_f_never_rewrites_a_live_pool_by_surprise() {
     );
     assert!(
         run.stderr.contains(&format!(
-            "PortPool \"{pool}\" changes: spec.ranges: [\"36100-36199\"] -> [\"36100-36299\"]"
+            "PortPool \"{pool}\" changes: spec.ranges: [\"38100-38199\"] -> [\"38100-38299\"]"
         )),
         "{run}"
     );
     assert_eq!(
         pools.get(&pool).await.unwrap().spec.ranges[0].0,
-        "36100-36299"
+        "38100-38299"
     );
 }
 
 #[tokio::test]
 async fn pool_create_of_an_existing_pool_says_it_exists() {
     let pool = support::unique_name("exists");
-    let args = ["pool", "create", &pool, "--range", "36300-36309"];
+    let args = ["pool", "create", &pool, "--range", "38300-38309"];
     let run = cli::run(&args);
     assert!(run.ok(), "{run}");
     let again = cli::run(&args);
@@ -132,11 +132,11 @@ async fn pool_create_of_an_existing_pool_says_it_exists() {
         again.stdout,
         format!("portpool.portalloc.dev/{pool} unchanged (it already exists with this spec)\n")
     );
-    let run = cli::run(&["pool", "create", &pool, "--range", "36300-36319"]);
+    let run = cli::run(&["pool", "create", &pool, "--range", "38300-38319"]);
     assert_eq!(run.code, 4, "{run}");
     assert!(
         run.stderr.contains(&format!(
-            "PortPool \"{pool}\" already exists and differs (spec.ranges: [\"36300-36309\"] -> [\"36300-36319\"])"
+            "PortPool \"{pool}\" already exists and differs (spec.ranges: [\"38300-38309\"] -> [\"38300-38319\"])"
         )),
         "{run}"
     );
@@ -151,7 +151,7 @@ async fn create_f_reads_directories_and_prints_only_names_with_o_name() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("a-pool.yaml"),
-        pool_doc(&pool, "36400-36419"),
+        pool_doc(&pool, "38400-38419"),
     )
     .unwrap();
     std::fs::write(
@@ -226,7 +226,7 @@ async fn get_and_delete_take_selectors_several_names_and_files() {
     ];
     let file = format!(
         "{}---\n{}",
-        pool_doc(&pool, "36500-36519"),
+        pool_doc(&pool, "38500-38519"),
         docs.join("---\n")
     );
     let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns], &file);
@@ -319,7 +319,7 @@ async fn get_w_prints_the_table_then_a_line_per_change() {
     let client = support::client().await;
     let ns = support::namespace(&client, "get-watch").await;
     let pool = support::unique_name("watch");
-    support::create_pool(&pool, "36600-36619");
+    support::create_pool(&pool, "38600-38619");
     let first = support::simple_allocation("first", &pool, "web", 1, &["http"]);
     assert!(cli::run_stdin(&["create", "-f", "-", "-n", &ns], &first).ok());
 
@@ -381,7 +381,7 @@ async fn a_create_that_fails_part_way_names_what_it_wrote() {
         .await
         .unwrap();
     let pool = support::unique_name("part-way");
-    support::create_pool(&pool, "36700-36709");
+    support::create_pool(&pool, "38700-38709");
     let file = format!(
         "{}---\n{}",
         support::simple_allocation("written", &pool, "web", 1, &["http"]).replace(
@@ -409,7 +409,7 @@ async fn a_create_that_fails_part_way_names_what_it_wrote() {
 #[tokio::test]
 async fn pool_get_w_prints_a_line_when_the_pool_changes() {
     let pool = support::unique_name("pool-watch");
-    support::create_pool(&pool, "36800-36809");
+    support::create_pool(&pool, "38800-38809");
     let mut child = Command::new(cli::BIN)
         .args(["pool", "get", &pool, "-w"])
         .env("KUBECONFIG", &support::cluster().kubeconfig)
@@ -438,16 +438,16 @@ async fn pool_get_w_prints_a_line_when_the_pool_changes() {
     );
     let row = next_line(&lines, "the pool");
     assert!(
-        row.starts_with(&format!("{pool} ")) && row.contains("36800-36809"),
+        row.starts_with(&format!("{pool} ")) && row.contains("38800-38809"),
         "{row}"
     );
     let run = cli::run_stdin(
         &["create", "-f", "-", "--force"],
-        &pool_doc(&pool, "36800-36819"),
+        &pool_doc(&pool, "38800-38819"),
     );
     assert!(run.ok(), "{run}");
     let mut changed = next_line(&lines, "the changed pool");
-    while !changed.contains("36800-36819") {
+    while !changed.contains("38800-38819") {
         changed = next_line(&lines, "the pool with its new range");
     }
     assert!(changed.starts_with(&format!("{pool} ")), "{changed}");
@@ -468,7 +468,7 @@ async fn checks_before_writing_add_no_request_to_a_single_allocation() {
     let pool_get = format!("GET /apis/portalloc.dev/v1alpha1/portpools/{pool} ");
     let both = format!(
         "{}---\n{}",
-        pool_doc(&pool, "36900-36909"),
+        pool_doc(&pool, "38900-38909"),
         support::simple_allocation("first", &pool, "web", 1, &["http"])
     );
     let run = cli::run_stdin(&["create", "-f", "-", "-n", &ns, "-v", "2"], &both);
