@@ -75,7 +75,7 @@ async fn sglang_prefill_decode_on_host_network() {
     let client = support::client().await;
     let ns = support::namespace(&client, "ex-sglang").await;
     let pool = support::unique_name("ex-sglang");
-    let text = example("sglang-pd-hostnetwork.yaml", "sglang-pd-hostnetwork", &pool);
+    let text = example("sglang-pd-hostnetwork.yaml", "sglang-pd", &pool);
     let path = std::env::temp_dir().join(format!("{pool}.yaml"));
     std::fs::write(&path, &text).unwrap();
     let file = path.to_str().unwrap();
@@ -430,4 +430,52 @@ async fn the_readme_quickstart_samples_are_what_the_plugin_prints() {
         "README's resolve sample; today:\n{}",
         resolve.stdout
     );
+}
+
+/// Every example (the quickstart and the GitOps walkthrough included) can be applied to one
+/// cluster with the pool overlap policy bound: pools of one name have one spec (the two
+/// variants of a workload share their pool), pools of different names share no port.
+#[test]
+fn the_examples_pools_share_no_port() {
+    let mut pools: Vec<PortPool> = Vec::new();
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    for dir in ["examples", "examples/gitops"] {
+        for entry in std::fs::read_dir(support::repo_root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_json::Value::deserialize(document).unwrap();
+            if value["kind"] == "PortPool" {
+                pools.push(serde_json::from_value(value).unwrap());
+            }
+        }
+    }
+    assert!(
+        pools.len() >= 6,
+        "{} pools in {} files",
+        pools.len(),
+        files.len()
+    );
+    for pool in &pools {
+        let name = pool.name_any();
+        for same in pools.iter().filter(|p| p.name_any() == name) {
+            assert_eq!(same.spec, pool.spec, "two specs of example pool {name}");
+        }
+        let others: Vec<PortPool> = pools
+            .iter()
+            .filter(|p| p.name_any() != name)
+            .cloned()
+            .collect();
+        let overlap = portalloc::ledger::overlapping_pool(&name, &pool.spec, &others);
+        assert!(
+            overlap.is_none(),
+            "example pool {name} shares ports with another example's: {overlap:?}"
+        );
+    }
 }
