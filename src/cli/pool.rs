@@ -275,6 +275,7 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
         "{}",
         super::pool_guard::guard_text_of(
             &args.name,
+            &args.node_agent_namespace,
             &view.record.pool.spec,
             reports.as_deref().map_err(Clone::clone)
         )

@@ -266,6 +266,71 @@ async fn an_agent_writes_only_its_own_nodes_lease() {
         "{refused}"
     );
 
+    // A delete, were it granted (the chart grants none): only its own Lease.
+    apply::apply_yaml(
+        &admin,
+        &format!(
+            "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: agent-deletes, namespace: {NAMESPACE}}}
+rules:
+- {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [delete]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: agent-deletes, namespace: {NAMESPACE}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: agent-deletes}}
+subjects:
+- {{kind: ServiceAccount, name: {AGENT}, namespace: {NAMESPACE}}}
+"
+        ),
+        Some(NAMESPACE),
+    )
+    .await;
+    let started = Instant::now();
+    let refused = loop {
+        match a_leases
+            .delete(&lease_name("node-b"), &DeleteParams::default())
+            .await
+        {
+            // The policy's refusal: 422, its message as the agent logs it.
+            Err(kube::Error::Api(status)) if status.code == 422 => break status.message,
+            // RBAC's, until the RoleBinding reaches the authorizer's informer.
+            Err(kube::Error::Api(status))
+                if status.code == 403 && status.message.contains("cannot delete") => {}
+            other => panic!("agent A deleting node B's Lease: {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "agent A was never given delete"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(
+        refused.contains("may write only its own node's Lease, not portalloc-node-node-b"),
+        "{refused}"
+    );
+
+    // A token of the agent's ServiceAccount bound to no pod carries no node: no Lease at all.
+    let unbound_config = dir.path().join("unbound.kubeconfig");
+    crate::support::service_account::service_account_kubeconfig(
+        &admin,
+        &cluster.kubeconfig,
+        NAMESPACE,
+        AGENT,
+        &unbound_config,
+    )
+    .await;
+    let unbound = client_from(&unbound_config, None).await;
+    assert_eq!(who_am_i(&unbound).await.1, None);
+    let refused = refusal(&unbound, &report("node-a", "leased")).await;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|m| m.contains("the node agent's token is bound to no node")),
+        "{refused:?}"
+    );
+
     // pool describe: the agents' namespace only, and a Lease only under its node's name.
     let created = cluster.run(&[
         "pool",
@@ -331,4 +396,18 @@ async fn an_agent_writes_only_its_own_nodes_lease() {
         "{elsewhere}"
     );
     assert!(!elsewhere.stdout.contains("node-a"), "{elsewhere}");
+    let nowhere = cluster.run(&[
+        "pool",
+        "describe",
+        "leased",
+        "--node-agent-namespace",
+        "nowhere",
+    ]);
+    assert!(nowhere.ok(), "{nowhere}");
+    assert!(
+        nowhere
+            .stdout
+            .contains("none report in namespace nowhere: no node agent runs there"),
+        "{nowhere}"
+    );
 }
