@@ -112,9 +112,15 @@ pub struct CreateArgs {
 /// Show a pool's ranges, bands, usage, holders and warnings.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
-  kubectl portalloc pool describe default")]
+  kubectl portalloc pool describe default
+  # Node agents installed in a namespace of their own
+  kubectl portalloc pool describe default --node-agent-namespace node-agents")]
 pub struct DescribeArgs {
     pub name: String,
+    /// The namespace the node agents run in (the chart's release namespace): their Leases
+    /// there are the reports shown; a Lease elsewhere is no agent's.
+    #[arg(long, default_value = "portalloc-system", value_name = "NS")]
+    pub node_agent_namespace: String,
 }
 
 /// Delete a PortPool; refused while any PortAllocation holds ports in it.
@@ -262,13 +268,14 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
     if view.reuse > 1 || !view.reused.is_empty() || view.nodes.is_some() {
         print!("{}", super::pool_copies::copies_text(&view));
     }
-    let reports = k8s::node_agent::node_reports(client)
+    let reports = k8s::node_agent::node_reports(client, &args.node_agent_namespace)
         .await
         .map_err(|e| e.to_string());
     print!(
         "{}",
         super::pool_guard::guard_text_of(
             &args.name,
+            &args.node_agent_namespace,
             &view.record.pool.spec,
             reports.as_deref().map_err(Clone::clone)
         )

@@ -13,20 +13,26 @@ const NAMES_SHOWN: usize = 10;
 
 /// The section for `pool` (guard `mode`), from every agent's report, or why they could not be
 /// read.
-pub fn guard_text(pool: &str, mode: GuardMode, reports: Result<&[ReadReport], String>) -> String {
-    section(pool, mode.to_string(), mode, reports)
+pub fn guard_text(
+    pool: &str,
+    agents_namespace: &str,
+    mode: GuardMode,
+    reports: Result<&[ReadReport], String>,
+) -> String {
+    section(pool, agents_namespace, mode.to_string(), mode, reports)
 }
 
 /// The section for a pool with `spec`: a guard the kernel cannot apply (SCTP's) is named as
 /// asked and said to be unapplied, and no agent is listed as guarding the pool.
 pub fn guard_text_of(
     pool: &str,
+    agents_namespace: &str,
     spec: &PortPoolSpec,
     reports: Result<&[ReadReport], String>,
 ) -> String {
     let (asked, judged) = (spec.guard_mode(), spec.judged_guard());
     if asked == judged {
-        return guard_text(pool, asked, reports);
+        return guard_text(pool, agents_namespace, asked, reports);
     }
     let heading = format!(
         "{asked}, not applied: the kernel hands an {} bind to sctp_bind, which runs no cgroup \
@@ -46,6 +52,7 @@ pub fn guard_text_of(
     });
     section(
         pool,
+        agents_namespace,
         heading,
         judged,
         reports.as_deref().map_err(Clone::clone),
@@ -54,6 +61,7 @@ pub fn guard_text_of(
 
 fn section(
     pool: &str,
+    agents_namespace: &str,
     heading: String,
     mode: GuardMode,
     reports: Result<&[ReadReport], String>,
@@ -70,8 +78,9 @@ fn section(
     if reports.is_empty() {
         let _ = writeln!(
             out,
-            "Node agents:  none report: no node agent runs, so the pool's ports are neither \
-             reserved nor guarded on the nodes (docs/node-agent.md)"
+            "Node agents:  none report in namespace {agents_namespace}: no node agent runs \
+             there, so the pool's ports are neither reserved nor guarded on the nodes (agents \
+             installed elsewhere: --node-agent-namespace; docs/node-agent.md)"
         );
         return out;
     }
@@ -167,7 +176,7 @@ mod tests {
             read("gpu-4", Some(GuardMode::Enforce), 600),
         ];
         assert_eq!(
-            guard_text("llm", GuardMode::Enforce, Ok(&reports)),
+            guard_text("llm", "portalloc-system", GuardMode::Enforce, Ok(&reports)),
             "Guard:        Enforce\n\
              Node agents:  4 report\n  \
              guard it (Enforce): gpu-1, gpu-2\n  \
@@ -187,7 +196,7 @@ mod tests {
             read("gpu-1", Some(GuardMode::Enforce), 5),
             read("gpu-2", None, 5),
         ];
-        let text = guard_text_of("llm", &spec, Ok(&reports));
+        let text = guard_text_of("llm", "portalloc-system", &spec, Ok(&reports));
         assert!(
             text.starts_with(
                 "Guard:        Enforce, not applied: the kernel hands an SCTP bind to sctp_bind"
@@ -201,14 +210,21 @@ mod tests {
             protocol: crate::api::Protocol::Tcp,
             ..spec
         };
-        assert!(guard_text_of("llm", &tcp, Ok(&reports)).contains("guard it (Enforce): gpu-1"));
+        assert!(
+            guard_text_of("llm", "portalloc-system", &tcp, Ok(&reports))
+                .contains("guard it (Enforce): gpu-1")
+        );
     }
 
     #[test]
     fn no_agent_and_unreadable_reports_say_so() {
-        assert!(guard_text("llm", GuardMode::Disabled, Ok(&[])).contains("no node agent runs"));
+        assert!(
+            guard_text("llm", "portalloc-system", GuardMode::Disabled, Ok(&[]))
+                .contains("none report in namespace portalloc-system: no node agent runs")
+        );
         let text = guard_text(
             "llm",
+            "portalloc-system",
             GuardMode::Audit,
             Err("Forbidden: list leases".into()),
         );

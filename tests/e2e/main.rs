@@ -25,6 +25,7 @@ mod import;
 mod leader_election;
 mod metrics;
 mod node_agent;
+mod node_agent_lease;
 mod pods;
 mod pool_cache;
 mod pool_overlap;

@@ -1,6 +1,9 @@
 //! The node agent's Lease: its heartbeat (the renew time) and its report (annotations), one per
 //! node in the agent's namespace, as kubelet keeps one per node in `kube-node-lease`. Written
 //! with get, then create or update with the resourceVersion read: the rights the chart grants.
+//! The chart's policy `portalloc-node-agent-lease` lets an agent write only its own node's
+//! Lease, so `pool describe` believes a Lease only in the agents' namespace and under its node's
+//! name.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -18,7 +21,7 @@ use crate::ledger::node_report::{NODE_AGENT_LABEL, NodeReport, ReadReport, lease
 use crate::node::listeners::listeners;
 
 /// Write `report` as the agent's Lease in `namespace`, renewed now, valid for `duration`.
-pub(super) async fn publish(
+pub async fn publish(
     client: &kube::Client,
     namespace: &str,
     report: &NodeReport,
@@ -65,19 +68,26 @@ pub(super) async fn publish(
         .map_err(|e| KubeError::from_kube(e, LEASES.on(verb, &name, Some(namespace))))
 }
 
-/// Every node agent's report, in every namespace.
-pub async fn node_reports(client: &kube::Client) -> Result<Vec<ReadReport>, KubeError> {
-    let api: Api<Lease> = Api::all(client.clone());
+/// Every node agent's report in `namespace`, the agents' own. A Lease elsewhere, or one whose
+/// name is not its report's node's (which no agent may write there), is not an agent's word.
+pub async fn node_reports(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<Vec<ReadReport>, KubeError> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let leases = api
         .list(&ListParams::default().labels(&format!("{NODE_AGENT_LABEL}=true")))
         .await
-        .map_err(|e| KubeError::from_kube(e, LEASES.all("list", None)))?;
+        .map_err(|e| KubeError::from_kube(e, LEASES.all("list", Some(namespace))))?;
     let now = k8s_openapi::jiff::Timestamp::now();
     Ok(leases
         .items
         .into_iter()
         .filter_map(|lease| {
             let report = NodeReport::from_annotations(lease.metadata.annotations.as_ref()?)?;
+            if lease.metadata.name.as_deref() != Some(lease_name(&report.node).as_str()) {
+                return None;
+            }
             let spec = lease.spec.unwrap_or_default();
             let age = spec.renew_time.and_then(|t| {
                 let age = now.duration_since(t.0);

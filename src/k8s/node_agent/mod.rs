@@ -38,7 +38,7 @@ use crate::node::cgroups::{self, CgroupDriver, PodCgroups};
 use crate::node::netns_cookie;
 use crate::node::reserved_ports::ReservedPorts;
 use conditions::{Conditions, Transition};
-pub use lease::node_reports;
+pub use lease::{node_reports, publish};
 use report::Reports;
 pub use report::{BindReport, BindVerdict};
 
