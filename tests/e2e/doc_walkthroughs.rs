@@ -170,3 +170,73 @@ async fn the_node_agent_guide_sets_the_guard_as_written() {
     let enforce = shell.run("kubectl get portpool gpu -o jsonpath={.spec.guard}");
     assert_eq!(enforce, "Enforce");
 }
+
+/// The pool and PortAllocation of docs/gitops.md's dry-run samples: a router and `decode` pods.
+fn gitops_pd(decode: u32) -> String {
+    format!(
+        "apiVersion: portalloc.dev/v1alpha1
+kind: PortPool
+metadata: {{name: dev}}
+spec:
+  ranges: [\"26000-26099\"]
+---
+apiVersion: portalloc.dev/v1alpha1
+kind: PortAllocation
+metadata: {{name: pd}}
+spec:
+  pool: dev
+  roles:
+  - name: router
+    replicas: 1
+    ports:
+    - {{name: http, scope: PodScoped, env: ROUTER_PORT}}
+  - name: decode
+    replicas: {decode}
+    ports:
+    - {{name: rpc, scope: PodScoped, env: RPC_PORT}}
+"
+    )
+}
+
+/// docs/gitops.md's `console` blocks of dry runs and diffs, each `$ command` with the lines it
+/// prints, are what the plugin prints for the state the doc describes (2 decode pods held).
+#[tokio::test]
+async fn the_gitops_dry_run_samples_are_what_the_plugin_prints() {
+    let Some(cluster) = PrivateCluster::start("doc-dry-run", true) else {
+        return;
+    };
+    let shell = Shell::new(&cluster);
+    for (file, decode) in [("pd-1.yaml", 1), ("pd-2.yaml", 2), ("pd-4.yaml", 4)] {
+        std::fs::write(shell.dir.path().join(file), gitops_pd(decode)).unwrap();
+    }
+    shell.run("kubectl portalloc create -f pd-2.yaml");
+    let text = std::fs::read_to_string(support::repo_root().join("docs/gitops.md")).unwrap();
+    let mut compared = 0;
+    for block in text.split("```console\n").skip(1) {
+        let block = block.split("\n```").next().unwrap();
+        let mut command: Option<&str> = None;
+        let mut expected: Vec<&str> = Vec::new();
+        let mut check = |command: &str, expected: &[&str]| {
+            // `diff` exits 1 when something would change: the doc shows it with `echo`.
+            let printed = shell.run(&format!("{command} || true"));
+            let printed: Vec<&str> = printed.lines().collect();
+            assert_eq!(printed, expected, "docs/gitops.md: `$ {command}`");
+        };
+        for line in block.lines() {
+            if let Some(next) = line.strip_prefix("$ ") {
+                if let Some(previous) = command.replace(next) {
+                    check(previous, &expected);
+                    compared += 1;
+                }
+                expected.clear();
+            } else {
+                expected.push(line);
+            }
+        }
+        if let Some(last) = command {
+            check(last, &expected);
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 3, "the dry run and the two diffs");
+}
