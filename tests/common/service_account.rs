@@ -45,6 +45,12 @@ pub async fn service_account_kubeconfig(
         .status
         .unwrap()
         .token;
+    token_kubeconfig(admin, &token, namespace, out);
+}
+
+/// Write to `out` a kubeconfig of the cluster behind `admin` that authenticates with `token`,
+/// in `namespace`.
+pub fn token_kubeconfig(admin: &Path, token: &str, namespace: &str, out: &Path) {
     let mut config: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
     let cluster = config["clusters"][0]["name"].clone();

@@ -216,7 +216,7 @@ async fn the_gitops_dry_run_samples_are_what_the_plugin_prints() {
         let block = block.split("\n```").next().unwrap();
         let mut command: Option<&str> = None;
         let mut expected: Vec<&str> = Vec::new();
-        let mut check = |command: &str, expected: &[&str]| {
+        let check = |command: &str, expected: &[&str]| {
             // `diff` exits 1 when something would change: the doc shows it with `echo`.
             let printed = shell.run(&format!("{command} || true"));
             let printed: Vec<&str> = printed.lines().collect();

@@ -94,19 +94,8 @@ async fn agent_on(client: &Client, kubeconfig: &Path, dir: &Path, node: &str) ->
         .status
         .unwrap()
         .token;
-    let mut config: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig).unwrap()).unwrap();
-    let cluster = config["clusters"][0]["name"].clone();
-    config["users"] =
-        serde_yaml::from_str(&format!("[{{name: agent, user: {{token: {token}}}}}]")).unwrap();
-    config["contexts"] = serde_yaml::from_str(&format!(
-        "[{{name: agent, context: {{cluster: {}, user: agent, namespace: {NAMESPACE}}}}}]",
-        cluster.as_str().unwrap()
-    ))
-    .unwrap();
-    config["current-context"] = "agent".into();
     let path: PathBuf = dir.join(format!("agent-{node}.kubeconfig"));
-    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    crate::support::service_account::token_kubeconfig(kubeconfig, &token, NAMESPACE, &path);
     client_from(&path, None).await
 }
 
