@@ -75,7 +75,7 @@ async fn sglang_prefill_decode_on_host_network() {
     let client = support::client().await;
     let ns = support::namespace(&client, "ex-sglang").await;
     let pool = support::unique_name("ex-sglang");
-    let text = example("sglang-pd-hostnetwork.yaml", "sglang-pd", &pool);
+    let text = example("sglang-pd-hostnetwork.yaml", "sglang-pd-ports", &pool);
     let path = std::env::temp_dir().join(format!("{pool}.yaml"));
     std::fs::write(&path, &text).unwrap();
     let file = path.to_str().unwrap();

@@ -19,6 +19,8 @@ const GUARD_TIMEOUT: Duration = Duration::from_secs(30);
 /// their relays stopped, their cgroup trees removed), then the networks.
 pub struct GuardedNodes {
     pub agents: BTreeMap<String, AgentNode>,
+    /// Where the agents keep their Leases (`pool describe --node-agent-namespace`).
+    lease_namespace: String,
     pub addresses: BTreeMap<String, Ipv4Addr>,
     pub networks: NodeNetworks,
 }
@@ -53,6 +55,7 @@ impl GuardedNodes {
             .collect();
         GuardedNodes {
             agents,
+            lease_namespace: lease_namespace.to_string(),
             addresses,
             networks,
         }
@@ -96,7 +99,13 @@ impl GuardedNodes {
     pub fn wait_until_guarding(&self, pool: &str) {
         let started = Instant::now();
         loop {
-            let run = cli::run(&["pool", "describe", pool]);
+            let run = cli::run(&[
+                "pool",
+                "describe",
+                pool,
+                "--node-agent-namespace",
+                &self.lease_namespace,
+            ]);
             assert!(run.ok(), "{run}");
             let guarding = run
                 .stdout

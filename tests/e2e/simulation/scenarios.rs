@@ -39,7 +39,7 @@ fn check_pd(scenario: &Scenario, prefill: u32, decode: u32) -> super::Outcome {
 
 #[tokio::test]
 async fn sglang_pd_on_one_node_then_scaled() {
-    let mut scenario = Scenario::deploy("sglang-pd-hostnetwork.yaml", "sglang-pd").await;
+    let mut scenario = Scenario::deploy("sglang-pd-hostnetwork.yaml", "sglang-pd-ports").await;
     check_pd(&scenario, 2, 3);
     scenario.scale_role("prefill", 3).await;
     scenario.assert_kept(&["router"]);
@@ -52,7 +52,7 @@ async fn sglang_pd_on_one_node_then_scaled() {
 /// The webhook form: no plugin command at all, the pods' env from their admission.
 #[tokio::test]
 async fn sglang_pd_with_the_pod_webhook_then_scaled() {
-    let mut scenario = Scenario::deploy_admitted("sglang-pd-webhook.yaml", "sglang-pd").await;
+    let mut scenario = Scenario::deploy_admitted("sglang-pd-webhook.yaml", "sglang-pd-ports").await;
     check_pd(&scenario, 2, 3);
     scenario.scale_role("prefill", 3).await;
     scenario.assert_kept(&["router"]);
@@ -90,7 +90,8 @@ fn assert_groups(outcome: &super::Outcome, lws: &str, groups: u32, size: u32) {
 
 #[tokio::test]
 async fn sglang_multinode_lws_on_one_node_then_scaled() {
-    let mut scenario = Scenario::deploy("sglang-multinode-lws.yaml", "sglang-multinode").await;
+    let mut scenario =
+        Scenario::deploy("sglang-multinode-lws.yaml", "sglang-multinode-ports").await;
     let label = "sglang-multinode-lws.yaml";
     let outcome = check_groups(&scenario, label, "sglang", 2, 2);
     // Rank 0 binds the rendezvous port its workers dial: the leader's DIST_INIT_PORT.
@@ -117,8 +118,11 @@ async fn sglang_multinode_lws_on_one_node_then_scaled() {
 /// from its admission.
 #[tokio::test]
 async fn sglang_multinode_lws_with_the_pod_webhook_then_scaled() {
-    let mut scenario =
-        Scenario::deploy_admitted("sglang-multinode-lws-webhook.yaml", "sglang-multinode").await;
+    let mut scenario = Scenario::deploy_admitted(
+        "sglang-multinode-lws-webhook.yaml",
+        "sglang-multinode-ports",
+    )
+    .await;
     let label = "sglang-multinode-lws-webhook.yaml";
     let outcome = check_groups(&scenario, label, "sglang", 2, 2);
     let dist: u64 = scenario.env("sglang-1", "DIST_INIT_PORT").parse().unwrap();
@@ -135,7 +139,7 @@ async fn sglang_multinode_lws_with_the_pod_webhook_then_scaled() {
 
 #[tokio::test]
 async fn vllm_ray_lws_on_one_node_then_scaled() {
-    let mut scenario = Scenario::deploy("vllm-ray-lws.yaml", "vllm-ray").await;
+    let mut scenario = Scenario::deploy("vllm-ray-lws.yaml", "vllm-ray-ports").await;
     let label = "vllm-ray-lws.yaml";
     let outcome = check_groups(&scenario, label, "vllm-ray", 2, 3);
     // Each Ray node binds its whole worker-port block; vllm serve joins the head on its node.
@@ -173,7 +177,8 @@ fn assert_every_ray_node_binds_its_worker_block(outcome: &super::Outcome) {
 /// commands; every Ray node binds its whole worker-port block from its admitted env.
 #[tokio::test]
 async fn vllm_ray_lws_with_the_pod_webhook_then_scaled() {
-    let mut scenario = Scenario::deploy_admitted("vllm-ray-lws-webhook.yaml", "vllm-ray").await;
+    let mut scenario =
+        Scenario::deploy_admitted("vllm-ray-lws-webhook.yaml", "vllm-ray-ports").await;
     let label = "vllm-ray-lws-webhook.yaml";
     let outcome = check_groups(&scenario, label, "vllm-ray", 2, 3);
     assert_every_ray_node_binds_its_worker_block(&outcome);
@@ -207,7 +212,7 @@ async fn vllm_ray_lws_with_the_guard_on() {
         return;
     }
     let example = "vllm-ray-lws-webhook.yaml";
-    let mut scenario = Scenario::prepare(example, "vllm-ray").await;
+    let mut scenario = Scenario::prepare(example, "vllm-ray-ports").await;
     scenario.pool_doc()["spec"]["guard"] = "Enforce".into();
     let pool = scenario.pool_doc()["metadata"]["name"]
         .as_str()
