@@ -82,18 +82,20 @@ async fn valid_manifests_are_accepted() {
     let client = support::client().await;
     let ns = support::namespace(&client, "valid").await;
     let p = support::unique_name("valid");
+    // allowOverlap: these pools stay in the cluster every test shares, where another test's
+    // repair would otherwise report them as sharing its pool's ports.
     let manifests = [
         pool(
             &format!("{p}-a"),
-            json!({"ranges": ["30000-32767"], "exclude": ["30500", "31000-31010"]}),
+            json!({"ranges": ["30000-32767"], "exclude": ["30500", "31000-31010"], "allowOverlap": true}),
         ),
         pool(
             &format!("{p}-b"),
-            json!({"ranges": ["40000-40099", "40200"], "protocol": "UDP", "staticBand": 16}),
+            json!({"ranges": ["40000-40099", "40200"], "protocol": "UDP", "staticBand": 16, "allowOverlap": true}),
         ),
         pool(
             &format!("{p}-c"),
-            json!({"ranges": ["1-65535"], "protocol": "SCTP", "staticBand": "None"}),
+            json!({"ranges": ["1-65535"], "protocol": "SCTP", "staticBand": "None", "allowOverlap": true}),
         ),
         allocation(
             "sglang-pd",
