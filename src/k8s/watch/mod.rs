@@ -355,24 +355,44 @@ async fn work(
         metrics: metrics.clone(),
         events,
     });
-    controller
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, context)
-        .for_each(|outcome| {
-            if let Err(ControllerError::QueueError(_)) = &outcome {
-                metrics.record_watch_restart("allocations");
-            }
-            async move {
-                if let Err(e) = outcome {
-                    tracing::debug!("watch: {}", error_chain(&e));
+    let shutdown = shutdown.shared();
+    let finished = async {
+        controller
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile, error_policy, context)
+            .for_each(|outcome| {
+                if let Err(ControllerError::QueueError(_)) = &outcome {
+                    metrics.record_watch_restart("allocations");
                 }
-            }
-        })
-        .await;
-    let _ = stop_tx.send(true);
-    let deletions = tasks.0.remove(0);
-    let _ = deletions.await;
+                async move {
+                    if let Err(e) = outcome {
+                        tracing::debug!("watch: {}", error_chain(&e));
+                    }
+                }
+            })
+            .await;
+        let _ = stop_tx.send(true);
+        let deletions = tasks.0.remove(0);
+        let _ = deletions.await;
+    };
+    // kube-runtime's graceful shutdown waits for the first list of PortAllocations, which it
+    // no longer reads once signalled: a stop before that list completes would wait for ever.
+    // Nothing in flight needs more than this (a client stopped at any instant is repairable).
+    let overdue = async {
+        shutdown.clone().await;
+        tokio::time::sleep(STOP_WITHIN).await;
+    };
+    tokio::select! {
+        () = finished => {}
+        () = overdue => tracing::warn!(
+            "stopping without waiting further: the work had not finished {}s after the signal",
+            STOP_WITHIN.as_secs()
+        ),
+    }
 }
+
+/// How long the watcher's work may take to finish after the signal to stop.
+const STOP_WITHIN: Duration = Duration::from_secs(15);
 
 async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action, Retriable> {
     let requeue = Action::requeue(ctx.resync);
