@@ -1,11 +1,15 @@
 //! A pool's spec changing under its holders: what applying a PortPool would do, read before
 //! anything is written, and the refusal of a change that would strand a holder (its ports
 //! outside the new ranges, excluded, in another protocol, or in a copy past a lowered
-//! `nodeReuse`).
+//! `nodeReuse`), and applying a PortPool from a manifest under those rules.
 
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 
-use super::pools::{PoolError, kube_error, pool_ports, read_pool};
+use super::pools::{
+    Applied, PoolError, carry_spec, create_shards, initialize_status, kube_error, pool_ports,
+    pool_ports_to_write, read_pool, write_size,
+};
 use super::shards::ShardStore;
 use crate::api::{PortPool, PortPoolSpec};
 use crate::k8s::error::KubeError;
@@ -118,4 +122,41 @@ async fn refuse_reuse_below_use(
         in_use: last + 1,
         holders,
     })
+}
+
+/// Create the pool, or update its spec if it differs (a manifest applied again); a changed
+/// spec is then written to every shard, so clients that read only a shard decide under it.
+pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, PoolError> {
+    let api: Api<PortPool> = Api::all(client.clone());
+    let name = pool.name_any();
+    let ports = pool_ports_to_write(&pool)?;
+    match api.create(&crate::k8s::write_params(), &pool).await {
+        Ok(created) => {
+            let written = initialize_status(&api, created, &ports).await?;
+            create_shards(client, &written).await?;
+            Ok(Applied::Created)
+        }
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {
+            let mut existing = api
+                .get(&name)
+                .await
+                .map_err(|e| KubeError::from_kube(e, POOLS.on("get", &name, None)))?;
+            if existing.spec == pool.spec {
+                return Ok(Applied::Unchanged);
+            }
+            refuse_stranding(client, &existing, &pool.spec).await?;
+            existing.spec = pool.spec;
+            // The resourceVersion just read makes this a compare-and-swap: a conflict is
+            // reported (a rerun is safe) rather than overwriting someone else's change.
+            let updated = api
+                .replace(&name, &crate::k8s::write_params(), &existing)
+                .await
+                .map_err(|e| KubeError::from_kube(e, POOLS.on("update", &name, None)))?;
+            // The usage summary stays until the watcher counts under the new spec.
+            write_size(&api, updated, ports.len()).await?;
+            carry_spec(client, &name).await?;
+            Ok(Applied::Configured)
+        }
+        Err(e) => Err(KubeError::from_kube(e, POOLS.on("create", &name, None)).into()),
+    }
 }

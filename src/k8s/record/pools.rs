@@ -1,6 +1,6 @@
 //! PortPools: reading, creating (with every shard of its record, so the first allocation in
-//! each window reads one object), applying from a manifest (a changed spec is carried to every
-//! shard), and deleting only while no shard holds a port.
+//! each window reads one object), carrying a changed spec to every shard, and deleting only
+//! while no shard holds a port. Applying a manifest's pool is in `pool_change`.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +8,6 @@ use futures::{StreamExt, TryStreamExt, stream};
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
-use super::pool_change::refuse_stranding;
 use super::shards::ShardStore;
 use crate::api::{PortPool, PortPoolShard, PortPoolStatus, Protocol, SpecError};
 use crate::core::{Holdings, PortSet};
@@ -156,7 +155,7 @@ pub async fn list_pools_matching(
 /// A pool spec fit to be written: its ports, and no guard the kernel cannot apply. Pools
 /// already stored are read with [`pool_ports`] alone, so an SCTP pool guarded before this
 /// check still hands out its ports.
-fn pool_ports_to_write(pool: &PortPool) -> Result<PortSet, PoolError> {
+pub(super) fn pool_ports_to_write(pool: &PortPool) -> Result<PortSet, PoolError> {
     pool.spec
         .check_guard()
         .map_err(|error| PoolError::Invalid {
@@ -252,7 +251,7 @@ fn keep_existing(existing: PortPool, asked: PortPool) -> Result<(PortPool, Appli
 }
 
 /// The size for the printer column from the start.
-async fn initialize_status(
+pub(super) async fn initialize_status(
     pools: &Api<PortPool>,
     created: PortPool,
     ports: &PortSet,
@@ -263,7 +262,7 @@ async fn initialize_status(
 /// Write the pool's size on its status (a compare-and-swap on `pool` as read), keeping the rest
 /// (the watcher's usage summary). The watcher writes the status too: after a conflict, read
 /// again and write again, the size then by the spec read, as long as that spec is unchanged.
-async fn write_size(
+pub(super) async fn write_size(
     pools: &Api<PortPool>,
     mut pool: PortPool,
     size: u32,
@@ -305,7 +304,7 @@ async fn write_size(
 /// Every shard of a new pool's first copy, empty, with the pool's spec (the shards of further
 /// copies, `nodeReuse`, come with their first holder). A shard someone else created first (an
 /// allocation into the new pool) is theirs and stays as it is.
-async fn create_shards(client: &Client, pool: &PortPool) -> Result<(), PoolError> {
+pub(super) async fn create_shards(client: &Client, pool: &PortPool) -> Result<(), PoolError> {
     let copy = PoolSnapshot::of_pool(pool);
     let layout = copy.layout().map_err(|error| PoolError::Invalid {
         pool: copy.name.clone(),
@@ -336,43 +335,6 @@ async fn create_shards(client: &Client, pool: &PortPool) -> Result<(), PoolError
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
-}
-
-/// Create the pool, or update its spec if it differs (a manifest applied again); a changed
-/// spec is then written to every shard, so clients that read only a shard decide under it.
-pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, PoolError> {
-    let api: Api<PortPool> = Api::all(client.clone());
-    let name = pool.name_any();
-    let ports = pool_ports_to_write(&pool)?;
-    match api.create(&crate::k8s::write_params(), &pool).await {
-        Ok(created) => {
-            let written = initialize_status(&api, created, &ports).await?;
-            create_shards(client, &written).await?;
-            Ok(Applied::Created)
-        }
-        Err(kube::Error::Api(s)) if s.is_already_exists() => {
-            let mut existing = api
-                .get(&name)
-                .await
-                .map_err(|e| KubeError::from_kube(e, POOLS.on("get", &name, None)))?;
-            if existing.spec == pool.spec {
-                return Ok(Applied::Unchanged);
-            }
-            refuse_stranding(client, &existing, &pool.spec).await?;
-            existing.spec = pool.spec;
-            // The resourceVersion just read makes this a compare-and-swap: a conflict is
-            // reported (a rerun is safe) rather than overwriting someone else's change.
-            let updated = api
-                .replace(&name, &crate::k8s::write_params(), &existing)
-                .await
-                .map_err(|e| KubeError::from_kube(e, POOLS.on("update", &name, None)))?;
-            // The usage summary stays until the watcher counts under the new spec.
-            write_size(&api, updated, ports.len()).await?;
-            carry_spec(client, &name).await?;
-            Ok(Applied::Configured)
-        }
-        Err(e) => Err(KubeError::from_kube(e, POOLS.on("create", &name, None)).into()),
-    }
 }
 
 /// Write the pool's current spec to every shard that carries an older one, re-reading after a
