@@ -27,6 +27,7 @@
 //! never depends on it.
 
 mod access;
+mod deletions;
 mod gauges;
 pub mod metrics;
 pub mod node_count;
@@ -41,7 +42,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use synced_lately::{SYNCED_LATELY, SyncedLately};
 
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt};
+use kube::Client;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{
@@ -49,7 +51,6 @@ use kube::runtime::controller::{
 };
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::watcher::{self, Event};
-use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 
 use super::allocate::{AllocateError, Allocator, GroupCommit};
@@ -59,7 +60,7 @@ use crate::k8s::events::Events;
 use crate::k8s::leader::{LeaderElection, LeaseRef, default_identity};
 use crate::k8s::repair::Repairer;
 use crate::ledger::leader_lease::LeaseTiming;
-use crate::ledger::{CONDITION_READY, RepairPlan, owner_of};
+use crate::ledger::{CONDITION_READY, owner_of};
 
 /// How the watcher runs.
 #[derive(Clone, Debug)]
@@ -291,7 +292,7 @@ async fn work(
         .then(|| Repairer::new(client.clone(), allocator.clone()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Tasks(Vec::new());
-    tasks.0.push(tokio::spawn(free_deleted(
+    tasks.0.push(tokio::spawn(deletions::free_deleted(
         api.clone(),
         allocator.clone(),
         (repairer, events.clone()),
@@ -516,93 +517,8 @@ pub(crate) fn is_current(pa: &PortAllocation) -> bool {
     })
 }
 
-/// Free the entries of deleted PortAllocations; with a repairer, also repair after every
-/// (re)list, since deletions during a gap in the watch are not reported, and every `resync`.
-async fn free_deleted(
-    api: Api<PortAllocation>,
-    allocator: Allocator,
-    (repairer, events): (Option<Repairer>, Events),
-    resync: Duration,
-    metrics: Metrics,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut deletions = watcher(api).boxed();
-    let mut ticker = tokio::time::interval(resync);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = stop.changed() => return,
-            _ = ticker.tick() => repair(repairer.as_ref(), &events).await,
-            event = deletions.try_next() => match event {
-                Ok(Some(Event::Delete(pa))) => free(&allocator, &pa, &events).await,
-                Ok(Some(Event::InitDone)) => repair(repairer.as_ref(), &events).await,
-                Ok(Some(_)) => {}
-                Ok(None) => return,
-                Err(e) => {
-                    metrics.record_watch_restart("deletions");
-                    tracing::warn!("watching deletions: {}", error_chain(&e));
-                }
-            },
-        }
-    }
-}
-
 fn watcher(
     api: Api<PortAllocation>,
 ) -> impl futures::Stream<Item = Result<Event<PortAllocation>, watcher::Error>> + Send {
     watcher::watcher(api, watcher::Config::default()).default_backoff()
-}
-
-async fn free(allocator: &Allocator, pa: &PortAllocation, events: &Events) {
-    let owner = owner_of(pa);
-    let uid = pa.uid().unwrap_or_default();
-    match allocator
-        .release_holder(&pa.spec.pool, &uid, &owner, pa.status.as_ref())
-        .await
-    {
-        Ok(freed) => {
-            tracing::info!(allocation = %owner, pool = %pa.spec.pool, freed, "deleted: ports freed");
-            events.deleted(pa, freed).await;
-        }
-        Err(e) => tracing::warn!(
-            allocation = %owner,
-            "deleted, but its ports could not be freed yet (the next repair pass frees them): {}",
-            error_chain(&e)
-        ),
-    }
-}
-
-async fn repair(repairer: Option<&Repairer>, events: &Events) {
-    let Some(repairer) = repairer else {
-        return;
-    };
-    let mut written: Vec<RepairPlan> = Vec::new();
-    let outcome = repairer
-        .repair(None, true, |repair| {
-            if repair.applied {
-                tracing::info!(
-                    pool = %repair.plan.pool,
-                    changes = repair.plan.changes.len(),
-                    "repaired: {}",
-                    repair
-                        .plan
-                        .changes
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                );
-                written.push(repair.plan);
-            }
-        })
-        .await;
-    for plan in &written {
-        events.repaired(plan).await;
-    }
-    if let Err(e) = outcome {
-        tracing::warn!(
-            "repair pass failed (tried again at the next resync): {}",
-            error_chain(&e)
-        );
-    }
 }
