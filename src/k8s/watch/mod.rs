@@ -376,11 +376,19 @@ async fn work(
         let deletions = tasks.0.remove(0);
         let _ = deletions.await;
     };
-    // kube-runtime's graceful shutdown waits for the first list of PortAllocations, which it
-    // no longer reads once signalled: a stop before that list completes would wait for ever.
-    // Nothing in flight needs more than this (a client stopped at any instant is repairable).
+    finish_or_stop_overdue(finished, shutdown.clone()).await;
+}
+
+/// Run `finished` to its end, or give up [`STOP_WITHIN`] after `shutdown`. kube-runtime's
+/// graceful shutdown waits for the first list of PortAllocations, which it no longer reads once
+/// signalled: a stop before that list completes would wait for ever. Nothing in flight needs
+/// more (a client stopped at any instant is repairable).
+async fn finish_or_stop_overdue(
+    finished: impl Future<Output = ()>,
+    shutdown: impl Future<Output = ()>,
+) {
     let overdue = async {
-        shutdown.clone().await;
+        shutdown.await;
         tokio::time::sleep(STOP_WITHIN).await;
     };
     tokio::select! {
