@@ -4,6 +4,18 @@
 # by scripts/local-cluster.sh on first use, not installed here.
 set -euo pipefail
 
+# /dev/null must be the null device. Some sandboxes start with a regular file there: everything
+# written "to /dev/null" piles up in it, and cargo's probe of a target (`rustc -` with stdin from
+# /dev/null) then compiles that text and fails. As root, put the device back (major 1, minor 3).
+if [[ ! -c /dev/null ]]; then
+  if [[ $(id -u) == 0 ]]; then
+    rm -f /dev/null && mknod -m 666 /dev/null c 1 3
+    echo "install-deps: /dev/null was a regular file; it is the null device again" >&2
+  else
+    echo "install-deps: warning: /dev/null is not the null device and only root can fix it" >&2
+  fi
+fi
+
 # tool -> the Debian/Ubuntu package that has it. umoci and skopeo build and inspect the OCI image
 # (scripts/build-image.sh), shellcheck lets actionlint lint the workflows' run: scripts. unshare,
 # nsenter and ip give the node simulation its namespaces (one network namespace per node).
