@@ -7,9 +7,10 @@
 #   scripts/local-cluster.sh down    stop exactly what `up` started and delete its state
 #   scripts/local-cluster.sh status  say whether it runs, and where
 #   scripts/local-cluster.sh build   only build (or find in the cache) the two binaries
-#   scripts/local-cluster.sh build-controllers  build (or find) kube-scheduler and
-#                                    kube-controller-manager from the same pinned Kubernetes module;
-#                                    prints their directory (the scheduling tests start them)
+#   scripts/local-cluster.sh build-controllers  build (or find) kube-scheduler,
+#                                    kube-controller-manager and kube-proxy from the same pinned
+#                                    Kubernetes module; prints their directory (the scheduling tests
+#                                    start them)
 #   scripts/local-cluster.sh stop [--kill]  stop kube-apiserver and etcd but keep their data, certs
 #                                    and ports (--kill: SIGKILL, as a crash; default SIGTERM)
 #   scripts/local-cluster.sh start   start them again from what `stop` kept, on the same ports
@@ -78,8 +79,8 @@ build() {
   echo "$dir"
 }
 
-# kube-scheduler and kube-controller-manager, in one `go build` (the two share most of their
-# packages, compiled once), keyed by the Kubernetes pin and the wrapper module's go.mod and go.sum
+# kube-scheduler, kube-controller-manager and kube-proxy, in one `go build` (they share most of
+# their packages, compiled once), keyed by the Kubernetes pin and the wrapper module's go.mod and go.sum
 # (etcd plays no part). Not part of `build`: only the scheduling tests need them.
 controllers_dir() {
   local sum
@@ -87,7 +88,7 @@ controllers_dir() {
   echo "$cache_dir/controllers/k8s-$(k8s_version)-$sum"
 }
 
-controllers_built() { [[ -x $1/kube-scheduler && -x $1/kube-controller-manager ]]; }
+controllers_built() { [[ -x $1/kube-scheduler && -x $1/kube-controller-manager && -x $1/kube-proxy ]]; }
 
 build_controllers() {
   local dir k8s minor tmp
@@ -96,7 +97,7 @@ build_controllers() {
     echo "$dir"
     return
   fi
-  command -v go >/dev/null || die "Go is needed to build kube-scheduler and kube-controller-manager (https://go.dev/doc/install)"
+  command -v go >/dev/null || die "Go is needed to build kube-scheduler, kube-controller-manager and kube-proxy (https://go.dev/doc/install)"
   mkdir -p "$cache_dir/controllers"
   exec 8>"$cache_dir/controllers/.build.lock"
   flock 8
@@ -104,18 +105,19 @@ build_controllers() {
     k8s=$(k8s_version)
     [[ -n $k8s ]] || die "no k8s.io/kubernetes version in $kas_module/go.mod"
     minor=$(echo "$k8s" | cut -d. -f2)
-    log "building kube-scheduler and kube-controller-manager $k8s from the pinned Kubernetes module (once; cached in $dir)"
+    log "building kube-scheduler, kube-controller-manager and kube-proxy $k8s from the pinned Kubernetes module (once; cached in $dir)"
     local v=k8s.io/component-base/version started=$SECONDS
     # A fresh directory moved into place whole: a killed build leaves no half-filled entry.
     tmp=$(mktemp -d "$dir.tmp.XXXXXX")
     if ! (cd "$kas_module" && go build -trimpath \
       -ldflags "-s -w -X $v.gitVersion=$k8s -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean" \
-      -o "$tmp/" k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager) >&2; then
+      -o "$tmp/" k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-proxy) >&2; then
       rm -rf "$tmp"
-      die "building kube-scheduler and kube-controller-manager $k8s failed (see above)"
+      die "building kube-scheduler, kube-controller-manager and kube-proxy $k8s failed (see above)"
     fi
     rm -rf "$dir" && mv -T "$tmp" "$dir"
-    log "built kube-scheduler and kube-controller-manager in $((SECONDS - started))s"
+    log "built kube-scheduler, kube-controller-manager and kube-proxy in $((SECONDS - started))s"
   fi
   exec 8>&-
   echo "$dir"

@@ -8,7 +8,7 @@
 # (a dependency's replace lines are ignored, so ours must map each to its published v0.X.Y).
 # Pins etcd in tests/controlplane/etcd/go.mod to the version that release's
 # build/dependencies.yaml names. The `tool` lines (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl) are kept.
+# kube-scheduler, kube-proxy, kubectl) are kept.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -32,9 +32,11 @@ kas=tests/controlplane/kube-apiserver/go.mod
   awk '$1 == "godebug" {print; print ""}' "$dir/go.mod"
   echo "tool ("
   echo "	k8s.io/kubernetes/cmd/kube-apiserver"
-  echo "	// kube-scheduler and kube-controller-manager for the scheduling tests (scripts/local-cluster.sh"
-  echo "	// build-controllers): pods made by real controllers, placed by the real scheduler."
+  echo "	// kube-controller-manager, kube-proxy and kube-scheduler for the scheduling tests"
+  echo "	// (scripts/local-cluster.sh build-controllers): pods made by real controllers, placed by the"
+  echo "	// real scheduler, reached through a Service's cluster IP."
   echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+  echo "	k8s.io/kubernetes/cmd/kube-proxy"
   echo "	k8s.io/kubernetes/cmd/kube-scheduler"
   echo "	// kubectl for the krew install test (scripts/build-krew.sh), so it needs no kubectl on PATH."
   echo "	k8s.io/kubernetes/cmd/kubectl"

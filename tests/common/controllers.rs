@@ -1,5 +1,5 @@
 //! kube-scheduler and kube-controller-manager, built from the pinned Kubernetes module
-//! (`scripts/local-cluster.sh build-controllers`, cached by the pin) and run as they are against
+//! (`scripts/local-cluster.sh build-controllers`, cached by the pin, with kube-proxy) and run as they are against
 //! a control plane's kubeconfig, with `--leader-elect=false`. Together with Node objects whose
 //! status a test writes as a kubelet would (`nodes.rs`), pods come from real controllers and are
 //! bound by the real scheduler; no kubelet runs, so bound pods stay Pending.
@@ -72,7 +72,7 @@ pub struct Controllers {
     pub dir: PathBuf,
 }
 
-/// The directory holding both binaries, built on first use (several minutes on 2 cores; the
+/// The directory holding both binaries and kube-proxy, built on first use (several minutes on 2 cores; the
 /// script serialises concurrent builds and caches the result by the Kubernetes pin).
 pub fn controllers_bin_dir() -> anyhow::Result<PathBuf> {
     let script = repo_root().join("scripts/local-cluster.sh");
@@ -84,8 +84,8 @@ pub fn controllers_bin_dir() -> anyhow::Result<PathBuf> {
         .with_context(|| format!("cannot run {}", script.display()))?;
     if !output.status.success() {
         bail!(
-            "`scripts/local-cluster.sh build-controllers` failed ({}): kube-scheduler and \
-             kube-controller-manager could not be built (its output is above)",
+            "`scripts/local-cluster.sh build-controllers` failed ({}): kube-scheduler, \
+             kube-controller-manager and kube-proxy could not be built (its output is above)",
             output.status
         );
     }
@@ -175,22 +175,12 @@ impl Controllers {
 
     /// A process that kills both if this test process goes away without dropping us.
     fn watch_owner(&mut self) -> anyhow::Result<()> {
-        let pids: Vec<String> = [&self.scheduler, &self.controller_manager]
+        let pids: Vec<u32> = [&self.scheduler, &self.controller_manager]
             .into_iter()
             .flatten()
-            .map(|c| c.id().to_string())
+            .map(Child::id)
             .collect();
-        let script = format!(
-            "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {} 2>/dev/null",
-            std::process::id(),
-            pids.join(" ")
-        );
-        let watcher = Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+        let watcher = kill_when_gone(&pids)
             .context("cannot start the watcher of kube-scheduler and kube-controller-manager")?;
         self.watcher = Some(watcher);
         Ok(())
@@ -282,6 +272,23 @@ impl Drop for Controllers {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// A process that SIGKILLs `pids` once this test process is gone, however it ended; kill it
+/// once they are stopped.
+pub fn kill_when_gone(pids: &[u32]) -> std::io::Result<Child> {
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let script = format!(
+        "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {} 2>/dev/null",
+        std::process::id(),
+        pids.join(" ")
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
 }
 
 /// The scheduler's reason for a node where another pod declares one of the pod's host ports
