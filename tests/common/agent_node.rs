@@ -56,10 +56,80 @@ fn host_relay(socket: &Path, port: u16) {
     });
 }
 
-/// The node: a network namespace the relay process runs in (and, from `start`, holds), whose
-/// pid names it.
+/// The API server, reachable inside a network namespace at the kubeconfig's own address
+/// (`127.0.0.1:PORT`): relay.py listens there and carries each connection over a UNIX socket
+/// to the host side, which connects it on. Its process holds the namespace it made, if it made
+/// one; it is killed on drop.
+pub struct ApiRelay {
+    process: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl ApiRelay {
+    /// In a new network namespace of its own (`netns` None), or in the existing `netns` (a
+    /// `/proc/PID/ns/net` of a process that holds it, its loopback up).
+    pub fn start(kubeconfig: &Path, netns: Option<&Path>) -> ApiRelay {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("api.sock");
+        let port = apiserver_port(kubeconfig);
+        host_relay(&socket, port);
+        let relay = format!(
+            "exec python3 '{}' {port} '{}'",
+            script("relay.py"),
+            socket.display()
+        );
+        let mut command = match netns {
+            None => {
+                let mut unshare = Command::new("unshare");
+                unshare.args([
+                    "--net",
+                    "--",
+                    "sh",
+                    "-c",
+                    &format!("ip link set lo up && {relay}"),
+                ]);
+                unshare
+            }
+            Some(netns) => {
+                let mut nsenter = Command::new("nsenter");
+                nsenter
+                    .arg(format!("--net={}", netns.display()))
+                    .args(["--", "sh", "-c", &relay]);
+                nsenter
+            }
+        };
+        let mut process = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the relay (unshare --net, or nsenter --net)");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(process.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready", "the relay did not start");
+        ApiRelay { process, _dir: dir }
+    }
+
+    /// The relay's pid: `/proc/PID/ns/net` names its namespace.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+}
+
+impl Drop for ApiRelay {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// The node: a network namespace the relay runs in (and, from `start`, holds), whose pid
+/// names it.
 pub struct AgentNode {
-    holder: Child,
+    relay: ApiRelay,
     pub cgroups: NodeCgroups,
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
@@ -80,51 +150,10 @@ impl AgentNode {
     }
 
     fn start_with(kubeconfig: &Path, name: &str, netns: Option<&Path>) -> AgentNode {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("api.sock");
-        let port = apiserver_port(kubeconfig);
-        host_relay(&socket, port);
-        let relay = format!(
-            "exec python3 '{}' {port} '{}'",
-            script("relay.py"),
-            socket.display()
-        );
-        let mut holder = match netns {
-            None => {
-                let mut unshare = Command::new("unshare");
-                unshare.args([
-                    "--net",
-                    "--",
-                    "sh",
-                    "-c",
-                    &format!("ip link set lo up && {relay}"),
-                ]);
-                unshare
-            }
-            Some(netns) => {
-                let mut nsenter = Command::new("nsenter");
-                nsenter
-                    .arg(format!("--net={}", netns.display()))
-                    .args(["--", "sh", "-c", &relay]);
-                nsenter
-            }
-        };
-        let mut holder = holder
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the relay (unshare --net, or nsenter --net)");
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        assert_eq!(line.trim(), "ready", "the relay did not start");
         AgentNode {
-            holder,
+            relay: ApiRelay::start(kubeconfig, netns),
             cgroups: NodeCgroups::new(name, portalloc::node::cgroups::CgroupDriver::Cgroupfs),
-            dir,
+            dir: tempfile::tempdir().unwrap(),
             kubeconfig: kubeconfig.to_path_buf(),
             agent: None,
         }
@@ -134,7 +163,7 @@ impl AgentNode {
     pub fn nsenter(&self) -> Command {
         let mut command = Command::new("nsenter");
         command
-            .arg(format!("--net=/proc/{}/ns/net", self.holder.id()))
+            .arg(format!("--net=/proc/{}/ns/net", self.relay.pid()))
             .arg("--");
         command
     }
@@ -204,7 +233,6 @@ impl Drop for AgentNode {
     fn drop(&mut self) {
         self.kill_agent();
         let _ = portalloc::node::bind_guard::BindGuard::detach(&self.cgroups.kubepods());
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
+        // The relay (and the namespace it holds) goes with the fields.
     }
 }

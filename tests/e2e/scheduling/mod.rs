@@ -8,6 +8,7 @@ mod follow_spread;
 pub mod harness;
 mod reuse;
 mod service;
+mod service_proxy;
 mod spread;
 
 use std::collections::BTreeMap;

@@ -62,26 +62,41 @@ spec:
         command: [python3, -m, http.server, $(HTTP_PORT)]
 "#;
 
+/// One pod behind Service `web`: where it runs and the port it holds.
+pub struct Backend {
+    pub pod: String,
+    pub node: String,
+    pub ip: String,
+    pub port: u16,
+}
+
 #[tokio::test]
 async fn a_service_with_a_named_target_port_reaches_each_pod_on_its_own_port() {
     let Some(sc) = ScheduledCluster::start("sched-service", 3, &NodeShape::gpu_server()).await
     else {
         return;
     };
-    let ns = "served";
+    serve(&sc, "served").await;
+}
+
+/// Service `web` (port 80, `targetPort: http`) in `ns` in front of three hostNetwork pods whose
+/// ports the webhook gave from one pool, each reported running and ready on its node's address
+/// as a kubelet would; returns the pods once the real EndpointSlice controller's slices carry
+/// each one, ready, on its own port (and fails if they do not).
+pub async fn serve(sc: &ScheduledCluster, ns: &str) -> Vec<Backend> {
     sc.namespace(ns).await;
     sc.apply(ns, MANIFEST);
     let pods = sc.wait_scheduled(ns, 3).await;
 
     // What the node's kubelet would report: a hostNetwork pod runs on its node's address.
     let api: Api<Pod> = Api::namespaced(sc.client.clone(), ns);
-    let mut want = BTreeSet::new();
+    let mut backends = Vec::new();
     for pod in &pods {
         let name = pod.metadata.name.clone().unwrap();
-        let ip = sc.nodes.ip(node_of(pod).unwrap()).unwrap().to_string();
+        let node = node_of(pod).unwrap().to_string();
+        let ip = sc.nodes.ip(&node).unwrap().to_string();
         let ports = declared_ports(pod);
         assert_eq!(ports.len(), 1, "{name} declares its http port: {ports:?}");
-        want.insert((ip.clone(), i32::from(ports[0].0)));
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let status = json!({"status": {
             "phase": "Running", "hostIP": ip, "podIP": ip, "podIPs": [{"ip": ip}],
@@ -90,8 +105,18 @@ async fn a_service_with_a_named_target_port_reaches_each_pod_on_its_own_port() {
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+        backends.push(Backend {
+            pod: name,
+            node,
+            ip,
+            port: ports[0].0,
+        });
     }
-    let distinct: BTreeSet<i32> = want.iter().map(|(_, port)| *port).collect();
+    let want: BTreeSet<(String, i32)> = backends
+        .iter()
+        .map(|b| (b.ip.clone(), i32::from(b.port)))
+        .collect();
+    let distinct: BTreeSet<u16> = backends.iter().map(|b| b.port).collect();
     assert_eq!(distinct.len(), 3, "three pods, three ports: {want:?}");
 
     // Each pod's endpoint, ready, in a slice whose port is that pod's.
@@ -129,4 +154,5 @@ async fn a_service_with_a_named_target_port_reaches_each_pod_on_its_own_port() {
         "EndpointSlices of Service web (address, port) against the pods' own; kube-controller-manager:\n{}",
         sc.controllers.log_tail("kube-controller-manager", 20)
     );
+    backends
 }

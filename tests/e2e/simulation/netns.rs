@@ -107,12 +107,22 @@ impl NodeNetworks {
         }
     }
 
-    /// The namespace of `node`, for `nsenter --net=`.
-    pub fn netns(&self, node: &str) -> PathBuf {
-        self.nodes
+    /// Run `ip ARGS` in the namespace of `node` (e.g. a default route for a client of cluster
+    /// IPs).
+    pub fn ip(&self, node: &str, args: &[&str]) {
+        self.holder(node).ip(args);
+    }
+
+    fn holder(&self, node: &str) -> &Holder {
+        &self
+            .nodes
             .get(node)
             .unwrap_or_else(|| panic!("no simulated network for node {node}"))
             .0
-            .netns()
+    }
+
+    /// The namespace of `node`, for `nsenter --net=`.
+    pub fn netns(&self, node: &str) -> PathBuf {
+        self.holder(node).netns()
     }
 }

@@ -20,6 +20,7 @@ pub mod error_text;
 pub mod events;
 pub mod fault_proxy;
 pub mod invariants;
+pub mod kube_proxy;
 #[path = "../../common/nodes.rs"]
 pub mod nodes;
 #[path = "../../common/poll.rs"]
