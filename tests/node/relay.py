@@ -2,11 +2,24 @@
 # end (the test process, in the host's namespace) connects them on to the API server: the
 # filesystem is shared across network namespaces, loopback is not.
 # usage: relay.py LISTEN_PORT UNIX_SOCKET   (listens on 127.0.0.1:LISTEN_PORT)
+import os
 import socket
 import sys
 import threading
+import time
 
 port, path = int(sys.argv[1]), sys.argv[2]
+
+
+# Its parent is the test process (nsenter and unshare exec): a test killed before it could
+# stop the relay must not leave it holding a namespace.
+def orphaned(parent=os.getppid()):
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(0)
+
+
+threading.Thread(target=orphaned, daemon=True).start()
 
 
 def pump(src, dst):

@@ -45,6 +45,8 @@ impl KubeProxy {
             .arg("--proxy-mode=iptables")
             .arg(format!("--healthz-bind-address={HEALTHZ}"))
             .arg("--metrics-bind-address=127.0.0.1:10249")
+            // NodePorts on the Node's own address only, not on every local one.
+            .arg("--nodeport-addresses=primary")
             // The conntrack table's size is the machine's, which only its own namespace sets.
             .arg("--conntrack-max-per-core=0")
             .arg("--oom-score-adj=0")
