@@ -159,3 +159,19 @@ fn qos_directories_marked_before_any_mode_keep_claims_to_one_pod() {
         BindGuard::detach(&node.kubepods()).unwrap();
     }
 }
+
+#[test]
+fn a_lease_shorter_than_two_rounds_is_refused_before_anything_runs() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-portalloc"))
+        .args(["node-agent", "--node-name", "n1", "--round", "1s"])
+        .args(["--guard-lease", "1500ms"])
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .expect("run kubectl-portalloc");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--guard-lease 1.5s is shorter than twice --round 1s"),
+        "{stderr}"
+    );
+}
