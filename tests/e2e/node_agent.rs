@@ -116,9 +116,9 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         NODE,
         "--round",
         "100ms",
-        // Holder entries lapse a second after the agent's last round.
+        // Holder entries lapse 2 s after the agent's last round.
         "--guard-lease",
-        "1s",
+        "2s",
         "--metrics-address",
         "127.0.0.1:19464",
     ];
@@ -303,6 +303,7 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     // Killed with SIGKILL: the guard holds while no agent runs. A pod the agent has seen stays
     // refused; the holder always binds.
     node.kill_agent();
+    let killed = Instant::now();
     assert_eq!(
         node.bind(Some(&intruder_cg), port[0]),
         "EPERM",
@@ -328,13 +329,17 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     let replacement = node
         .cgroups
         .pod(Some("burstable"), again.metadata.uid.as_deref().unwrap());
-    // The deleted pod's holder entry lapses a lease (1 s here) after the agent's last round:
+    // The deleted pod's holder entry lapses a lease (2 s here) after the agent's last round:
     // the replacement binds its port with no agent running.
     eventually(
         Duration::from_secs(20),
         "the replacement binding its port with the agent away",
         || node.bind(Some(&replacement), port[1]) == "ok",
         || node.log(),
+    );
+    eprintln!(
+        "the replacement bound its port {:?} after the agent was killed",
+        killed.elapsed()
     );
     assert_eq!(node.bind(Some(&intruder_cg), port[1]), "EPERM");
     // The trade-off: a pod new to the node in that window may take a held port while its
