@@ -315,6 +315,14 @@ mod tests {
             .map(|i| i.imm)
             .collect();
         assert_eq!(fds, (11..=16).collect());
+        // The clock is read only past the holder's own match (`if r1 == r8 goto allow`), so
+        // the holder's bind costs no more for the heartbeat.
+        let clock: Vec<usize> = (0..program.len())
+            .filter(|&at| program[at] == call(KTIME_GET_NS))
+            .collect();
+        assert_eq!(clock.len(), 1);
+        let before = program[clock[0] - 1];
+        assert_eq!((before.code, before.regs), (0x1d, 0x81), "{before:?}");
         // Every jump lands inside the program.
         for (at, insn) in program.iter().enumerate() {
             if insn.code & 0x07 == 0x05 && insn.code != 0x85 && insn.code != 0x95 {
