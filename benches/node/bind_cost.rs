@@ -50,6 +50,8 @@ fn attach(node: &NodeCgroups, holder: &Path) -> anyhow::Result<BindGuard> {
     }
     guard.set_modes(&modes)?;
     guard.set_owners(&owners)?;
+    // As a running agent's heartbeat leaves it: the holder entries count.
+    guard.heartbeat(std::time::Duration::from_secs(3600))?;
     Ok(guard)
 }
 

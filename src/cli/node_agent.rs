@@ -81,6 +81,12 @@ pub struct NodeAgentArgs {
     /// How often the kernel's state is brought up to date.
     #[arg(long, default_value = "200ms", value_parser = super::duration::parse_duration, value_name = "DURATION")]
     pub round: Duration,
+    /// While the agent is away (stopped, crashing, rolled out), how long its last round's holder
+    /// entries still refuse a pod new to the node a pool port; after that such a pod may claim
+    /// the port (a StatefulSet's replacement binds), and the agent reports a claim that was not
+    /// the pod's when it is back. Pods the agent has seen stay refused. At least twice --round.
+    #[arg(long, default_value = "5s", value_parser = super::duration::parse_duration, value_name = "DURATION")]
+    pub guard_lease: Duration,
 }
 
 pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()> {
@@ -92,6 +98,16 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         return Err(CliError::new(
             Exit::Usage,
             "--node-name is empty: pass the node's name, or set NODE_NAME from the downward API (spec.nodeName)",
+        )
+        .into());
+    }
+    if args.guard_lease < args.round * 2 {
+        return Err(CliError::new(
+            Exit::Usage,
+            format!(
+                "--guard-lease {:?} is shorter than twice --round {:?}: the holder entries would lapse between two rounds of a running agent; pass a longer --guard-lease",
+                args.guard_lease, args.round
+            ),
         )
         .into());
     }
@@ -111,6 +127,7 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         state_dir: args.state_dir,
         reserved_ports_file: args.reserved_ports_file,
         round: args.round,
+        guard_lease: args.guard_lease,
         lease_namespace: Some(args.lease_namespace),
         report_every: args.report_every,
     };

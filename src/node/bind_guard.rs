@@ -11,7 +11,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use super::bind_program::{
-    CONFIG_NETNS_COOKIE, CONFIG_POD_LEVEL, MapFds, PORTS, PROTOCOLS, VerdictKey, bind_program,
+    CONFIG_NETNS_COOKIE, CONFIG_OWNERS_UNTIL, CONFIG_POD_LEVEL, MapFds, PORTS, PROTOCOLS, QOS_DIR,
+    VerdictKey, bind_program,
 };
 use super::bpf_sys::{self, ANY, F_ALLOW_MULTI, F_NO_PREALLOC, MAP_TYPE_ARRAY, MAP_TYPE_HASH};
 
@@ -258,6 +259,34 @@ impl BindGuard {
         Ok(changed)
     }
 
+    /// The agent's heartbeat, after a round that brought `pods` and `owners` up to date: other
+    /// pods' holder entries count for `lease` from now. Past that, with no agent keeping them
+    /// (stopped, crashing, being rolled out), an entry may name a pod deleted since, so it no
+    /// longer refuses a pod new to the guard: that pod may claim the port instead.
+    pub fn heartbeat(&self, lease: std::time::Duration) -> io::Result<()> {
+        let until = monotonic_ns()?.saturating_add(lease.as_nanos().min(u64::MAX.into()) as u64);
+        bpf_sys::map_update(
+            self.maps.config.as_fd(),
+            &CONFIG_OWNERS_UNTIL.to_ne_bytes(),
+            &until.to_ne_bytes(),
+            ANY,
+        )
+    }
+
+    /// Mark the QoS directories `ids` in `pods`, leaving the rest: done before any mode is
+    /// written, or a Burstable or BestEffort pod's bind would claim a port for its whole class.
+    pub fn set_qos_dirs(&self, ids: &[u64]) -> io::Result<()> {
+        for id in ids {
+            bpf_sys::map_update(
+                self.maps.pods.as_fd(),
+                &id.to_ne_bytes(),
+                &QOS_DIR.to_ne_bytes(),
+                ANY,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Make `pods` hold exactly `pods` (cgroup id → POD_SEEN or QOS_DIR).
     pub fn set_pods(&self, pods: &BTreeMap<u64, u32>) -> io::Result<usize> {
         let wanted = pods
@@ -310,6 +339,19 @@ impl BindGuard {
         }
         Ok(verdicts)
     }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the program's `bpf_ktime_get_ns`.
+fn monotonic_ns() -> io::Result<u64> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64)
 }
 
 /// Our programs on `cgroup`, and their maps if they are whole.

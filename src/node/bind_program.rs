@@ -6,17 +6,22 @@
 //!    the node's (a pod-network pod): allowed, untouched.
 //! 2. The pod is found from the process's cgroup: the ancestor one level below `kubepods`, or
 //!    two levels below when that one is a QoS directory (`burstable`, `besteffort`).
-//! 3. The pod that holds the port on this node binds it: allowed.
+//! 3. The pod that holds the port on this node binds it: allowed. Another pod's holder entry
+//!    counts only until `config[CONFIG_OWNERS_UNTIL]`, which the agent moves on after every
+//!    round that brought the maps up to date (its heartbeat): while no agent keeps them, an
+//!    entry may name a pod deleted since, and a replacement must not be refused its port.
 //! 4. A pod the agent has not seen yet (its cgroup is that new) binds a port no seen pod holds
-//!    here: allowed, and the port is claimed for that cgroup, so a second unseen pod is
-//!    refused; the agent checks the claim against the record as soon as it sees the pod. So
-//!    a pod binding at its first instant is never refused its own port.
+//!    here (or whose holder entry has lapsed): allowed, and the port is claimed for that
+//!    cgroup, so a second unseen pod is refused; the agent checks the claim against the record
+//!    as soon as it sees the pod. So a pod binding at its first instant is never refused its
+//!    own port.
 //! 5. Anything else is a foreign bind: refused with EPERM under `Enforce`, allowed under
 //!    `Audit`; either way counted in the verdict map, which the agent reports from.
 //!
 //! Maps (key → value):
 //! - `config` (array, u32 → u64): [0] the node's network namespace cookie, [1] the cgroup level
-//!   of `kubepods`' children.
+//!   of `kubepods`' children, [2] until when (`CLOCK_MONOTONIC` ns, the clock of
+//!   `bpf_ktime_get_ns`) holder entries count; 0, never written: they do not.
 //! - `modes` (array, slot → u32): [`MODE_AUDIT`] or [`MODE_ENFORCE`] for each guarded port; a
 //!   slot is `port + 65536 × protocol index` ([`slot`]).
 //! - `pods` (hash, cgroup id → u32): [`POD_SEEN`] for every pod cgroup the agent has seen and
@@ -43,6 +48,7 @@ pub const PORTS: u32 = crate::ledger::node_guard::PORTS_PER_PROTOCOL;
 pub const PROTOCOLS: u32 = 3;
 pub const CONFIG_NETNS_COOKIE: u32 = 0;
 pub const CONFIG_POD_LEVEL: u32 = 1;
+pub const CONFIG_OWNERS_UNTIL: u32 = 2;
 
 const IPPROTO_TCP: i32 = 6;
 const IPPROTO_UDP: i32 = 17;
@@ -53,6 +59,7 @@ const CTX_PROTOCOL: i16 = 36;
 /// Kernel helpers.
 const MAP_LOOKUP_ELEM: i32 = 1;
 const MAP_UPDATE_ELEM: i32 = 2;
+const KTIME_GET_NS: i32 = 5;
 const GET_NETNS_COOKIE: i32 = 122;
 const GET_CURRENT_ANCESTOR_CGROUP_ID: i32 = 123;
 /// Map update flag: only if absent.
@@ -208,6 +215,16 @@ fn holder_or_claim(asm: &mut Assembler, maps: &MapFds) {
     asm.jump(Jump::EqImm(R0, 0), "no_owner")
         .push(load_u64(R1, R0, 0))
         .jump(Jump::Eq(R1, R8), "allow")
+        // Another pod's entry: past the agent's heartbeat, as if there were none. Only here,
+        // so the holder's own bind costs no more.
+        .push(call(KTIME_GET_NS))
+        .push(store_u64(R10, VALUE, R0))
+        .push(store_imm_u32(R10, KEY_CONFIG, CONFIG_OWNERS_UNTIL as i32));
+    lookup(asm, maps.config, KEY_CONFIG);
+    asm.jump(Jump::EqImm(R0, 0), "foreign")
+        .push(load_u64(R1, R0, 0))
+        .push(load_u64(R2, R10, VALUE))
+        .jump(Jump::Gt(R2, R1), "no_owner")
         .jump(Jump::Always, "foreign");
 
     asm.label("no_owner");
@@ -298,6 +315,14 @@ mod tests {
             .map(|i| i.imm)
             .collect();
         assert_eq!(fds, (11..=16).collect());
+        // The clock is read only past the holder's own match (`if r1 == r8 goto allow`), so
+        // the holder's bind costs no more for the heartbeat.
+        let clock: Vec<usize> = (0..program.len())
+            .filter(|&at| program[at] == call(KTIME_GET_NS))
+            .collect();
+        assert_eq!(clock.len(), 1);
+        let before = program[clock[0] - 1];
+        assert_eq!((before.code, before.regs), (0x1d, 0x81), "{before:?}");
         // Every jump lands inside the program.
         for (at, insn) in program.iter().enumerate() {
             if insn.code & 0x07 == 0x05 && insn.code != 0x85 && insn.code != 0x95 {

@@ -49,6 +49,7 @@ const TO_BE: u8 = 0x08;
 const JA: u8 = 0x00;
 const JEQ: u8 = 0x10;
 const JNE: u8 = 0x50;
+const JGT: u8 = 0x20;
 const CALL: u8 = 0x80;
 const EXIT: u8 = 0x90;
 /// `src_reg` of a 64-bit immediate load whose value is a map's file descriptor.
@@ -148,6 +149,8 @@ pub enum Jump {
     Eq(Reg, Reg),
     /// `if dst != src`.
     Ne(Reg, Reg),
+    /// `if dst > src`, unsigned.
+    Gt(Reg, Reg),
 }
 
 impl Jump {
@@ -158,6 +161,7 @@ impl Jump {
             Self::NeImm(dst, imm) => insn(JMP | JNE | K, dst, 0, off, imm),
             Self::Eq(dst, src) => insn(JMP | JEQ | X, dst, src, off, 0),
             Self::Ne(dst, src) => insn(JMP | JNE | X, dst, src, off, 0),
+            Self::Gt(dst, src) => insn(JMP | JGT | X, dst, src, off, 0),
         }
     }
 }
@@ -254,6 +258,9 @@ mod tests {
             }
         );
         assert_eq!(exit().code, 0x95);
+        // `if r2 > r1 goto +3`, unsigned.
+        let jgt = Jump::Gt(R2, R1).encode(3);
+        assert_eq!((jgt.code, jgt.regs, jgt.off), (0x2d, 0x12, 3));
         let [first, second] = load_map_fd(R1, 7);
         assert_eq!((first.code, first.regs, first.imm), (0x18, 0x11, 7));
         assert_eq!(

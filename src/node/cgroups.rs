@@ -98,14 +98,23 @@ pub fn cgroup_id(dir: &Path) -> io::Result<u64> {
 pub fn scan(kubepods: &Path, driver: CgroupDriver) -> io::Result<PodCgroups> {
     let mut found = PodCgroups::default();
     scan_pods(kubepods, driver, &mut found)?;
+    for (dir, id) in qos_dirs(kubepods, driver)? {
+        found.qos_dirs.push(id);
+        scan_pods(&dir, driver, &mut found)?;
+    }
+    Ok(found)
+}
+
+/// The QoS directories under `kubepods` that exist, and their cgroup ids.
+pub fn qos_dirs(kubepods: &Path, driver: CgroupDriver) -> io::Result<Vec<(PathBuf, u64)>> {
+    let mut found = Vec::new();
     for qos in QOS_CLASSES {
         let dir = kubepods.join(driver.qos_dir(qos));
         match cgroup_id(&dir) {
-            Ok(id) => found.qos_dirs.push(id),
+            Ok(id) => found.push((dir, id)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         }
-        scan_pods(&dir, driver, &mut found)?;
     }
     Ok(found)
 }

@@ -116,6 +116,9 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         NODE,
         "--round",
         "100ms",
+        // Holder entries lapse 2 s after the agent's last round.
+        "--guard-lease",
+        "2s",
         "--metrics-address",
         "127.0.0.1:19464",
     ];
@@ -155,6 +158,10 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     let intruder_cg = node
         .cgroups
         .pod(None, intruder.metadata.uid.as_deref().unwrap());
+    // A pod cgroup with no Pod in the API (a static pod whose mirror pod is missing): its
+    // ports cannot be read, so it is never judged a pod that holds nothing.
+    let unknown_uid = "5f5f5f5f-6e6e-7d7d-8c8c-9b9b9b9b9b9b";
+    let unknown_cg = node.cgroups.pod(None, unknown_uid);
     // A pod binding at the instant its cgroup appears gets its port: the guard never refuses
     // a pod it has not seen yet a port no seen pod holds.
     assert_eq!(node.bind(Some(&cgroup[0]), port[0]), "ok");
@@ -267,32 +274,49 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     ));
     assert_eq!(inside, "0", "outgoing connections took pool ports");
 
-    // Killed with SIGKILL: the guard holds while no agent runs, and a pod deleted meanwhile
-    // is forgotten when it returns.
+    // Past the agent's grace for it, the unknown cgroup is said in the log, and still binds a
+    // pool port no pod here holds (claims it) rather than be refused.
+    eventually(
+        Duration::from_secs(30),
+        "the agent saying the cgroup has no Pod",
+        || {
+            node.log().contains(&format!(
+                "the pod cgroup of UID {unknown_uid} has no Pod in the API"
+            ))
+        },
+        || node.log(),
+    );
+    let free = (POOL_RANGE.0..=POOL_RANGE.1)
+        .find(|p| !port.contains(p))
+        .unwrap();
+    assert_eq!(
+        node.bind(Some(&unknown_cg), free),
+        "ok",
+        "an unreadable pod is not refused"
+    );
+    assert_eq!(
+        node.bind(Some(&intruder_cg), free),
+        "EPERM",
+        "but claims it"
+    );
+
+    // Killed with SIGKILL: the guard holds while no agent runs. A pod the agent has seen stays
+    // refused; the holder always binds.
     node.kill_agent();
+    let killed = Instant::now();
     assert_eq!(
         node.bind(Some(&intruder_cg), port[0]),
         "EPERM",
         "guarding with no agent"
     );
     assert_eq!(node.bind(Some(&cgroup[0]), port[0]), "ok");
-    // Grace period 0: what kubelet confirms once the containers are gone (no kubelet here).
+    // A StatefulSet pod replaced while the agent is away. Grace period 0: what kubelet
+    // confirms once the containers are gone (no kubelet here).
     pods.delete("srv-web-1", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
     std::fs::remove_dir(&cgroup[1]).unwrap();
     std::fs::remove_dir(cgroup[1].parent().unwrap()).unwrap();
-    node.start_agent(&agent_args);
-    eventually(
-        Duration::from_secs(20),
-        "the restarted agent taking over",
-        || node.log().contains("took_over=true"),
-        || node.log(),
-    );
-    assert_eq!(node.bind(Some(&intruder_cg), port[0]), "EPERM");
-    assert_eq!(node.bind(Some(&cgroup[0]), port[0]), "ok");
-    // The pod deleted while the agent was down is forgotten: its StatefulSet's replacement (a
-    // new UID, a new cgroup) binds the port, which a leftover holder entry would refuse it.
     let again = pods
         .create(&PostParams::default(), &pod("srv-web-1", labels.clone()))
         .await
@@ -305,8 +329,65 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     let replacement = node
         .cgroups
         .pod(Some("burstable"), again.metadata.uid.as_deref().unwrap());
-    // At once, before the agent can have seen it: a holder entry left for the deleted pod
-    // would make this bind foreign.
+    // The deleted pod's holder entry lapses a lease (2 s here) after the agent's last round:
+    // the replacement binds its port with no agent running.
+    eventually(
+        Duration::from_secs(20),
+        "the replacement binding its port with the agent away",
+        || node.bind(Some(&replacement), port[1]) == "ok",
+        || node.log(),
+    );
+    eprintln!(
+        "the replacement bound its port {:?} after the agent was killed",
+        killed.elapsed()
+    );
+    assert_eq!(node.bind(Some(&intruder_cg), port[1]), "EPERM");
+    // The trade-off: a pod new to the node in that window may take a held port while its
+    // holder is not bound to it (as the holder's first claim would)...
+    let latecomer = pods
+        .create(
+            &PostParams::default(),
+            &pod("latecomer", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let latecomer_cg = node
+        .cgroups
+        .pod(None, latecomer.metadata.uid.as_deref().unwrap());
+    assert_eq!(node.bind(Some(&latecomer_cg), port[0]), "ok");
+    assert_eq!(
+        node.bind(Some(&cgroup[0]), port[0]),
+        "ok",
+        "the holder is never refused"
+    );
+    // ...and is reported at once when the agent is back, then refused.
+    node.start_agent(&agent_args);
+    eventually(
+        Duration::from_secs(20),
+        "the restarted agent taking over",
+        || node.log().contains("took_over=true"),
+        || node.log(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        let reported = list.items.iter().any(|e| {
+            e.reason.as_deref() == Some("PortTakenBeforeGuarded")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("latecomer")
+        });
+        if reported {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no PortTakenBeforeGuarded Event on the latecomer; agent log:\n{}",
+            node.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(node.bind(Some(&latecomer_cg), port[0]), "EPERM");
+    assert_eq!(node.bind(Some(&intruder_cg), port[0]), "EPERM");
+    assert_eq!(node.bind(Some(&cgroup[0]), port[0]), "ok");
     assert_eq!(node.bind(Some(&replacement), port[1]), "ok");
     assert_eq!(node.bind(Some(&intruder_cg), port[1]), "EPERM");
 

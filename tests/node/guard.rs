@@ -1,6 +1,7 @@
 //! The bind guard's decisions, made by the kernel for real processes in kubelet's cgroup tree.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use portalloc::node::bind_guard::BindGuard;
 use portalloc::node::bind_program::{
@@ -51,6 +52,8 @@ fn guarded(node: &NodeCgroups, enforced: &[u16], audited: &[u16]) -> (BindGuard,
     }
     guard.set_modes(&modes).unwrap();
     guard.set_owners(&owners).unwrap();
+    // An agent keeping the maps: holder entries count.
+    guard.heartbeat(Duration::from_secs(3600)).unwrap();
     (guard, Pods { holder, other })
 }
 

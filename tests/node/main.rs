@@ -3,6 +3,7 @@
 //! reserved-ports setting of a network namespace of its own. Needs root and a cgroup2 mount
 //! (CI runs as root; `mount -t cgroup2` shows where the hierarchy is).
 
+mod away;
 mod detach;
 mod guard;
 mod reserved;

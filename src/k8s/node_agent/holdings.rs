@@ -65,7 +65,7 @@ impl RoundReads {
 
 /// What the record says the pod holds: `Ok(None)` for a pod that asks for no ports (no
 /// allocation label, or a PortAllocation that gives it none). An error is passing: the agent
-/// asks again on its next round.
+/// asks again on its next round, the pod unseen meanwhile (it may claim, is never refused).
 pub(super) async fn holding_of(
     client: &kube::Client,
     shards: &ShardStore,
@@ -84,8 +84,13 @@ pub(super) async fn holding_of(
     let Ok(injection) = pa.pod_injection(pod) else {
         return Ok(None);
     };
+    // Not in the agent's view of the pools yet: asked again next round, not taken as nothing.
     let Some(pool) = pools.get(&pa.spec.pool) else {
-        return Ok(None);
+        return Err(format!(
+            "its PortAllocation {namespace}/{name} names PortPool {}, which the agent does not \
+             know (not read yet, or deleted)",
+            pa.spec.pool
+        ));
     };
     let ports = pod_ports(&pa, &injection).map_err(|e| e.to_string())?;
     let mut read = BTreeMap::new();

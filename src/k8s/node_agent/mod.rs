@@ -53,14 +53,18 @@ pub struct NodeAgentOptions {
     pub reserved_ports_file: PathBuf,
     /// How often the kernel's state is brought up to date.
     pub round: Duration,
+    /// How long after the agent's last round other pods' holder entries still refuse a pod
+    /// new to the guard (its heartbeat's lease); past that, such a pod may claim the port.
+    pub guard_lease: Duration,
     /// Where the agent's Lease (heartbeat and report) lives; `None`: no Lease.
     pub lease_namespace: Option<String>,
     /// How often the Lease is renewed; it counts as stale after three times that.
     pub report_every: Duration,
 }
 
-/// How long a pod cgroup whose pod the API does not show stays unseen (free to claim a port
-/// no seen pod holds) before the guard treats it as a pod that holds nothing.
+/// How long a pod cgroup whose pod the API does not show may go unexplained before the agent
+/// says so. It stays unseen all the same (it may claim a port no pod here holds): judged as a
+/// pod that holds nothing, it would be refused its own ports.
 const UNKNOWN_POD_GRACE: Duration = Duration::from_secs(10);
 
 /// How long after a failed write of the Lease the agent tries again (at most: no longer than
@@ -253,17 +257,32 @@ impl Agent {
             Ok(false) => Ok(()),
             Err(e) => Err(e),
         };
-        self.publish_report(&pools, plan_changed).await;
+        // Bounded, as the reads and the Events are: a round that hangs on the API server would
+        // let the guard's holder entries lapse. Not written in time, it is tried next round.
+        let budget = self.api_budget();
+        let publish = self.publish_report(&pools, plan_changed);
+        if tokio::time::timeout(budget, publish).await.is_err() {
+            tracing::debug!(node = %self.options.node_name, "the Lease write is slow; trying again next round");
+        }
         guarded
     }
 
     /// The guard's modes for `plan`, where they changed; `false` when no guard is attached.
+    /// A guard attached afresh (after a reboot) gets none before its pods and owners are
+    /// written: judged by empty maps, the first pod to bind a port would claim it, its holder's
+    /// bind after that refused. And never before the QoS directories are marked, or a
+    /// Burstable or BestEffort pod's bind would claim the port for its whole class.
     fn set_modes(&mut self, plan: &NodePlan) -> anyhow::Result<bool> {
         let Some(guard) = &self.guard else {
             return Ok(false);
         };
+        if !guard.took_over && self.written_owners.is_none() {
+            return Ok(true);
+        }
         let modes = guard_modes(plan);
         if self.written_modes.as_ref() != Some(&modes) {
+            let qos_dirs = cgroups::qos_dirs(&self.kubepods(), self.driver())?;
+            guard.set_qos_dirs(&qos_dirs.iter().map(|&(_, id)| id).collect::<Vec<_>>())?;
             guard.set_modes(&modes)?;
             self.written_modes = Some(modes);
         }
@@ -281,7 +300,17 @@ impl Agent {
         let by_uid = pods_by_cgroup_uid(pods);
         self.learn_holdings(&found, &by_uid, pools).await;
         self.sync_maps(&found, &by_uid)?;
+        if let Some(plan) = self.plan.clone() {
+            self.set_modes(&plan)?;
+        }
         self.report(&found, &by_uid).await
+    }
+
+    /// How long each of a round's three waits on the API server (the pods' records, the
+    /// Events, the Lease) may take: a quarter of the guard's lease each, so a round ends, and
+    /// beats, within the lease.
+    fn api_budget(&self) -> Duration {
+        self.options.guard_lease / 4
     }
 
     fn warn_unreserved(&self, plan: &NodePlan) {
@@ -389,8 +418,12 @@ impl Agent {
             let (client, shards, reads) = (&self.client, &self.shards, &reads);
             async move { holdings::holding_of(client, shards, reads, pools, pod).await }
         });
+        // Within a quarter of the guard's lease: a slow API server must not keep the round
+        // from its heartbeat. Pods not read by then stay unseen and are read next round.
+        let budget = tokio::time::sleep(self.api_budget());
         let results: Vec<_> = futures::stream::iter(lookups)
             .buffered(READS_AT_ONCE)
+            .take_until(budget)
             .collect()
             .await;
         for (pod, result) in missing.into_iter().zip(results) {
@@ -402,12 +435,17 @@ impl Agent {
                     self.holdings.insert(uid, holding);
                     Ok(())
                 }
-                Err(e) => Err(format!("reading the ports of pod {name}: {e}")),
+                Err(e) => Err(format!(
+                    "reading the ports of pod {name}: {e}; until they are read, the guard \
+                     lets the pod claim pool ports no pod on this node holds rather than \
+                     refuse it"
+                )),
             };
             self.note(&key, &format!("the ports of pod {name} are read"), outcome);
         }
         self.conditions.forget_unless(|key| {
             key.strip_prefix("pod-ports/")
+                .or_else(|| key.strip_prefix("pod-unknown/"))
                 .is_none_or(|uid| found.pods.contains_key(uid))
         });
         self.holdings.retain(|uid, _| found.pods.contains_key(uid));
@@ -418,18 +456,45 @@ impl Agent {
                 .entry(uid.clone())
                 .or_insert_with(Instant::now);
         }
+        let unknown: Vec<String> = found
+            .pods
+            .keys()
+            .filter(|uid| !by_uid.contains_key(*uid) && !self.holdings.contains_key(*uid))
+            .filter(|uid| {
+                self.first_seen
+                    .get(*uid)
+                    .is_some_and(|at| at.elapsed() >= UNKNOWN_POD_GRACE)
+            })
+            .cloned()
+            .collect();
+        let ended = self.conditions.holding_with("pod-unknown/");
+        let ended = ended
+            .iter()
+            .filter_map(|key| key.strip_prefix("pod-unknown/"));
+        let said: Vec<String> = ended.map(str::to_string).collect();
+        for uid in unknown.iter().chain(&said) {
+            let outcome = match unknown.contains(uid) {
+                true => Err(format!(
+                    "the pod cgroup of UID {uid} has no Pod in the API (a static pod without its \
+                     mirror pod, or the agent's watch of pods is behind): its ports cannot be \
+                     read, so the guard lets it claim pool ports no pod on this node holds \
+                     rather than refuse it"
+                )),
+                false => Ok(()),
+            };
+            self.note(
+                &format!("pod-unknown/{uid}"),
+                &format!("the pod cgroup of UID {uid} is known"),
+                outcome,
+            );
+        }
     }
 
-    /// Whether the guard may judge the pod of `uid` as seen: its holdings are known, or the API
-    /// has not shown it for a while. A pod the API shows but whose ports could not be read
-    /// stays unseen: judged as seen, it would be refused its own ports.
-    fn is_seen(&self, uid: &str, by_uid: &BTreeMap<String, std::sync::Arc<Pod>>) -> bool {
+    /// Whether the guard may judge the pod of `uid` as seen: only once its ports were read from
+    /// the record. A pod whose ports could not be read (a failed read, or no Pod in the API)
+    /// stays unseen however long: judged as seen, it would be refused its own ports.
+    fn is_seen(&self, uid: &str) -> bool {
         self.holdings.contains_key(uid)
-            || (!by_uid.contains_key(uid)
-                && self
-                    .first_seen
-                    .get(uid)
-                    .is_some_and(|at| at.elapsed() >= UNKNOWN_POD_GRACE))
     }
 
     fn sync_maps(
@@ -441,10 +506,14 @@ impl Agent {
         let mut pods: BTreeMap<u64, u32> = found.qos_dirs.iter().map(|&id| (id, QOS_DIR)).collect();
         let mut holders = Vec::new();
         for (uid, &cgroup) in &found.pods {
-            if self.is_seen(uid, by_uid) {
+            if self.is_seen(uid) {
                 pods.insert(cgroup, POD_SEEN);
             }
-            if let Some(Some(holding)) = self.holdings.get(uid) {
+            // A pod deleted from the API no longer holds: its StatefulSet's replacement may
+            // be here before kubelet removes the old cgroup.
+            if let Some(Some(holding)) = self.holdings.get(uid)
+                && by_uid.contains_key(uid)
+            {
                 holders.push((cgroup, holding));
             }
         }
@@ -461,6 +530,8 @@ impl Agent {
             guard.set_pods(&pods)?;
             self.written_pods = Some(pods);
         }
+        // The maps are current: other pods' holder entries count for another lease.
+        guard.heartbeat(self.options.guard_lease)?;
         Ok(())
     }
 
@@ -481,7 +552,7 @@ impl Agent {
                 None => {
                     settled.insert(slot);
                 }
-                Some(uid) if self.is_seen(uid, by_uid) => {
+                Some(uid) if self.is_seen(uid) => {
                     settled.insert(slot);
                     if owners.get(&slot) != Some(&claimant) {
                         reports.push((claimant, slot, BindVerdict::TakenBeforeSeen, 1));
@@ -501,6 +572,7 @@ impl Agent {
             reports.push((key.cgroup, key.slot, verdict, count));
         }
         let plan = self.plan.clone().unwrap_or_default();
+        let events_until = Instant::now() + self.api_budget();
         let holder_of_slot = |slot: u32| {
             let cgroup = owners.get(&slot)?;
             let uid = uid_of.get(cgroup)?;
@@ -534,8 +606,16 @@ impl Agent {
                 "{}",
                 report.message()
             );
-            if let Some(pod) = pod {
-                self.reports.bind(pod, &report).await;
+            let left = events_until.saturating_duration_since(Instant::now());
+            if let Some(pod) = pod
+                && tokio::time::timeout(left, self.reports.bind(pod, &report))
+                    .await
+                    .is_err()
+            {
+                tracing::warn!(
+                    node = %self.options.node_name,
+                    "the API server is too slow to take the guard's Events; this one is only logged"
+                );
             }
         }
         Ok(())
