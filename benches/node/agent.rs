@@ -389,7 +389,10 @@ fn memory(runtime: &Runtime, setup: &mut Setup, scale: &Scale) -> anyhow::Result
 
     // A fresh agent on the full node, as after a first install: no guard there yet.
     setup.node.kill_agent();
-    portalloc::node::bind_guard::BindGuard::detach(&setup.node.cgroups.kubepods())?;
+    portalloc::node::bind_guard::BindGuard::detach(
+        &setup.node.cgroups.kubepods(),
+        &setup.node.cgroups.pins(),
+    )?;
     let restarted = Instant::now();
     setup.node.start_agent(&["--node-name", NODE, "-v", "1"]);
     let fresh = catch_up(setup, restarted)?;

@@ -34,7 +34,7 @@ const OUTSIDE_PORT: u16 = 43_567;
 /// the holder owning them.
 fn attach(node: &NodeCgroups, holder: &Path) -> anyhow::Result<BindGuard> {
     let level = cgroups::level(&node.kubepods())? + 1;
-    let guard = BindGuard::attach(&node.kubepods(), level, netns_cookie()?)?;
+    let guard = BindGuard::attach(&node.kubepods(), &node.pins(), level, netns_cookie()?)?;
     let found = cgroups::scan(&node.kubepods(), node.driver)?;
     let mut pods: BTreeMap<u64, u32> = found.qos_dirs.iter().map(|&id| (id, QOS_DIR)).collect();
     pods.extend(found.pods.values().map(|&id| (id, POD_SEEN)));

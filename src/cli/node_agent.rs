@@ -12,13 +12,14 @@ use crate::k8s::node_agent::{NodeAgentOptions, run_node_agent};
 use crate::k8s::{self, Metrics, Readiness};
 use crate::node::bind_guard::BindGuard;
 use crate::node::cgroups::{self, CgroupDriver};
+use crate::node::guard_pins;
 use crate::node::reserved_ports::ReservedPorts;
 
 /// Keep pools' ports reserved on this node and let only their holders bind them.
 ///
-/// Run in the node's network namespace (hostNetwork), as root with CAP_BPF, CAP_NET_ADMIN and
-/// CAP_SYS_ADMIN, with the node's cgroup v2 hierarchy mounted: docs/node-agent.md. Stops on
-/// SIGTERM; the bind guard stays attached, so a restart opens no gap.
+/// Run in the node's network namespace (hostNetwork), as root with CAP_BPF and CAP_NET_ADMIN,
+/// with the node's cgroup v2 hierarchy and a bpffs mounted: docs/node-agent.md. Stops on
+/// SIGTERM; the bind guard stays attached (pinned in bpffs), so a restart opens no gap.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
   # On a node, as the DaemonSet of the Helm chart runs it (nodeAgent.enabled=true)
@@ -38,8 +39,9 @@ pub struct NodeAgentArgs {
         required_unless_present = "detach"
     )]
     pub node_name: Option<String>,
-    /// Remove what the agent put on this node, then exit: detach the bind guard's programs
-    /// from kubelet's kubepods cgroup (found by name, as a restarted agent finds them) and take
+    /// Remove what the agent put on this node, then exit: detach the bind guard's links from
+    /// kubelet's kubepods cgroup and remove their pins in --bpf-dir (as a restarted agent
+    /// finds them) and take
     /// the agent's entries out of net.ipv4.ip_local_reserved_ports, leaving everyone else's.
     /// Stop the agent first (remove its DaemonSet), or it puts both back. Reads no API.
     #[arg(long)]
@@ -50,6 +52,16 @@ pub struct NodeAgentArgs {
     /// kubelet's cgroup driver; auto: whichever the tree shows (kubepods.slice: systemd).
     #[arg(long, value_enum, default_value = "auto", value_name = "DRIVER")]
     pub cgroup_driver: DriverFlag,
+    /// A directory on a bpffs where the bind guard pins its links and maps (a subdirectory per
+    /// cgroup root), so they outlive the agent and a restarted or upgraded agent takes them
+    /// over with file access alone. Not on a bpffs: binds are not guarded (ports are still
+    /// reserved).
+    #[arg(
+        long,
+        default_value = "/sys/fs/bpf/kubectl-portalloc",
+        value_name = "DIR"
+    )]
+    pub bpf_dir: PathBuf,
     /// Where the agent records which reserved ports it added (cleared by a reboot, as the
     /// setting is).
     #[arg(long, default_value = "/run/kubectl-portalloc", value_name = "DIR")]
@@ -125,6 +137,7 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         cgroup_root: args.cgroup_root,
         cgroup_driver: driver(args.cgroup_driver),
         state_dir: args.state_dir,
+        bpf_dir: args.bpf_dir,
         reserved_ports_file: args.reserved_ports_file,
         round: args.round,
         guard_lease: args.guard_lease,
@@ -146,13 +159,15 @@ fn detach(args: &NodeAgentArgs) -> anyhow::Result<()> {
             kubepods.display()
         )
     } else {
-        let detached = BindGuard::detach(&kubepods).map_err(|e| {
+        let pins = guard_pins::pin_dir(&args.bpf_dir, &kubepods);
+        let detached = BindGuard::detach(&kubepods, &pins).map_err(|e| {
             CliError::new(
                 Exit::Failure,
                 format!(
-                    "detaching the bind guard from {}: {e} (detaching needs root with \
-                     CAP_NET_ADMIN and CAP_SYS_ADMIN, in the node's network namespace)",
-                    kubepods.display()
+                    "detaching the bind guard from {} (pinned in {}): {e} (detaching needs \
+                     root with CAP_NET_ADMIN and CAP_BPF, and the bpffs of --bpf-dir mounted)",
+                    kubepods.display(),
+                    pins.display()
                 ),
             )
         })?;

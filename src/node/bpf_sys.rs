@@ -1,6 +1,8 @@
 //! The `bpf(2)` system call, for the handful of commands the bind guard needs: maps (create,
-//! read, write, walk), loading a program, attaching it to a cgroup, and finding a program an
-//! earlier agent attached (so a restarted agent takes over its maps instead of opening a gap).
+//! read, write, walk), loading a program, linking it to a cgroup (and replacing a link's
+//! program), pinning objects in bpffs and opening them again by path (so a restarted agent
+//! takes over its maps instead of opening a gap, with file access alone), and finding the
+//! programs an agent of an earlier release attached without a link.
 //! Offsets are those of `union bpf_attr` and `struct bpf_prog_info` in linux/bpf.h, which the
 //! kernel keeps stable.
 
@@ -15,20 +17,23 @@ const MAP_UPDATE_ELEM: i64 = 2;
 const MAP_DELETE_ELEM: i64 = 3;
 const MAP_GET_NEXT_KEY: i64 = 4;
 const PROG_LOAD: i64 = 5;
-const PROG_ATTACH: i64 = 8;
+const OBJ_PIN: i64 = 6;
+const OBJ_GET: i64 = 7;
 const PROG_DETACH: i64 = 9;
 const PROG_GET_FD_BY_ID: i64 = 13;
-const MAP_GET_FD_BY_ID: i64 = 14;
 const OBJ_GET_INFO_BY_FD: i64 = 15;
 const PROG_QUERY: i64 = 16;
 const MAP_LOOKUP_AND_DELETE_ELEM: i64 = 21;
+const LINK_CREATE: i64 = 28;
+const LINK_UPDATE: i64 = 29;
+const LINK_DETACH: i64 = 34;
 
 pub const MAP_TYPE_HASH: u32 = 1;
 pub const MAP_TYPE_ARRAY: u32 = 2;
 /// Allocate hash entries when written, not all at creation.
 pub const F_NO_PREALLOC: u32 = 1;
-/// Several programs on one cgroup and hook; a bind passes only if every one allows it.
-pub const F_ALLOW_MULTI: u32 = 2;
+/// `LINK_UPDATE`: only if the link still runs `old_prog_fd` (a racing writer fails it).
+const F_REPLACE: u32 = 4;
 pub const PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
 pub const CGROUP_INET4_BIND: u32 = 8;
 pub const CGROUP_INET6_BIND: u32 = 9;
@@ -228,22 +233,6 @@ pub fn prog_load(
     })
 }
 
-/// Attach `prog` to the cgroup `cgroup` at `attach_type`. Such an attachment outlives the
-/// process that made it: the program keeps guarding while the agent restarts.
-pub fn prog_attach(
-    cgroup: BorrowedFd<'_>,
-    prog: BorrowedFd<'_>,
-    attach_type: u32,
-    flags: u32,
-) -> io::Result<()> {
-    let mut attr = Attr::new();
-    attr.u32(0, raw(cgroup))
-        .u32(4, raw(prog))
-        .u32(8, attach_type)
-        .u32(12, flags);
-    sys_bpf(PROG_ATTACH, &mut attr).map(drop)
-}
-
 /// Detach `prog` from the cgroup at `attach_type`.
 pub fn prog_detach(
     cgroup: BorrowedFd<'_>,
@@ -276,37 +265,101 @@ pub fn prog_by_id(id: u32) -> io::Result<OwnedFd> {
     sys_bpf(PROG_GET_FD_BY_ID, &mut attr).map(owned_fd)
 }
 
-pub fn map_by_id(id: u32) -> io::Result<OwnedFd> {
-    let mut attr = Attr::new();
-    attr.u32(0, id);
-    sys_bpf(MAP_GET_FD_BY_ID, &mut attr).map(owned_fd)
-}
-
-/// A loaded program's name and the ids of the maps it uses.
+/// A loaded program's id and name.
 pub struct ProgInfo {
+    pub id: u32,
     pub name: String,
-    pub map_ids: Vec<u32>,
 }
 
 pub fn prog_info(prog: BorrowedFd<'_>) -> io::Result<ProgInfo> {
-    let mut map_ids = vec![0u32; 16];
     let mut info = [0u8; 232];
-    info[52..56].copy_from_slice(&(map_ids.len() as u32).to_ne_bytes());
-    info[56..64].copy_from_slice(&(map_ids.as_mut_ptr() as u64).to_ne_bytes());
     obj_info(prog, &mut info)?;
-    let count = u32::from_ne_bytes(info[52..56].try_into().expect("4 bytes")) as usize;
-    map_ids.truncate(count.min(16));
     Ok(ProgInfo {
+        id: u32::from_ne_bytes(info[4..8].try_into().expect("4 bytes")),
         name: c_name(&info[64..80]),
-        map_ids,
     })
 }
 
-/// A map's name.
-pub fn map_name(map: BorrowedFd<'_>) -> io::Result<String> {
+/// A map's id and its shape: type, key and value sizes, entries, flags.
+pub fn map_id_and_shape(map: BorrowedFd<'_>) -> io::Result<(u32, [u32; 5])> {
     let mut info = [0u8; 88];
     obj_info(map, &mut info)?;
-    Ok(c_name(&info[24..40]))
+    let at = |off: usize| u32::from_ne_bytes(info[off..off + 4].try_into().expect("4 bytes"));
+    Ok((at(4), [at(0), at(8), at(12), at(16), at(20)]))
+}
+
+/// Link `prog` to the cgroup `cgroup` at `attach_type`. The link lives while a descriptor or a
+/// pin holds it: pinned, it outlives the agent, and the program keeps guarding.
+pub fn link_create(
+    cgroup: BorrowedFd<'_>,
+    prog: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.u32(0, raw(prog))
+        .u32(4, raw(cgroup))
+        .u32(8, attach_type);
+    sys_bpf(LINK_CREATE, &mut attr).map(owned_fd)
+}
+
+/// Make `link` run `new` instead of `old`; refused (EPERM) if it no longer runs `old`.
+pub fn link_update(
+    link: BorrowedFd<'_>,
+    new: BorrowedFd<'_>,
+    old: BorrowedFd<'_>,
+) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.u32(0, raw(link))
+        .u32(4, raw(new))
+        .u32(8, F_REPLACE)
+        .u32(12, raw(old));
+    sys_bpf(LINK_UPDATE, &mut attr).map(drop)
+}
+
+/// Detach `link` from its cgroup now, whoever else holds it.
+pub fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.u32(0, raw(link));
+    sys_bpf(LINK_DETACH, &mut attr).map(drop)
+}
+
+/// A cgroup link: its program's id, and the cgroup it is attached to (0: none any more,
+/// detached or the cgroup removed).
+pub struct LinkInfo {
+    pub prog_id: u32,
+    pub cgroup_id: u64,
+    pub attach_type: u32,
+}
+
+pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+    let mut info = [0u8; 64];
+    obj_info(link, &mut info)?;
+    Ok(LinkInfo {
+        prog_id: u32::from_ne_bytes(info[8..12].try_into().expect("4 bytes")),
+        cgroup_id: u64::from_ne_bytes(info[16..24].try_into().expect("8 bytes")),
+        attach_type: u32::from_ne_bytes(info[24..28].try_into().expect("4 bytes")),
+    })
+}
+
+/// Pin `fd` (a map, program or link) at `path` on a bpffs.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
+    let path = c_path(path)?;
+    let mut attr = Attr::new();
+    attr.u64(0, path.as_ptr() as u64).u32(8, raw(fd));
+    sys_bpf(OBJ_PIN, &mut attr).map(drop)
+}
+
+/// The object pinned at `path`.
+pub fn obj_get(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let path = c_path(path)?;
+    let mut attr = Attr::new();
+    attr.u64(0, path.as_ptr() as u64);
+    sys_bpf(OBJ_GET, &mut attr).map(owned_fd)
+}
+
+fn c_path(path: &std::path::Path) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
 }
 
 fn obj_info(fd: BorrowedFd<'_>, info: &mut [u8]) -> io::Result<()> {

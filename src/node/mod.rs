@@ -11,6 +11,7 @@ pub mod bind_program;
 mod bpf_insn;
 mod bpf_sys;
 pub mod cgroups;
+pub mod guard_pins;
 pub mod listeners;
 pub mod reserved_ports;
 

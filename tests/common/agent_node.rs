@@ -134,6 +134,9 @@ pub struct AgentNode {
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
     agent: Option<Child>,
+    /// The only capabilities the agent runs with (`setpriv` names: `bpf`, `net_admin`), as
+    /// the chart grants them; `None`: the test's own (all of root's).
+    pub capabilities: Option<Vec<&'static str>>,
 }
 
 impl AgentNode {
@@ -156,6 +159,7 @@ impl AgentNode {
             dir: tempfile::tempdir().unwrap(),
             kubeconfig: kubeconfig.to_path_buf(),
             agent: None,
+            capabilities: None,
         }
     }
 
@@ -172,8 +176,25 @@ impl AgentNode {
     /// directory of the node's own added), logging to the node's `agent.log`.
     pub fn start_agent(&mut self, args: &[&str]) {
         let log = std::fs::File::create(self.dir.path().join("agent.log")).unwrap();
-        let child = self
-            .nsenter()
+        let mut command = self.nsenter();
+        if let Some(caps) = &self.capabilities {
+            // Inheritable, ambient and bounding sets: root's exec keeps exactly these.
+            let set = format!(
+                "-all,{}",
+                caps.iter()
+                    .map(|c| format!("+{c}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            command.args([
+                "setpriv",
+                &format!("--inh-caps={set}"),
+                &format!("--ambient-caps={set}"),
+                &format!("--bounding-set={set}"),
+                "--",
+            ]);
+        }
+        let child = command
             .arg(BIN)
             .arg("node-agent")
             .args(args)
@@ -181,6 +202,8 @@ impl AgentNode {
             .arg(&self.cgroups.root)
             .arg("--state-dir")
             .arg(self.dir.path().join("state"))
+            .arg("--bpf-dir")
+            .arg(self.cgroups.bpf_dir())
             .env("KUBECONFIG", &self.kubeconfig)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -193,6 +216,17 @@ impl AgentNode {
     /// The running agent's pid.
     pub fn agent_pid(&self) -> Option<u32> {
         self.agent.as_ref().map(Child::id)
+    }
+
+    /// The running agent's effective capabilities (`CapEff` of /proc/PID/status).
+    pub fn agent_capabilities(&self) -> u64 {
+        let pid = self.agent_pid().expect("an agent running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let hex = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .expect("CapEff in /proc/PID/status");
+        u64::from_str_radix(hex.trim(), 16).unwrap()
     }
 
     pub fn kill_agent(&mut self) {
@@ -232,7 +266,10 @@ impl AgentNode {
 impl Drop for AgentNode {
     fn drop(&mut self) {
         self.kill_agent();
-        let _ = portalloc::node::bind_guard::BindGuard::detach(&self.cgroups.kubepods());
+        let _ = portalloc::node::bind_guard::BindGuard::detach(
+            &self.cgroups.kubepods(),
+            &self.cgroups.pins(),
+        );
         // The relay (and the namespace it holds) goes with the fields.
     }
 }

@@ -20,6 +20,9 @@ use crate::support::webhook::start_webhook;
 const NODE: &str = "node-a";
 const POOL_RANGE: (u16, u16) = (45_000, 45_009);
 const RESERVED: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+/// Capability numbers (linux/capability.h).
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_BPF: u32 = 39;
 
 /// Entries someone else reserved on a node, in no order and of every length: several KiB,
 /// none in 46000-46009, and most of the ephemeral range left free.
@@ -109,6 +112,9 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     );
 
     let mut node = AgentNode::start(&cluster.kubeconfig, "agent-e2e");
+    // The chart's capabilities and no more: no CAP_SYS_ADMIN, so the guard is linked, pinned
+    // and taken over after the restart below by pin alone.
+    node.capabilities = Some(vec!["bpf", "net_admin"]);
     let agent_args = [
         "-v",
         "1",
@@ -177,6 +183,11 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         "ok",
         "the holder binds its port"
     );
+    assert_eq!(
+        node.agent_capabilities(),
+        (1 << CAP_BPF) | (1 << CAP_NET_ADMIN),
+        "the agent ran with CAP_BPF and CAP_NET_ADMIN only"
+    );
     assert_eq!(node.bind(Some(&cgroup[1]), port[1]), "ok");
     assert_eq!(
         node.bind(Some(&cgroup[0]), port[1]),
@@ -196,7 +207,11 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     // Detached under the running agent (bpftool, or node-agent --detach too early): the next
     // round attaches the guard again, with its maps written afresh.
     assert_eq!(
-        portalloc::node::bind_guard::BindGuard::detach(&node.cgroups.kubepods()).unwrap(),
+        portalloc::node::bind_guard::BindGuard::detach(
+            &node.cgroups.kubepods(),
+            &node.cgroups.pins()
+        )
+        .unwrap(),
         2
     );
     eventually(
@@ -207,7 +222,7 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     );
     assert!(
         node.log()
-            .contains("the bind guard is no longer attached whole (0 of its 2 programs)"),
+            .contains("the bind guard is no longer attached whole (0 of its 2 links)"),
         "{}",
         node.log()
     );
@@ -367,6 +382,11 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
         "the restarted agent taking over",
         || node.log().contains("took_over=true"),
         || node.log(),
+    );
+    assert_eq!(
+        node.agent_capabilities(),
+        (1 << CAP_BPF) | (1 << CAP_NET_ADMIN),
+        "taken over by pin without CAP_SYS_ADMIN"
     );
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {

@@ -25,8 +25,13 @@ fn pod_id(container: &Path) -> u64 {
 
 fn attach(node: &NodeCgroups) -> BindGuard {
     let level = cgroups::level(&node.kubepods()).unwrap() + 1;
-    BindGuard::attach(&node.kubepods(), level, netns_cookie().unwrap())
-        .unwrap_or_else(|e| panic!("{e}"))
+    BindGuard::attach(
+        &node.kubepods(),
+        &node.pins(),
+        level,
+        netns_cookie().unwrap(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The pods map as the agent writes it: the QoS directories, and every pod it has read.
@@ -120,7 +125,7 @@ fn with_the_agent_away_a_replacement_binds_its_port_and_a_seen_pod_stays_refused
         back.claims().unwrap().get(&slot(0, port)),
         Some(&pod_id(&replacement))
     );
-    BindGuard::detach(&node.kubepods()).unwrap();
+    BindGuard::detach(&node.kubepods(), &node.pins()).unwrap();
 }
 
 #[test]
@@ -156,7 +161,7 @@ fn qos_directories_marked_before_any_mode_keep_claims_to_one_pod() {
             "{driver:?}"
         );
         drop(guard);
-        BindGuard::detach(&node.kubepods()).unwrap();
+        BindGuard::detach(&node.kubepods(), &node.pins()).unwrap();
     }
 }
 

@@ -23,6 +23,8 @@ fn detach(node: &NodeCgroups, state: &std::path::Path) -> String {
         .arg(&node.root)
         .arg("--state-dir")
         .arg(state)
+        .arg("--bpf-dir")
+        .arg(node.bpf_dir())
         .env_remove("NODE_NAME")
         .env("KUBECONFIG", "/nonexistent")
         .output()
@@ -45,8 +47,13 @@ fn detach_removes_the_guard_and_only_the_agents_reserved_ports() {
         let port = 41_351;
         // The guard as an agent leaves it: attached, the port held by HOLDER, under Enforce.
         let level = cgroups::level(&node.kubepods()).unwrap() + 1;
-        let guard = BindGuard::attach(&node.kubepods(), level, netns_cookie().unwrap())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let guard = BindGuard::attach(
+            &node.kubepods(),
+            &node.pins(),
+            level,
+            netns_cookie().unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let found = cgroups::scan(&node.kubepods(), driver).unwrap();
         let mut pods: BTreeMap<u64, u32> = found.qos_dirs.iter().map(|&id| (id, QOS_DIR)).collect();
         pods.extend(found.pods.values().map(|&id| (id, POD_SEEN)));
@@ -94,8 +101,9 @@ fn detach_removes_the_guard_and_only_the_agents_reserved_ports() {
             "ok",
             "{driver:?}: unguarded"
         );
+        assert!(!node.pins().exists(), "the pins went with the links");
         assert_eq!(
-            BindGuard::detach(&node.kubepods()).unwrap(),
+            BindGuard::detach(&node.kubepods(), &node.pins()).unwrap(),
             0,
             "nothing left"
         );

@@ -29,8 +29,13 @@ fn guarded(node: &NodeCgroups, enforced: &[u16], audited: &[u16]) -> (BindGuard,
     let holder = node.pod(Some("burstable"), HOLDER);
     let other = node.pod(None, OTHER);
     let level = cgroups::level(&node.kubepods()).unwrap() + 1;
-    let guard = BindGuard::attach(&node.kubepods(), level, netns_cookie().unwrap())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let guard = BindGuard::attach(
+        &node.kubepods(),
+        &node.pins(),
+        level,
+        netns_cookie().unwrap(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let found = cgroups::scan(&node.kubepods(), node.driver).unwrap();
     assert_eq!(
         (found.pods.len(), found.qos_dirs.len()),
@@ -106,7 +111,10 @@ fn under_enforce_only_the_holder_binds_its_port() {
         assert_eq!(refused, 5, "{verdicts:?}");
         assert!(guard.take_verdicts().unwrap().is_empty(), "taken once");
         drop(guard);
-        assert_eq!(BindGuard::detach(&node.kubepods()).unwrap(), 2);
+        assert_eq!(
+            BindGuard::detach(&node.kubepods(), &node.pins()).unwrap(),
+            2
+        );
     }
 }
 
@@ -123,7 +131,7 @@ fn under_audit_a_foreign_bind_succeeds_and_is_counted() {
         (key.verdict, key.cgroup, key.slot, count),
         (VERDICT_AUDITED, id_of(&pods.other), slot(0, port), 1)
     );
-    BindGuard::detach(&node.kubepods()).unwrap();
+    BindGuard::detach(&node.kubepods(), &node.pins()).unwrap();
 }
 
 #[test]
@@ -169,7 +177,7 @@ fn a_pod_not_seen_yet_claims_a_free_port_and_a_second_one_is_refused() {
             .iter()
             .any(|(k, _)| k.verdict == VERDICT_CLAIMED && k.cgroup == id_of(&first))
     );
-    BindGuard::detach(&node.kubepods()).unwrap();
+    BindGuard::detach(&node.kubepods(), &node.pins()).unwrap();
 }
 
 #[test]
@@ -184,7 +192,13 @@ fn a_restarted_agent_takes_over_the_attached_guard_and_its_maps() {
         "guarding with no agent"
     );
     let level = cgroups::level(&node.kubepods()).unwrap() + 1;
-    let again = BindGuard::attach(&node.kubepods(), level, netns_cookie().unwrap()).unwrap();
+    let again = BindGuard::attach(
+        &node.kubepods(),
+        &node.pins(),
+        level,
+        netns_cookie().unwrap(),
+    )
+    .unwrap();
     assert!(again.took_over);
     assert_eq!(
         again.take_verdicts().unwrap().len(),
@@ -193,7 +207,7 @@ fn a_restarted_agent_takes_over_the_attached_guard_and_its_maps() {
     );
     assert_eq!(bind_in(Some(&pods.holder), port, "tcp", "4"), "ok");
     assert_eq!(
-        BindGuard::detach(&node.kubepods()).unwrap(),
+        BindGuard::detach(&node.kubepods(), &node.pins()).unwrap(),
         2,
         "one program per family, never two"
     );

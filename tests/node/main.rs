@@ -6,5 +6,6 @@
 mod away;
 mod detach;
 mod guard;
+mod pins;
 mod reserved;
 mod support;

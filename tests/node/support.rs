@@ -53,10 +53,55 @@ pub fn own_network_namespace() {
     }
 }
 
-/// A node's cgroup root (a directory of its own under the cgroup2 mount), removed on drop.
+/// A bpffs instance of the test's own, mounted on a temporary directory and unmounted on drop
+/// (its pins, and the links only they hold, go with it): tests never touch /sys/fs/bpf.
+pub struct BpfFs {
+    dir: tempfile::TempDir,
+}
+
+impl BpfFs {
+    pub fn mount() -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mount(2) with NUL-terminated strings we own and no data.
+        let mounted = unsafe {
+            libc::mount(
+                c"bpf".as_ptr(),
+                path.as_ptr(),
+                c"bpf".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(
+            mounted,
+            0,
+            "mount -t bpf bpf {}: {}",
+            dir.path().display(),
+            std::io::Error::last_os_error()
+        );
+        Self { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for BpfFs {
+    fn drop(&mut self) {
+        let path = std::ffi::CString::new(self.dir.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: umount2 with a NUL-terminated path we own.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// A node's cgroup root (a directory of its own under the cgroup2 mount), removed on drop, and
+/// the bpffs its guard is pinned in.
 pub struct NodeCgroups {
     pub root: PathBuf,
     pub driver: CgroupDriver,
+    pub bpf: BpfFs,
 }
 
 impl NodeCgroups {
@@ -66,7 +111,11 @@ impl NodeCgroups {
             "the node tests attach cgroup BPF programs: run them as root"
         );
         let root = cgroup2_mount().join(format!("portalloc-test-{}-{name}", std::process::id()));
-        let node = Self { root, driver };
+        let node = Self {
+            root,
+            driver,
+            bpf: BpfFs::mount(),
+        };
         // kubelet makes the QoS classes' directories when it starts, before any pod.
         for qos in ["burstable", "besteffort"] {
             node.mkdir(&node.kubepods().join(driver.qos_dir(qos)));
@@ -76,6 +125,16 @@ impl NodeCgroups {
 
     pub fn kubepods(&self) -> PathBuf {
         self.root.join(self.driver.kubepods())
+    }
+
+    /// The agent's `--bpf-dir` on this node.
+    pub fn bpf_dir(&self) -> PathBuf {
+        self.bpf.path().join("kubectl-portalloc")
+    }
+
+    /// Where the guard of this node's kubepods is pinned.
+    pub fn pins(&self) -> PathBuf {
+        portalloc::node::guard_pins::pin_dir(&self.bpf_dir(), &self.kubepods())
     }
 
     fn mkdir(&self, dir: &Path) {

@@ -35,6 +35,7 @@ use crate::node::bind_program::{
     MODE_AUDIT, MODE_ENFORCE, POD_SEEN, QOS_DIR, VERDICT_AUDITED, VERDICT_CLAIMED, VERDICT_REFUSED,
 };
 use crate::node::cgroups::{self, CgroupDriver, PodCgroups};
+use crate::node::guard_pins;
 use crate::node::netns_cookie;
 use crate::node::reserved_ports::ReservedPorts;
 use conditions::{Conditions, Transition};
@@ -50,6 +51,9 @@ pub struct NodeAgentOptions {
     /// `None`: whichever kubelet's tree shows (`kubepods.slice` means systemd).
     pub cgroup_driver: Option<CgroupDriver>,
     pub state_dir: PathBuf,
+    /// The bpffs directory the guard pins its links and maps in (a subdirectory per node
+    /// cgroup root).
+    pub bpf_dir: PathBuf,
     pub reserved_ports_file: PathBuf,
     /// How often the kernel's state is brought up to date.
     pub round: Duration,
@@ -303,6 +307,7 @@ impl Agent {
         if let Some(plan) = self.plan.clone() {
             self.set_modes(&plan)?;
         }
+        self.finish_upgrade();
         self.report(&found, &by_uid).await
     }
 
@@ -332,17 +337,41 @@ impl Agent {
         self.options.cgroup_root.join(self.driver().kubepods())
     }
 
+    fn pins(&self) -> PathBuf {
+        guard_pins::pin_dir(&self.options.bpf_dir, &self.kubepods())
+    }
+
+    /// An upgrade whose maps are new swaps its program in once this round filled them; if
+    /// that fails, the guard is read again from its pins next round.
+    fn finish_upgrade(&mut self) {
+        let Some(guard) = self.guard.as_mut() else {
+            return;
+        };
+        match guard.finish_upgrade() {
+            Ok(false) => {}
+            Ok(true) => tracing::info!(
+                node = %self.options.node_name,
+                version = %crate::node::bind_guard::program_version(),
+                "bind guard upgraded in place: its links run this release's program, over new maps filled first"
+            ),
+            Err(e) => {
+                tracing::warn!(node = %self.options.node_name, "{e}");
+                self.guard = None;
+            }
+        }
+    }
+
     /// Whether the guard's programs are still attached, both of them: one detached (by
     /// `node-agent --detach`, bpftool, a cgroup recreated) is attached again this round, from
     /// nothing, so no bind is judged by half a guard or by maps nobody keeps.
     fn check_attachment(&mut self) {
         let kubepods = self.kubepods();
-        let attached = BindGuard::attached(&kubepods);
+        let attached = BindGuard::attached(&kubepods, &self.pins());
         if matches!(attached, Ok(2)) {
             return;
         }
         let found = match attached {
-            Ok(n) => format!("{n} of its 2 programs"),
+            Ok(n) => format!("{n} of its 2 links"),
             Err(e) => format!("its programs could not be listed: {e}"),
         };
         tracing::warn!(
@@ -350,7 +379,7 @@ impl Agent {
             kubepods = %kubepods.display(),
             "the bind guard is no longer attached whole ({found}); attaching it again"
         );
-        if let Err(e) = BindGuard::detach(&kubepods) {
+        if let Err(e) = BindGuard::detach(&kubepods, &self.pins()) {
             tracing::warn!(node = %self.options.node_name, "detaching what is left of the guard: {e}");
         }
         self.guard = None;
@@ -359,6 +388,7 @@ impl Agent {
     fn attach_guard(&mut self) {
         let root = &self.options.cgroup_root;
         let kubepods = self.kubepods();
+        let pins = self.pins();
         let attached = if !cgroups::is_cgroup2(root) {
             Err(format!(
                 "no cgroup v2 hierarchy at {} (--cgroup-root)",
@@ -369,7 +399,8 @@ impl Agent {
                 .map_err(|e| format!("{}: {e}", kubepods.display()))
                 .and_then(|level| {
                     let cookie = netns_cookie().map_err(|e| format!("SO_NETNS_COOKIE: {e}"))?;
-                    BindGuard::attach(&kubepods, level + 1, cookie).map_err(|e| e.to_string())
+                    BindGuard::attach(&kubepods, &pins, level + 1, cookie)
+                        .map_err(|e| e.to_string())
                 })
         };
         match attached {
@@ -377,7 +408,10 @@ impl Agent {
                 tracing::info!(
                     node = %self.options.node_name,
                     kubepods = %kubepods.display(),
+                    pins = %pins.display(),
                     took_over = guard.took_over,
+                    upgrading = guard.upgrading(),
+                    version = %crate::node::bind_guard::program_version(),
                     "bind guard attached"
                 );
                 self.guard = Some(guard);

@@ -38,7 +38,8 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
     assert!(security["privileged"].is_null(), "{security}");
     assert_eq!(
         strings(&security["capabilities"]["add"]),
-        ["BPF", "NET_ADMIN", "SYS_ADMIN"]
+        ["BPF", "NET_ADMIN"],
+        "no SYS_ADMIN: the guard is taken over by its pins"
     );
     assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"]);
     assert_eq!(
@@ -104,6 +105,14 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
     assert_eq!(file["hostPath"]["type"], "File");
     assert!(file_mount["readOnly"].is_null());
     assert_eq!(file_mount["mountPath"], reserved);
+    let (bpffs, bpffs_mount) = mount_of("/sys/fs/bpf");
+    assert_eq!(bpffs["hostPath"]["type"], "Directory");
+    assert_eq!(bpffs_mount["mountPropagation"], "HostToContainer");
+    let bpf_dir = flag("--bpf-dir").expect("--bpf-dir");
+    assert!(
+        bpf_dir.starts_with(&format!("{}/", bpffs_mount["mountPath"].as_str().unwrap())),
+        "{bpf_dir} is on the mounted bpffs"
+    );
     // Its pods are admitted only at Pod Security's privileged level.
     let namespace = get(&objects, "Namespace", NAMESPACE);
     assert_eq!(
