@@ -8,18 +8,16 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{CliError, Exit, GlobalArgs, Session};
-use crate::k8s::node_agent::{NodeAgentOptions, run_node_agent};
+use crate::k8s::node_agent::{NodeAgentOptions, NodeFootprint, remove_from_node, run_node_agent};
 use crate::k8s::{self, Metrics, Readiness};
-use crate::node::bind_guard::BindGuard;
-use crate::node::cgroups::{self, CgroupDriver};
-use crate::node::guard_pins;
-use crate::node::reserved_ports::ReservedPorts;
+use crate::node::cgroups::CgroupDriver;
 
 /// Keep pools' ports reserved on this node and let only their holders bind them.
 ///
 /// Run in the node's network namespace (hostNetwork), as root with CAP_BPF and CAP_NET_ADMIN,
 /// with the node's cgroup v2 hierarchy and a bpffs mounted: docs/node-agent.md. Stops on
-/// SIGTERM; the bind guard stays attached (pinned in bpffs), so a restart opens no gap.
+/// SIGTERM; the bind guard stays attached (pinned in bpffs), so a restart opens no gap, unless
+/// its DaemonSet is gone or being deleted (--pod-name): then it removes what it put on the node.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
   # On a node, as the DaemonSet of the Helm chart runs it (nodeAgent.enabled=true)
@@ -86,6 +84,12 @@ pub struct NodeAgentArgs {
         value_name = "NS"
     )]
     pub lease_namespace: String,
+    /// The agent's own pod (the downward API's metadata.name), in the --lease-namespace: on
+    /// SIGTERM, if the DaemonSet that runs it is gone or being deleted (the chart uninstalled),
+    /// the agent removes what it put on the node as --detach does; for a rollout or a pod
+    /// deletion everything stays. Unset: everything always stays.
+    #[arg(long, env = "POD_NAME", value_name = "NAME")]
+    pub pod_name: Option<String>,
     /// How often the Lease is renewed; pool describe calls an agent stopped after three times
     /// that.
     #[arg(long, default_value = "30s", value_parser = super::duration::parse_duration, value_name = "DURATION")]
@@ -143,6 +147,7 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         guard_lease: args.guard_lease,
         lease_namespace: Some(args.lease_namespace),
         report_every: args.report_every,
+        pod_name: args.pod_name.filter(|p| !p.trim().is_empty()),
     };
     let stop = super::sync::signalled(signals, 1);
     run_node_agent(session.client, options, (readiness, metrics), stop).await
@@ -150,44 +155,17 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
 
 /// `--detach`: the guard off `kubepods`, the agent's reserved ports out, others' kept.
 fn detach(args: &NodeAgentArgs) -> anyhow::Result<()> {
-    let root = &args.cgroup_root;
-    let driver = driver(args.cgroup_driver).unwrap_or_else(|| CgroupDriver::detect(root));
-    let kubepods = root.join(driver.kubepods());
-    let guard = if !cgroups::is_cgroup2(root) || !kubepods.is_dir() {
-        format!(
-            "no guard to detach: {} is not a cgroup v2 kubepods directory",
-            kubepods.display()
-        )
-    } else {
-        let pins = guard_pins::pin_dir(&args.bpf_dir, &kubepods);
-        let detached = BindGuard::detach(&kubepods, &pins).map_err(|e| {
-            CliError::new(
-                Exit::Failure,
-                format!(
-                    "detaching the bind guard from {} (pinned in {}): {e} (detaching needs \
-                     root with CAP_NET_ADMIN and CAP_BPF, and the bpffs of --bpf-dir mounted)",
-                    kubepods.display(),
-                    pins.display()
-                ),
-            )
-        })?;
-        format!(
-            "detached {detached} bind guard program{} from {}",
-            if detached == 1 { "" } else { "s" },
-            kubepods.display()
-        )
-    };
-    let reserved = ReservedPorts::at(&args.reserved_ports_file, &args.state_dir);
-    let released = reserved
-        .release()
-        .map_err(|e| CliError::new(Exit::Failure, e.to_string()))?;
-    println!("{guard}");
-    println!(
-        "took {} port{} the agent had reserved out of {}; entries others put there stay",
-        released.len(),
-        if released.len() == 1 { "" } else { "s" },
-        args.reserved_ports_file.display()
-    );
+    let lines = remove_from_node(&NodeFootprint {
+        cgroup_root: &args.cgroup_root,
+        cgroup_driver: driver(args.cgroup_driver),
+        bpf_dir: &args.bpf_dir,
+        reserved_ports_file: &args.reserved_ports_file,
+        state_dir: &args.state_dir,
+    })
+    .map_err(|e| CliError::new(Exit::Failure, e))?;
+    for line in lines {
+        println!("{line}");
+    }
     Ok(())
 }
 

@@ -229,6 +229,28 @@ impl AgentNode {
         u64::from_str_radix(hex.trim(), 16).unwrap()
     }
 
+    /// SIGTERM to the agent, as kubelet stops a container; its exit, waited for (at most 30 s,
+    /// a pod's default grace period).
+    pub fn terminate_agent(&mut self) -> std::process::ExitStatus {
+        let mut agent = self.agent.take().expect("an agent running");
+        // SAFETY: kill(2) on the pid of a child we started and have not waited for.
+        unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = agent.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(30) {
+                let _ = agent.kill();
+                panic!(
+                    "the agent did not exit within 30 s of SIGTERM:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     pub fn kill_agent(&mut self) {
         if let Some(mut agent) = self.agent.take() {
             let _ = agent.kill(); // SIGKILL: no clean-up at all

@@ -26,6 +26,7 @@ mod leader_election;
 mod metrics;
 mod node_agent;
 mod node_agent_lease;
+mod node_agent_removal;
 mod pods;
 mod pool_cache;
 mod pool_overlap;

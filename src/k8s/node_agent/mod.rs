@@ -11,6 +11,7 @@
 mod conditions;
 mod holdings;
 mod lease;
+mod removal;
 mod report;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -40,6 +41,7 @@ use crate::node::netns_cookie;
 use crate::node::reserved_ports::ReservedPorts;
 use conditions::{Conditions, Transition};
 pub use lease::{node_reports, publish};
+pub use removal::{NodeFootprint, remove_from_node};
 use report::Reports;
 pub use report::{BindReport, BindVerdict};
 
@@ -64,6 +66,9 @@ pub struct NodeAgentOptions {
     pub lease_namespace: Option<String>,
     /// How often the Lease is renewed; it counts as stale after three times that.
     pub report_every: Duration,
+    /// The agent's own pod (in `lease_namespace`), whose DaemonSet tells an uninstall from a
+    /// restart on SIGTERM; `None`: the guard always stays.
+    pub pod_name: Option<String>,
 }
 
 /// How long a pod cgroup whose pod the API does not show may go unexplained before the agent
@@ -120,6 +125,7 @@ pub async fn run_node_agent(
     };
     pools.wait_until_ready().await?;
     pods.wait_until_ready().await?;
+    let own = own_daemonset(&agent.client, &agent.options).await;
     readiness.mark_ready();
     tracing::info!(node = %node, "node agent started");
     tokio::pin!(stop);
@@ -137,8 +143,46 @@ pub async fn run_node_agent(
             round.map_err(|e| format!("node agent round: {e:#}")),
         );
     }
-    tracing::info!(node = %node, "node agent stopped; the guard stays attached");
-    Ok(())
+    let removed = match &own {
+        Some(own) => removal::removed_because(&agent.client, own).await,
+        None => None,
+    };
+    let Some(why) = removed else {
+        tracing::info!(node = %node, "node agent stopped; the guard stays attached");
+        return Ok(());
+    };
+    tracing::info!(node = %node, "{why}: taking the guard and the agent's reserved ports off the node");
+    match remove_from_node(&removal::footprint(&agent.options)) {
+        Ok(lines) => {
+            for line in lines {
+                tracing::info!(node = %node, "{line}");
+            }
+            Ok(())
+        }
+        Err(e) => Err(anyhow::anyhow!(
+            "{e}; run `kubectl portalloc node-agent --detach` on node {node}"
+        )),
+    }
+}
+
+/// The agent's DaemonSet, if it can tell an uninstall from a restart (said once if not).
+async fn own_daemonset(
+    client: &kube::Client,
+    options: &NodeAgentOptions,
+) -> Option<removal::OwnDaemonSet> {
+    let (Some(pod), Some(namespace)) = (&options.pod_name, &options.lease_namespace) else {
+        return None;
+    };
+    match removal::own_daemonset(client, namespace, pod).await {
+        Ok(own) => Some(own),
+        Err(why) => {
+            tracing::warn!(
+                node = %options.node_name,
+                "{why}: on SIGTERM the guard and the reserved ports stay (an uninstall leaves them; `node-agent --detach` removes them)"
+            );
+            None
+        }
+    }
 }
 
 fn watch_store<K>(api: Api<K>, config: watcher::Config) -> Store<K>

@@ -73,6 +73,10 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
         env.contains(&("POD_NAMESPACE".into(), "metadata.namespace".into())),
         "{env:?}"
     );
+    assert!(
+        env.contains(&("POD_NAME".into(), "metadata.name".into())),
+        "{env:?}"
+    );
     // Each host path, mounted as the agent is told to find it.
     let volumes = pod["volumes"].as_array().unwrap();
     let mounts = container["volumeMounts"].as_array().unwrap();
@@ -125,8 +129,8 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
         "restricted"
     );
 
-    // Its rights: read pools, shards, PortAllocations by name and pods; Events; its Lease in
-    // its own namespace only.
+    // Its rights: read pools, shards, PortAllocations by name and pods; Events; its Lease and
+    // its DaemonSet in its own namespace only.
     let rules = |role: &Value| -> Vec<(String, String, Vec<String>)> {
         let mut all = Vec::new();
         for rule in role["rules"].as_array().unwrap() {
@@ -170,11 +174,15 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
     assert_eq!(role["metadata"]["namespace"], NAMESPACE);
     assert_eq!(
         rules(role),
-        [(
-            "coordination.k8s.io".into(),
-            "leases".into(),
-            verbs(&["get", "create", "update"])
-        )]
+        [
+            (
+                "coordination.k8s.io".into(),
+                "leases".into(),
+                verbs(&["get", "create", "update"])
+            ),
+            // Its own DaemonSet, to tell an uninstall from a rollout on SIGTERM.
+            ("apps".into(), "daemonsets".into(), verbs(&["get"])),
+        ]
     );
     for kind in ["ClusterRoleBinding", "RoleBinding"] {
         let binding = get(&objects, kind, "portalloc-node-agent");
