@@ -34,7 +34,7 @@ const AGENT: &str = "portalloc-node-agent";
 const LEASE_FOR: Duration = Duration::from_secs(90);
 
 /// Every object of deploy/node-agent/node-agent.yaml but the DaemonSet (no kubelet runs here).
-async fn apply_shipped_agent(client: &Client) {
+pub(crate) async fn apply_shipped_agent(client: &Client) {
     let text = std::fs::read_to_string(repo_root().join("deploy/node-agent/node-agent.yaml"))
         .expect("deploy/node-agent/node-agent.yaml");
     let mut kinds = Vec::new();
@@ -57,7 +57,7 @@ async fn apply_shipped_agent(client: &Client) {
 
 /// Node `node` and the agent's pod on it; a kubeconfig (written under `dir`) with a token of
 /// the agent's ServiceAccount bound to that pod, as the kubelet mounts it.
-async fn agent_on(client: &Client, kubeconfig: &Path, dir: &Path, node: &str) -> Client {
+pub(crate) async fn agent_on(client: &Client, kubeconfig: &Path, dir: &Path, node: &str) -> Client {
     let nodes: Api<Node> = Api::all(client.clone());
     let object: Node =
         serde_json::from_value(serde_json::json!({"metadata": {"name": node}})).unwrap();

@@ -195,3 +195,136 @@ async fn on_sigterm_the_agent_removes_the_guard_only_when_its_daemonset_goes() {
     assert_eq!(reserved(&node), parse(OTHERS).unwrap());
     drop(node);
 }
+
+/// `helm uninstall` deletes the agent's DaemonSet, ServiceAccount and RBAC at once, often before
+/// kubelet stops the pod: the agent, on its own ServiceAccount's token (bound to its pod, as
+/// kubelet mounts it) and the shipped RBAC, finds its reads refused on SIGTERM and still takes
+/// the guard and its reserved ports off the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uninstall_that_takes_the_agents_account_first_still_removes_the_guard() {
+    let Some(cluster) = PrivateCluster::start("node-agent-uninstall", true) else {
+        return;
+    };
+    let admin = cluster.client().await;
+    let run = cluster.run(&[
+        "pool", "create", "guarded", "--range", POOL, "--guard", "Enforce",
+    ]);
+    assert!(run.ok(), "{run}");
+    crate::support::create_namespace(&admin, NAMESPACE).await;
+    crate::node_agent_lease::apply_shipped_agent(&admin).await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(admin.clone(), NAMESPACE);
+    let labels = serde_json::json!({"app.kubernetes.io/component": "node-agent"});
+    let daemonset: DaemonSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": DAEMONSET},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "node-agent", "image": "registry.k8s.io/pause:3.10"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let daemonset = daemonsets
+        .create(&PostParams::default(), &daemonset)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Node node-a and the agent's pod agent-node-a on it, with a token bound to that pod.
+    crate::node_agent_lease::agent_on(&admin, &cluster.kubeconfig, dir.path(), "node-a").await;
+    let token_kubeconfig = dir.path().join("agent-node-a.kubeconfig");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    pods.patch(
+        "agent-node-a",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"ownerReferences": [{
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": DAEMONSET,
+            "uid": daemonset.metadata.uid.clone().unwrap(),
+            "controller": true,
+        }]}})),
+    )
+    .await
+    .unwrap();
+
+    let mut node = AgentNode::start(&token_kubeconfig, "uninstall");
+    node.capabilities = Some(vec!["bpf", "net_admin"]);
+    node.sh(&format!(
+        "echo {OTHERS} > /proc/sys/net/ipv4/ip_local_reserved_ports"
+    ));
+    node.start_agent(&[
+        "-v",
+        "1",
+        "--node-name",
+        "node-a",
+        "--pod-name",
+        "agent-node-a",
+        "--lease-namespace",
+        NAMESPACE,
+        "--round",
+        "100ms",
+        "--guard-lease",
+        "2s",
+    ]);
+    let pool = parse(POOL).unwrap();
+    until(
+        Duration::from_secs(20),
+        "the guard attached and the pool reserved",
+        || node.log().contains("bind guard attached") && reserved(&node).is_superset(&pool),
+        || node.log(),
+    );
+    assert!(
+        !node
+            .log()
+            .contains("on SIGTERM the guard and the reserved ports stay"),
+        "the shipped RBAC lets the agent read its pod and DaemonSet: {}",
+        node.log()
+    );
+
+    // As helm uninstall: the DaemonSet, then the agent's RBAC and ServiceAccount.
+    daemonsets
+        .delete(DAEMONSET, &DeleteParams::default())
+        .await
+        .unwrap();
+    for (kind, namespaced) in [
+        ("RoleBinding", true),
+        ("Role", true),
+        ("ClusterRoleBinding", false),
+        ("ClusterRole", false),
+        ("ServiceAccount", true),
+    ] {
+        let namespace = if namespaced {
+            vec!["-n", NAMESPACE]
+        } else {
+            vec![]
+        };
+        let mut args = vec!["delete", kind, "portalloc-node-agent"];
+        args.extend(namespace);
+        let out = std::process::Command::new(crate::support::tools::kubectl())
+            .args(&args)
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let status = node.terminate_agent();
+    assert!(status.success(), "{status}: {}", node.log());
+    let log = node.log();
+    let why = log
+        .lines()
+        .find(|l| l.contains("taking the guard and the agent's reserved ports off the node"))
+        .unwrap_or_else(|| panic!("no removal said: {log}"));
+    eprintln!("the agent on SIGTERM after the uninstall: {why}");
+    assert_eq!(attached(&node), 0, "the guard is detached");
+    assert_eq!(
+        reserved(&node),
+        parse(OTHERS).unwrap(),
+        "exactly others' entries stay"
+    );
+    drop(node);
+}
