@@ -1,5 +1,6 @@
 //! The node agent on SIGTERM: a rollout or a pod deletion (its DaemonSet still there) keeps the
-//! guard attached and the reserved ports; an uninstall (its DaemonSet being deleted, or gone)
+//! guard attached and the reserved ports (and the next release's agent upgrades the guard in
+//! place); an uninstall (its DaemonSet being deleted, or gone)
 //! removes both, as `node-agent --detach` does, leaving others' reserved entries. A control
 //! plane of its own (no controller-manager: the DaemonSet and the agent's pod are objects only),
 //! the agent on a simulated node (tests/common/agent_node.rs) with CAP_BPF and CAP_NET_ADMIN
@@ -11,7 +12,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
-use portalloc::node::bind_guard::BindGuard;
+use portalloc::node::bind_guard::{self, BindGuard};
 use portalloc::node::reserved_ports::parse;
 
 use crate::support::agent_node::AgentNode;
@@ -38,6 +39,33 @@ fn until(within: Duration, what: &str, mut check: impl FnMut() -> bool, log: imp
 
 fn reserved(node: &AgentNode) -> std::collections::BTreeSet<u16> {
     parse(&node.sh("cat /proc/sys/net/ipv4/ip_local_reserved_ports")).unwrap()
+}
+
+const OLD_VERSION: &str = "0123456789abcdef";
+const OLD_LAYOUT: &str = "deadbeef";
+
+fn pin_names(node: &AgentNode) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(node.cgroups.pins())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Rename the pins as an agent of another release (another program, other maps) left them.
+fn as_another_release(node: &AgentNode) {
+    let pins = node.cgroups.pins();
+    let version = bind_guard::program_version();
+    let layout = format!("map_{}_", bind_guard::layout());
+    for name in pin_names(node) {
+        let renamed = if let Some(map) = name.strip_prefix(&layout) {
+            format!("map_{OLD_LAYOUT}_{map}")
+        } else {
+            name.replace(&version, OLD_VERSION)
+        };
+        std::fs::rename(pins.join(&name), pins.join(renamed)).unwrap();
+    }
 }
 
 fn attached(node: &AgentNode) -> usize {
@@ -149,6 +177,29 @@ async fn on_sigterm_the_agent_removes_the_guard_only_when_its_daemonset_goes() {
         reserved(&node).is_superset(&parse(POOL).unwrap()),
         "the pool stays reserved"
     );
+    // The next agent is of another release: the pins name another program version and map
+    // layout. It fills new maps in its first round, then swaps its program into the links.
+    as_another_release(&node);
+    start(&mut node, false);
+    until(
+        Duration::from_secs(20),
+        "the upgrade in place",
+        || node.log().contains("bind guard upgraded in place"),
+        || node.log(),
+    );
+    let names = pin_names(&node);
+    let version = bind_guard::program_version();
+    assert!(names.contains(&format!("link4_{version}")), "{names:?}");
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains(OLD_VERSION) || n.contains(OLD_LAYOUT)),
+        "{names:?}"
+    );
+    assert_eq!(names.len(), 10, "{names:?}");
+    assert_eq!(attached(&node), 2);
+    let status = node.terminate_agent();
+    assert!(status.success(), "{status}: {}", node.log());
     start(&mut node, true);
 
     // Uninstalled: the DaemonSet being deleted (its finalizer holds it).
