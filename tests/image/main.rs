@@ -19,9 +19,15 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+#[path = "../common/agent_node.rs"]
+mod agent_node;
 mod chroot;
 #[path = "../common/control_plane.rs"]
 mod control_plane;
+#[path = "../common/controllers.rs"]
+mod controllers;
+mod kubelet_node;
+mod real_node;
 mod watcher;
 
 const DEBUG_BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
