@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-// The cgroup tree (tests/node/support.rs, the kernel-level tests' own).
-#[path = "../node/support.rs"]
+// The cgroup tree (tests/common/node_cgroups.rs, shared with the kernel-level tests).
+#[path = "node_cgroups.rs"]
 pub mod node_support;
 pub use node_support::NodeCgroups;
 

@@ -6,4 +6,5 @@
 mod detach;
 mod guard;
 mod reserved;
+#[path = "../common/node_cgroups.rs"]
 mod support;
