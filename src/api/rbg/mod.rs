@@ -505,4 +505,5 @@ fn target_of_from(
 }
 
 #[cfg(test)]
+#[path = "rbg_tests.rs"]
 mod tests;
