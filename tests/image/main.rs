@@ -20,8 +20,8 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 mod chroot;
-#[path = "../common/control_plane.rs"]
-mod control_plane;
+#[path = "../common/mod.rs"]
+mod common;
 mod watcher;
 
 const DEBUG_BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");

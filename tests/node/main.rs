@@ -3,8 +3,8 @@
 //! reserved-ports setting of a network namespace of its own. Needs root and a cgroup2 mount
 //! (CI runs as root; `mount -t cgroup2` shows where the hierarchy is).
 
+#[path = "../common/mod.rs"]
+mod common;
 mod detach;
 mod guard;
 mod reserved;
-#[path = "../common/node_cgroups.rs"]
-mod support;
