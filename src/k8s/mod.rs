@@ -44,8 +44,8 @@ pub mod watch;
 pub mod webhook;
 
 pub use allocate::{
-    AllocateError, Allocator, ApplyError, Change, ConfigMapError, DeleteError, Deleted, DryRun,
-    EnvConfigMap, Intent, Preview, SyncReport, apply_allocation, apply_configmap,
+    AllocateError, Allocator, ApplyError, ConfigMapChange, ConfigMapError, DeleteError, Deleted,
+    DryRun, EnvConfigMap, Intent, Preview, SyncReport, apply_allocation, apply_configmap,
     delete_allocation, get_allocation, list_allocations, list_allocations_matching, preview,
     preview_pool,
 };

@@ -54,7 +54,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::task::JoinHandle;
 
 use super::allocate::{AllocateError, Allocator, GroupCommit};
-use super::allocate::{Change, ConfigMapError, EnvConfigMap};
+use super::allocate::{ConfigMapChange, ConfigMapError, EnvConfigMap};
 use crate::api::PortAllocation;
 use crate::k8s::events::Events;
 use crate::k8s::leader::{LeaderElection, LeaseRef, default_identity};
@@ -495,7 +495,7 @@ fn configmap_outcome(
     match outcome {
         None => Ok(requeue),
         Some(Ok(configmap)) => {
-            if configmap.change != Change::Unchanged {
+            if configmap.change != ConfigMapChange::Unchanged {
                 tracing::info!(allocation = %owner, "{configmap}");
             }
             Ok(requeue)
