@@ -75,15 +75,3 @@ pub use webhook::{
     WebhookCa, WebhookOptions, WebhookServer, WebhookTlsError, WebhookUrl, register_webhook,
     repair_registration, serving_cert, start_webhook, webhook_ca,
 };
-
-/// The field manager name our writes are recorded under.
-pub const FIELD_MANAGER: &str = "kubectl-portalloc";
-
-/// Parameters of every create and replace: recorded under [`FIELD_MANAGER`] in `managedFields`
-/// (without one the API server files our writes under "unknown").
-pub(crate) fn write_params() -> kube::api::PostParams {
-    kube::api::PostParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    }
-}

@@ -383,7 +383,7 @@ impl Allocator {
         updated.status = Some(status);
         let name = pa.name_any();
         allocations(&self.client, &pa)
-            .replace_status(&name, &crate::k8s::write_params(), &updated)
+            .replace_status(&name, &crate::k8s::client::write_params(), &updated)
             .await
             .map_err(|e| {
                 let namespace = pa.namespace();
@@ -432,7 +432,11 @@ impl Allocator {
             let mut updated = pa.clone();
             updated.status = Some(status);
             match allocations(&self.client, &pa)
-                .replace_status(&pa.name_any(), &crate::k8s::write_params(), &updated)
+                .replace_status(
+                    &pa.name_any(),
+                    &crate::k8s::client::write_params(),
+                    &updated,
+                )
                 .await
             {
                 Ok(written) => report(written, true),

@@ -18,7 +18,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
 use crate::api::{ALLOCATION_LABEL, PortAllocation, ResolveError, env_configmap};
-use crate::k8s::FIELD_MANAGER;
+use crate::k8s::client::FIELD_MANAGER;
 use crate::k8s::error::{ApiErrorKind, KubeError, Target};
 use crate::k8s::resources::CONFIGMAPS;
 use crate::ledger::owner_of;

@@ -189,7 +189,7 @@ impl Allocator {
         status.shards = crate::ledger::status_shards(widened);
         updated.status = Some(status);
         match api
-            .replace_status(&name, &crate::k8s::write_params(), &updated)
+            .replace_status(&name, &crate::k8s::client::write_params(), &updated)
             .await
         {
             Ok(written) => {

@@ -182,7 +182,7 @@ pub async fn keep_usage(client: &Client, count: &Count) {
         pool.metadata.resource_version = counted.pool.resource_version();
         pool.status = Some(status);
         match api
-            .replace_status(&name, &crate::k8s::write_params(), &pool)
+            .replace_status(&name, &crate::k8s::client::write_params(), &pool)
             .await
         {
             Ok(_) => {}
