@@ -261,13 +261,26 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A signal this process could not listen for.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen for {signal}: {error}")]
+pub struct SignalError {
+    signal: &'static str,
+    // Said in the message, not as a source: the message is the whole of it.
+    error: std::io::Error,
+}
+
 /// Count SIGTERM (how kubelet stops a pod) and Ctrl-C from now on.
-pub(super) fn listen_for_signals() -> anyhow::Result<tokio::sync::watch::Receiver<u32>> {
+pub fn listen_for_signals() -> Result<tokio::sync::watch::Receiver<u32>, SignalError> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate())
-        .map_err(|e| anyhow::anyhow!("cannot listen for SIGTERM: {e}"))?;
-    let mut interrupt = signal(SignalKind::interrupt())
-        .map_err(|e| anyhow::anyhow!("cannot listen for SIGINT: {e}"))?;
+    let listen = |kind, signal_name| {
+        signal(kind).map_err(|error| SignalError {
+            signal: signal_name,
+            error,
+        })
+    };
+    let mut terminate = listen(SignalKind::terminate(), "SIGTERM")?;
+    let mut interrupt = listen(SignalKind::interrupt(), "SIGINT")?;
     let (count, counted) = tokio::sync::watch::channel(0u32);
     tokio::spawn(async move {
         loop {
@@ -285,6 +298,6 @@ pub(super) fn listen_for_signals() -> anyhow::Result<tokio::sync::watch::Receive
 }
 
 /// Once `n` signals have come.
-pub(super) async fn signalled(mut counted: tokio::sync::watch::Receiver<u32>, n: u32) {
+pub async fn signalled(mut counted: tokio::sync::watch::Receiver<u32>, n: u32) {
     let _ = counted.wait_for(|count| *count >= n).await;
 }

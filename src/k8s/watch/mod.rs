@@ -343,7 +343,7 @@ async fn work(
             }
         }
         if let Some(readiness) = readiness {
-            readiness.set();
+            readiness.mark_ready();
         }
         tracing::info!("watching PortAllocations: initial list complete");
     }));
