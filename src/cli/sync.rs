@@ -11,7 +11,8 @@ use super::dry_run::DryRunArg;
 use super::output::{OutputFormat, print_names, print_objects};
 use super::report::{print_report_to, take_configmap_error};
 use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
-use crate::k8s::{self, Readiness, WatchOptions, get_allocation, list_allocations};
+use crate::k8s::process::{Readiness, listen_for_signals, signalled};
+use crate::k8s::{self, WatchOptions, get_allocation, list_allocations};
 use crate::ledger::leader_lease::lease_name;
 
 /// Allocate or release ports so each PortAllocation's status matches its spec.
@@ -200,7 +201,7 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     let metrics = k8s::Metrics::default();
     if let Some(address) = args.probe_address {
-        let bound = k8s::serve_probes(address, readiness.clone(), metrics.clone())
+        let bound = k8s::process::serve_probes(address, readiness.clone(), metrics.clone())
             .await
             .map_err(|e| CliError::new(Exit::Usage, format!("--probe-address {address}: {e}")))?;
         tracing::info!("serving /healthz, /readyz and /metrics on {bound}");
@@ -259,45 +260,4 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
         _ = signalled(signals, 2) => tracing::warn!("second signal: stopping now"),
     }
     Ok(())
-}
-
-/// A signal this process could not listen for.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot listen for {signal}: {error}")]
-pub struct SignalError {
-    signal: &'static str,
-    // Said in the message, not as a source: the message is the whole of it.
-    error: std::io::Error,
-}
-
-/// Count SIGTERM (how kubelet stops a pod) and Ctrl-C from now on.
-pub fn listen_for_signals() -> Result<tokio::sync::watch::Receiver<u32>, SignalError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let listen = |kind, signal_name| {
-        signal(kind).map_err(|error| SignalError {
-            signal: signal_name,
-            error,
-        })
-    };
-    let mut terminate = listen(SignalKind::terminate(), "SIGTERM")?;
-    let mut interrupt = listen(SignalKind::interrupt(), "SIGINT")?;
-    let (count, counted) = tokio::sync::watch::channel(0u32);
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = interrupt.recv() => {}
-            }
-            count.send_modify(|n| *n += 1);
-            if *count.borrow() == 1 {
-                tracing::info!("shutting down: finishing syncs and admissions in flight");
-            }
-        }
-    });
-    Ok(counted)
-}
-
-/// Once `n` signals have come.
-pub async fn signalled(mut counted: tokio::sync::watch::Receiver<u32>, n: u32) {
-    let _ = counted.wait_for(|count| *count >= n).await;
 }

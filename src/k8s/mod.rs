@@ -23,7 +23,6 @@
 pub mod allocate;
 mod changes;
 mod client;
-mod cpu_bound;
 mod crds;
 mod error;
 mod events;
@@ -35,7 +34,7 @@ pub mod node_agent;
 pub mod node_ports;
 pub mod nodes;
 mod pages;
-mod probes;
+pub mod process;
 pub mod record;
 mod repair;
 mod resources;
@@ -51,13 +50,11 @@ pub use allocate::{
 };
 pub use changes::{Seen, changes};
 pub use client::{ClientOptions, Connection, connect};
-pub use cpu_bound::cpu_bound;
 pub use crds::{install_crds, install_overlap_policy};
 pub use error::{ApiErrorKind, KubeError, Target, Unreachable, error_chain, render_kube_error};
 pub use events::Events;
 pub use leader::{LeaderElection, LeaseRef, Lost, default_identity};
 pub use manifest_checks::{missing_namespaces, missing_pools};
-pub use probes::serve_probes;
 pub use record::{
     Applied, DeletedPool, NodesView, PoolError, PoolPlan, PoolView, ShardStore, apply_pool,
     carry_spec, create_or_keep_pool, create_pool, delete_pool, get_pool, list_pools,
@@ -67,8 +64,7 @@ pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 pub use watch::{
-    Metrics, Readiness, Replica, SyncResult, WatchOptions, check_access, check_leader_access,
-    watch, watch_as,
+    Metrics, Replica, SyncResult, WatchOptions, check_access, check_leader_access, watch, watch_as,
 };
 pub use webhook::{
     CertificateError, ClientConfig, PodWebhook, ServingCert, StartError, WEBHOOK_TIMEOUT,

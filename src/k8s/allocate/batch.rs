@@ -30,7 +30,7 @@ use super::configmaps::keep_env_configmap;
 use super::sync::SyncReport;
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::core::SlotKey;
-use crate::k8s::cpu_bound;
+use crate::k8s::process::cpu_bound;
 use crate::k8s::record::{ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, POOLS};
 use crate::k8s::retry::{Attempts, Stop};

@@ -1,0 +1,13 @@
+//! What every long-running process (`sync --watch` with its webhook, `node-agent`) shares,
+//! whatever it does: its readiness, the probes that report it with the metrics, the signals that
+//! stop it, and how CPU-bound work keeps the async runtime answering.
+
+mod cpu_bound;
+mod probes;
+mod readiness;
+mod signals;
+
+pub use cpu_bound::cpu_bound;
+pub use probes::serve_probes;
+pub use readiness::Readiness;
+pub use signals::{SignalError, listen_for_signals, signalled};
