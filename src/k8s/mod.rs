@@ -12,7 +12,8 @@
 //!   repaired);
 //! - [`webhook`]: the pod webhook, whole: its decisions, HTTPS endpoint, certificates and
 //!   registration, kept current while it runs;
-//! - `probes`: `/healthz`, `/readyz` and `/metrics` of the long-running processes;
+//! - [`process`]: what the long-running processes share: readiness, the probes (`/healthz`,
+//!   `/readyz`, `/metrics`), signals, CPU-bound work off the async workers;
 //! - [`node_agent`]: `node-agent`, keeping a node's kernel ([`crate::node`]) in step with the
 //!   pools and the pods bound to the node;
 //! - [`nodes`]: the Nodes a pool that follows them counts (`spec.followNodes`).

@@ -16,7 +16,8 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::k8s::watch::{Metrics, Readiness};
+use super::Readiness;
+use crate::k8s::watch::Metrics;
 
 /// The Prometheus text exposition format.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -57,7 +57,7 @@ use super::allocate::{ConfigMapChange, ConfigMapError, EnvConfigMap};
 use crate::api::PortAllocation;
 use crate::k8s::events::Events;
 use crate::k8s::leader::{LeaderElection, LeaseRef, default_identity};
-pub use crate::k8s::process::Readiness;
+use crate::k8s::process::Readiness;
 use crate::k8s::repair::Repairer;
 use crate::ledger::leader_lease::LeaseTiming;
 use crate::ledger::{CONDITION_READY, owner_of};
