@@ -65,7 +65,8 @@ pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 pub use watch::{
-    Metrics, Replica, SyncResult, WatchOptions, check_access, check_leader_access, watch, watch_as,
+    Metrics, Replica, SyncResult, WatchOptions, WatcherProcess, WatcherSettings, WatcherStartError,
+    check_access, check_leader_access, watch, watch_as,
 };
 pub use webhook::{
     CertificateError, ClientConfig, PodWebhook, ServingCert, StartError, WEBHOOK_TIMEOUT,

@@ -24,7 +24,8 @@
 //! hand out a port twice. They only cost each other conflicts and the API server twice the
 //! reads. So with a [`Replica`]'s Lease (`--leader-elect`) all of the above runs only while this
 //! replica holds it ([`watch_as`]); the pod webhook (served beside, `k8s/webhook/serve.rs`)
-//! never depends on it.
+//! never depends on it. [`WatcherProcess`] assembles the whole process: the watcher, its
+//! probes, the webhook beside it, and the signals that stop them.
 
 mod access;
 mod deletions;
@@ -32,11 +33,13 @@ mod gauges;
 pub mod metrics;
 pub mod node_count;
 pub mod pool_usage;
+mod run;
 mod synced_lately;
 
 use crate::k8s::error::error_chain;
 pub use access::{check_access, check_leader_access};
 pub use metrics::{Metrics, SyncResult};
+pub use run::{WatcherProcess, WatcherSettings, WatcherStartError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use synced_lately::{SYNCED_LATELY, SyncedLately};
