@@ -3,6 +3,7 @@
 //! stop it, and how CPU-bound work keeps the async runtime answering.
 
 mod cpu_bound;
+pub mod metrics;
 mod probes;
 mod readiness;
 mod signals;
@@ -11,3 +12,6 @@ pub use cpu_bound::cpu_bound;
 pub use probes::serve_probes;
 pub use readiness::Readiness;
 pub use signals::{SignalError, listen_for_signals, signalled};
+
+// For metrics.rs, until it names the watcher's pool counts by their own path.
+use crate::k8s::watch::pool_usage;

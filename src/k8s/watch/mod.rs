@@ -30,7 +30,7 @@
 mod access;
 mod deletions;
 mod gauges;
-pub mod metrics;
+pub use crate::k8s::process::metrics;
 pub mod node_count;
 pub mod pool_usage;
 mod run;
