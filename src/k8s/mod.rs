@@ -56,6 +56,7 @@ pub use error::{ApiErrorKind, KubeError, Target, Unreachable, error_chain, rende
 pub use events::Events;
 pub use leader::{LeaderElection, LeaseRef, Lost, default_identity};
 pub use manifest_checks::{missing_namespaces, missing_pools};
+pub use process::{Metrics, SyncResult};
 pub use record::{
     Applied, DeletedPool, NodesView, PoolError, PoolPlan, PoolView, ShardStore, apply_pool,
     carry_spec, create_or_keep_pool, create_pool, delete_pool, get_pool, list_pools,
@@ -65,8 +66,8 @@ pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 pub use watch::{
-    Metrics, Replica, SyncResult, WatchOptions, WatcherProcess, WatcherSettings, WatcherStartError,
-    check_access, check_leader_access, watch, watch_as,
+    Replica, WatchOptions, WatcherProcess, WatcherSettings, WatcherStartError, check_access,
+    check_leader_access, watch, watch_as,
 };
 pub use webhook::{
     CertificateError, ClientConfig, PodWebhook, ServingCert, StartError, WEBHOOK_TIMEOUT,

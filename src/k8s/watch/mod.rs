@@ -11,10 +11,11 @@
 //!   and every `resync`: it frees entries whose owner UID no longer exists (deletions missed
 //!   while no watcher ran), by the same one-pass argument as `kubectl portalloc repair`.
 //!
-//! Beside them, every [`metrics::REFRESH`]: the gauges of `/metrics` and, with every namespace
-//! in view and where this identity may write pools' status, each PortPool's usage summary
-//! ([`pool_usage`]); with every namespace in view, a watch of the Nodes that keeps the node
-//! count of each pool that follows them ([`node_count`]).
+//! Beside them, every [`REFRESH`](crate::k8s::process::metrics::REFRESH): the gauges of
+//! `/metrics` and, with every namespace in view and where this identity may write pools'
+//! status, each PortPool's usage summary ([`pool_usage`]); with every namespace in view, a
+//! watch of the Nodes that keeps the node count of each pool that follows them
+//! ([`node_count`]).
 //!
 //! Each sync, release and repair is said on its object as a Kubernetes Event
 //! ([`Events`]).
@@ -30,7 +31,6 @@
 mod access;
 mod deletions;
 mod gauges;
-pub use crate::k8s::process::metrics;
 pub mod node_count;
 pub mod pool_usage;
 mod run;
@@ -38,7 +38,6 @@ mod synced_lately;
 
 use crate::k8s::error::error_chain;
 pub use access::{check_access, check_leader_access};
-pub use metrics::{Metrics, SyncResult};
 pub use run::{WatcherProcess, WatcherSettings, WatcherStartError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,6 +60,7 @@ use crate::api::PortAllocation;
 use crate::k8s::events::Events;
 use crate::k8s::leader::{LeaderElection, LeaseRef, default_identity};
 use crate::k8s::process::Readiness;
+use crate::k8s::process::{Metrics, SyncResult};
 use crate::k8s::repair::Repairer;
 use crate::ledger::leader_lease::LeaseTiming;
 use crate::ledger::{CONDITION_READY, owner_of};
@@ -74,9 +74,10 @@ pub struct WatchOptions {
     pub resync: Duration,
     /// How many PortAllocations are synced at once.
     pub concurrency: u16,
-    /// Whether to read every pool's shards each [`metrics::REFRESH`] for the pool gauges
-    /// (when `/metrics` is served). A watcher of every namespace reads them anyway where its
-    /// identity may keep the pools' usage summary ([`pool_usage`]).
+    /// Whether to read every pool's shards each
+    /// [`REFRESH`](crate::k8s::process::metrics::REFRESH) for the pool gauges (when `/metrics`
+    /// is served). A watcher of every namespace reads them anyway where its identity may keep
+    /// the pools' usage summary ([`pool_usage`]).
     pub pool_metrics: bool,
 }
 

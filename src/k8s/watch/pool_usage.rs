@@ -1,4 +1,4 @@
-//! Every pool counted from its shards once per [`REFRESH`](super::metrics::REFRESH): one read
+//! Every pool counted from its shards once per [`REFRESH`](crate::k8s::process::metrics::REFRESH): one read
 //! that feeds the pool gauges of `/metrics` and the usage summary on each PortPool's status
 //! (`kubectl get portpools`: Allocated, Free, Largest Free Run, Counted).
 //!
