@@ -46,8 +46,8 @@ const WRITES_AT_ONCE: usize = 8;
 
 /// A batch's final status writes in flight at once, for `sync --all` and the watcher's group
 /// commit alike: they are most of a large batch's time (15,000 new PortAllocations in one
-/// pool: 58 of `sync --all`'s 162 s), and at the watcher's former 4 a round of ~1,000 spent
-/// longer writing statuses than deciding and writing shards together.
+/// pool: 58 of `sync --all`'s 162 s), and with 4 in flight a round of ~1,000 spent longer
+/// writing statuses than deciding and writing shards together.
 const STATUS_WRITES_AT_ONCE: usize = 16;
 
 /// An item decided and committed, waiting for its status write.
