@@ -9,7 +9,8 @@ use clap::Args;
 
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::k8s::node_agent::{NodeAgentOptions, run_node_agent};
-use crate::k8s::{self, Metrics, Readiness};
+use crate::k8s::process::{Readiness, listen_for_signals, signalled};
+use crate::k8s::{self, Metrics};
 use crate::node::bind_guard::BindGuard;
 use crate::node::cgroups::{self, CgroupDriver};
 use crate::node::reserved_ports::ReservedPorts;
@@ -112,10 +113,10 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         .into());
     }
     let session = Session::connect(global).await?;
-    let signals = super::sync::listen_for_signals()?;
+    let signals = listen_for_signals()?;
     let (readiness, metrics) = (Readiness::default(), Metrics::default());
     if let Some(address) = args.metrics_address {
-        let bound = k8s::serve_probes(address, readiness.clone(), metrics.clone())
+        let bound = k8s::process::serve_probes(address, readiness.clone(), metrics.clone())
             .await
             .map_err(|e| CliError::new(Exit::Usage, format!("--metrics-address {address}: {e}")))?;
         tracing::info!("serving /healthz, /readyz and /metrics on {bound}");
@@ -131,7 +132,7 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         lease_namespace: Some(args.lease_namespace),
         report_every: args.report_every,
     };
-    let stop = super::sync::signalled(signals, 1);
+    let stop = signalled(signals, 1);
     run_node_agent(session.client, options, (readiness, metrics), stop).await
 }
 

@@ -19,16 +19,14 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-#[path = "../common/agent_node.rs"]
-mod agent_node;
 mod chroot;
-#[path = "../common/control_plane.rs"]
-mod control_plane;
-#[path = "../common/controllers.rs"]
-mod controllers;
+#[path = "../common/mod.rs"]
+mod common;
 mod kubelet_node;
 mod real_node;
 mod watcher;
+
+use common::{agent_node, control_plane, controllers};
 
 const DEBUG_BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
 const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -4,7 +4,8 @@
 //! (CI runs as root; `mount -t cgroup2` shows where the hierarchy is).
 
 mod away;
+#[path = "../common/mod.rs"]
+mod common;
 mod detach;
 mod guard;
 mod reserved;
-mod support;
