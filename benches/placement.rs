@@ -26,8 +26,8 @@ use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 
 use portalloc::api::{
-    PortAllocation, PortAllocationSpec, PortPool, PortPoolSpec, PortRequest, Role,
-    Scope as ApiScope, StaticBandSetting,
+    PortAllocation, PortAllocationSpec, PortPool, PortPoolSpec, PortRequest, PortScope as ApiScope,
+    Role, StaticBandSetting,
 };
 use portalloc::core::{
     Holdings, Placement, PoolState, PortDemand, Scope, StaticBand, execute, plan,

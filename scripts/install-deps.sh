@@ -19,12 +19,14 @@ fi
 # tool -> the Debian/Ubuntu package that has it. umoci and skopeo build and inspect the OCI image
 # (scripts/build-image.sh), shellcheck lets actionlint lint the workflows' run: scripts. unshare,
 # nsenter and ip give the node simulation its namespaces (one network namespace per node);
-# kube-proxy (scheduling::service_proxy) writes its rules there with iptables.
+# kube-proxy (scheduling::service_proxy) writes its rules there with iptables. containerd, runc
+# and a static busybox run the real node's pods under kubelet (tests/image/real_node.rs).
 declare -A package_of=(
   [curl]=curl [openssl]=openssl [base64]=coreutils [sha256sum]=coreutils [setsid]=util-linux
   [file]=file [umoci]=umoci [skopeo]=skopeo [shellcheck]=shellcheck
   [unshare]=util-linux [nsenter]=util-linux [ip]=iproute2
   [iptables]=iptables [iptables-save]=iptables [iptables-restore]=iptables
+  [containerd]=containerd [runc]=runc [ctr]=containerd [busybox]=busybox-static
 )
 missing=() packages=()
 for tool in "${!package_of[@]}"; do

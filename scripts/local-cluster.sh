@@ -11,6 +11,8 @@
 #                                    kube-controller-manager and kube-proxy from the same pinned
 #                                    Kubernetes module; prints their directory (the scheduling tests
 #                                    start them)
+#   scripts/local-cluster.sh build-node  build (or find) kubelet from the same module; prints its
+#                                    directory (the real node's tests run it with containerd)
 #   scripts/local-cluster.sh stop [--kill]  stop kube-apiserver and etcd but keep their data, certs
 #                                    and ports (--kill: SIGKILL, as a crash; default SIGTERM)
 #   scripts/local-cluster.sh start   start them again from what `stop` kept, on the same ports
@@ -118,6 +120,45 @@ build_controllers() {
     fi
     rm -rf "$dir" && mv -T "$tmp" "$dir"
     log "built kube-scheduler, kube-controller-manager and kube-proxy in $((SECONDS - started))s"
+  fi
+  exec 8>&-
+  echo "$dir"
+}
+
+# kubelet, from the same pinned module, for the real node's tests (tests/image/real_node.rs):
+# keyed as the controllers are, in a directory of its own.
+node_dir() {
+  local sum
+  sum=$(cat "$kas_module/go.mod" "$kas_module/go.sum" | sha256sum | cut -c1-12)
+  echo "$cache_dir/node/k8s-$(k8s_version)-$sum"
+}
+
+build_node() {
+  local dir k8s minor tmp
+  dir=$(node_dir)
+  if [[ -x $dir/kubelet ]]; then
+    echo "$dir"
+    return
+  fi
+  command -v go >/dev/null || die "Go is needed to build kubelet (https://go.dev/doc/install)"
+  mkdir -p "$cache_dir/node"
+  exec 8>"$cache_dir/node/.build.lock"
+  flock 8
+  if [[ ! -x $dir/kubelet ]]; then
+    k8s=$(k8s_version)
+    [[ -n $k8s ]] || die "no k8s.io/kubernetes version in $kas_module/go.mod"
+    minor=$(echo "$k8s" | cut -d. -f2)
+    log "building kubelet $k8s from the pinned Kubernetes module (once; cached in $dir)"
+    local v=k8s.io/component-base/version started=$SECONDS
+    tmp=$(mktemp -d "$dir.tmp.XXXXXX")
+    if ! (cd "$kas_module" && go build -trimpath \
+      -ldflags "-s -w -X $v.gitVersion=$k8s -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean" \
+      -o "$tmp/" k8s.io/kubernetes/cmd/kubelet) >&2; then
+      rm -rf "$tmp"
+      die "building kubelet $k8s failed (see above)"
+    fi
+    rm -rf "$dir" && mv -T "$tmp" "$dir"
+    log "built kubelet in $((SECONDS - started))s"
   fi
   exec 8>&-
   echo "$dir"
@@ -241,6 +282,10 @@ start_servers() {
 
   local pki=$cluster_dir/pki extra=()
   [[ -f $cluster_dir/apiserver.flags ]] && { read -ra extra <"$cluster_dir/apiserver.flags" || true; }
+  # Tests create pods without ServiceAccounts to mount, so the plugin is off, unless the extra
+  # flags enable it (the real node's tests: a kubelet mounts the pods' tokens).
+  local plugins=(--disable-admission-plugins ServiceAccount)
+  [[ " ${extra[*]} " == *" --enable-admission-plugins ServiceAccount "* ]] && plugins=()
   setsid "$bins/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$port" \
@@ -250,7 +295,7 @@ start_servers() {
     --service-account-issuer "https://127.0.0.1:$port/" \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range 10.0.0.0/24 --service-node-port-range 30000-32767 \
-    --disable-admission-plugins ServiceAccount \
+    "${plugins[@]}" \
     --allow-privileged=true \
     --cert-dir "$cluster_dir/apiserver-certs" \
     "${extra[@]}" \
@@ -380,8 +425,9 @@ case ${1:-} in
   status) status ;;
   build) build ;;
   build-controllers) build_controllers ;;
+  build-node) build_node ;;
   stop) stop "${2:-}" ;;
   start) start ;;
   restart) stop "${2:-}" && start ;;
-  *) echo "usage: $0 up|down|status|build|build-controllers|stop [--kill]|start|restart [--kill]" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|build|build-controllers|build-node|stop [--kill]|start|restart [--kill]" >&2; exit 2 ;;
 esac

@@ -40,6 +40,9 @@ kas=tests/controlplane/kube-apiserver/go.mod
   echo "	k8s.io/kubernetes/cmd/kube-scheduler"
   echo "	// kubectl for the krew install test (scripts/build-krew.sh), so it needs no kubectl on PATH."
   echo "	k8s.io/kubernetes/cmd/kubectl"
+  echo "	// kubelet for the real node's tests (scripts/local-cluster.sh build-node): pods run by"
+  echo "	// containerd and runc on this machine."
+  echo "	k8s.io/kubernetes/cmd/kubelet"
   echo ")"
   echo
   echo "require k8s.io/kubernetes $version"

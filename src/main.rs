@@ -61,7 +61,7 @@ fn main() -> ExitCode {
 
 /// The async runtime: one thread for a command that runs and ends (it starts fastest and nothing
 /// in it waits on another task); a worker per core for the processes that serve (`sync --watch`,
-/// `node-agent`), where the webhook must answer while the watcher decides (`k8s::cpu_bound`).
+/// `node-agent`), where the webhook must answer while the watcher decides (`k8s::process::cpu_bound`).
 fn runtime(serves: bool) -> Option<tokio::runtime::Runtime> {
     let mut builder = if serves {
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());

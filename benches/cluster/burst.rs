@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use portalloc::api::PortAllocation;
-use portalloc::k8s::{Allocator, Readiness, WatchOptions};
+use portalloc::k8s::process::Readiness;
+use portalloc::k8s::{Allocator, WatchOptions};
 
 use crate::workload;
 

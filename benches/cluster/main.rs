@@ -57,13 +57,10 @@ mod baseline;
 mod burst;
 mod cli;
 mod cli_latency;
-// The control plane of the end-to-end tests, started the same way (shared test code).
-#[path = "../../tests/common/control_plane.rs"]
-mod controlplane;
-// kube-scheduler, kube-controller-manager, Node objects and the webhook process of the
-// scheduling tests (2r).
-#[path = "../../tests/common/controllers.rs"]
-mod controllers;
+// The control plane of the end-to-end tests, started the same way, and the kube-scheduler,
+// kube-controller-manager, Node objects and webhook process of the scheduling tests (2r).
+#[path = "../../tests/common/mod.rs"]
+mod common;
 mod duplicates;
 mod encodings;
 mod envelope;
@@ -81,15 +78,11 @@ mod levers;
 // The machine and the source measured (shared with benches/node).
 mod machine;
 mod metrics;
-#[path = "../../tests/common/nodes.rs"]
-mod nodes;
 // Quick mode, the cells asked for, the table's header and lines (shared with benches/node).
 mod report;
 mod requests;
 mod scale;
 mod throughput;
-#[path = "../../tests/common/webhook.rs"]
-mod webhook;
 mod workload;
 
 use std::fmt::Write as _;
@@ -97,6 +90,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
+use common::control_plane as controlplane;
+use common::{controllers, nodes, webhook};
 
 use controlplane::ControlPlane;
 use report::{dash, yes_no};

@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use portalloc::api::{
-    PortAllocation, PortAllocationSpec, PortPool, PortPoolSpec, PortRequest, Role, Scope,
+    PortAllocation, PortAllocationSpec, PortPool, PortPoolSpec, PortRequest, PortScope, Role,
     StaticBandSetting,
 };
 use portalloc::k8s::Allocator;
@@ -208,7 +208,7 @@ pub fn allocation(
                 ports: (0..ports_per_pod)
                     .map(|p| PortRequest {
                         name: format!("p{p}"),
-                        scope: Scope::PodScoped,
+                        scope: PortScope::PodScoped,
                         env: format!("P{p}_PORT"),
                         port: None,
                         ..Default::default()

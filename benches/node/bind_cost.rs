@@ -17,8 +17,7 @@ use portalloc::node::bind_program::{MODE_ENFORCE, POD_SEEN, QOS_DIR, slot};
 use portalloc::node::cgroups::{self, CgroupDriver};
 use portalloc::node::netns_cookie;
 
-use crate::agent_node::NodeCgroups;
-use crate::agent_node::node_support::bind_in;
+use crate::common::node_cgroups::{NodeCgroups, bind_in};
 use crate::toggle::Programs;
 use crate::{Row, Scale, child, dash, yes_no};
 

@@ -22,12 +22,10 @@
 //! `PORTALLOC_BENCH_QUICK=1`, by `--quick`, or by running without the `--bench` flag that
 //! `cargo bench` passes (so `cargo test --benches` never runs the full size).
 
-// The node: its network namespace, cgroup tree and agent (shared test code).
-#[path = "../../tests/common/agent_node.rs"]
-mod agent_node;
-// The control plane of the end-to-end tests, started the same way.
-#[path = "../../tests/common/control_plane.rs"]
-mod controlplane;
+// The node (its network namespace, cgroup tree and agent) and the control plane of the
+// end-to-end tests, started the same way (shared test code).
+#[path = "../../tests/common/mod.rs"]
+mod common;
 #[path = "../cluster/machine.rs"]
 mod machine;
 // Quick mode, the cells asked for, the table's header and lines.
@@ -43,6 +41,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use common::agent_node;
+use common::control_plane as controlplane;
 use report::{dash, yes_no};
 
 /// How much of everything to do.
@@ -116,7 +116,7 @@ fn main() -> anyhow::Result<()> {
         rows.extend(std::thread::scope(|threads| {
             threads
                 .spawn(|| {
-                    agent_node::node_support::own_network_namespace();
+                    common::node_cgroups::own_network_namespace();
                     bind_cost::measure(&scale)
                 })
                 .join()

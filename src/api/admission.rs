@@ -32,7 +32,8 @@ pub struct PodInjection {
     pub ports: Vec<PodPort>,
 }
 
-/// One port of a pod's role as the pod holds it: a single port, or a block.
+/// One port of a pod's role as the pod holds it, as the webhook injects it: a single port, or a
+/// block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodPort {
     /// The port's name in the role, e.g. `http`.

@@ -217,7 +217,7 @@ fn a_host_network_pod_declares_every_port_and_block_port_on_its_first_container(
     // The scheduler reads every container's ports: one declaration is enough.
     assert!(spec.containers[1].ports.is_none());
     assert!(spec.init_containers.unwrap()[0].ports.is_none());
-    // Env and annotation as before.
+    // Declaring the ports takes nothing from the env and the annotation.
     assert_eq!(env_of(&spec.containers[1]).len(), injection.env.len());
     assert_eq!(
         after.metadata.annotations.unwrap()[PORTS_ANNOTATION],

@@ -110,7 +110,7 @@ pub struct PortRequest {
     /// `PodScoped` (one port per pod index) or `RoleScoped` (one port shared by every pod of the
     /// role; on hostNetwork such pods need anti-affinity so two never share a node).
     #[serde(default)]
-    pub scope: Scope,
+    pub scope: PortScope,
 
     /// The environment variable that carries this port, e.g. `PREFILL_PORT`.
     #[schemars(length(min = 1, max = 128), regex(pattern = super::ENV_NAME))]
@@ -139,9 +139,11 @@ pub struct PortRequest {
     pub range_env: Option<String>,
 }
 
+// Its doc is the CRD's description of `scope` (crds/): the planner's own copy of it is
+// `core::Scope`, which `api::validate` converts it into.
 /// Whether a port is shared by the role's pods or unique to each pod.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Scope {
+pub enum PortScope {
     /// One port for every pod of the role.
     RoleScoped,
     /// One port per pod index.
@@ -149,7 +151,7 @@ pub enum Scope {
     PodScoped,
 }
 
-impl std::fmt::Display for Scope {
+impl std::fmt::Display for PortScope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::RoleScoped => "RoleScoped",
@@ -351,7 +353,7 @@ impl std::fmt::Display for Phase {
 pub struct PortAssignment {
     pub role: String,
     pub port: String,
-    pub scope: Scope,
+    pub scope: PortScope,
     pub env: String,
     /// One value per group for RoleScoped, one per pod for PodScoped (pod `g * replicas + i`
     /// is pod i of group g). For a block, its first port.

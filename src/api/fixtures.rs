@@ -1,8 +1,8 @@
 //! Builders for specs in unit tests, so each test states only what it is about.
 
-use super::{PortReference, PortRequest, Role, Scope};
+use super::{PortReference, PortRequest, PortScope, Role};
 
-pub fn port(name: &str, scope: Scope, env: &str) -> PortRequest {
+pub fn port(name: &str, scope: PortScope, env: &str) -> PortRequest {
     PortRequest {
         name: name.into(),
         scope,
@@ -37,17 +37,17 @@ pub fn pd_roles(prefill: i32, decode: i32) -> Vec<Role> {
         role(
             "router",
             1,
-            vec![port("http", Scope::RoleScoped, "ROUTER_PORT")],
+            vec![port("http", PortScope::RoleScoped, "ROUTER_PORT")],
         ),
         role(
             "prefill",
             prefill,
-            vec![port("bootstrap", Scope::PodScoped, "BOOTSTRAP_PORT")],
+            vec![port("bootstrap", PortScope::PodScoped, "BOOTSTRAP_PORT")],
         ),
         role(
             "decode",
             decode,
-            vec![port("http", Scope::PodScoped, "DECODE_PORT")],
+            vec![port("http", PortScope::PodScoped, "DECODE_PORT")],
         ),
     ]
 }

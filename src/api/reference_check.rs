@@ -3,7 +3,7 @@
 //! out is what resolving needs, so a reference that passes here resolves once allocated.
 
 use super::validate::{SpecError, spec_error};
-use super::{PortAllocationSpec, PortReference, Role, Scope, WorkloadKind};
+use super::{PortAllocationSpec, PortReference, PortScope, Role, WorkloadKind};
 use crate::core::{FormatPart, Reference, Selector, parse_format};
 
 /// What a reference resolves to, once checked.
@@ -20,7 +20,7 @@ pub(crate) struct CheckedReference<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum ReferenceKind {
     /// `role.port...`: the port's scope.
-    Port { port: String, scope: Scope },
+    Port { port: String, scope: PortScope },
     /// `role`, `role[i]`, `role[*]`: each pod written with these parts.
     Pods(Vec<FormatPart>),
 }
@@ -123,7 +123,7 @@ fn check_port_reference(
     target: &Role,
     port: &str,
     selector: Selector,
-) -> Result<Scope, SpecError> {
+) -> Result<PortScope, SpecError> {
     let Some(request) = target.ports.iter().find(|p| p.name == port) else {
         return Err(spec_error(
             field,
@@ -135,10 +135,10 @@ fn check_port_reference(
         ));
     };
     match (request.scope, selector) {
-        (Scope::PodScoped, _) => {
+        (PortScope::PodScoped, _) => {
             check_selector(field, text, target, selector, &format!(".{port}"))?
         }
-        (Scope::RoleScoped, Selector::Index(i)) if i != 0 => {
+        (PortScope::RoleScoped, Selector::Index(i)) if i != 0 => {
             return Err(spec_error(
                 field,
                 format!(
@@ -147,7 +147,7 @@ fn check_port_reference(
                 ),
             ));
         }
-        (Scope::RoleScoped, _) => {}
+        (PortScope::RoleScoped, _) => {}
     }
     Ok(request.scope)
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 use super::reference_check::{CheckedReference, ReferenceKind};
-use super::{Pod, PortAllocation, Role, Scope, find_pod};
+use super::{Pod, PortAllocation, PortScope, Role, find_pod};
 use crate::core::{FormatPart, PortForm, Selector};
 
 /// Why a pod's environment cannot be given.
@@ -174,16 +174,16 @@ impl PortAllocation {
         &self,
         role: &Role,
         port_name: &str,
-        scope: Scope,
+        scope: PortScope,
         pod: &Pod,
     ) -> Result<Held, ResolveError> {
         let (slot, what) = match scope {
-            Scope::RoleScoped if self.spec.group_count() > 1 => (
+            PortScope::RoleScoped if self.spec.group_count() > 1 => (
                 pod.group,
                 format!("port {}.{} of group {}", role.name, port_name, pod.group),
             ),
-            Scope::RoleScoped => (0, format!("port {}.{}", role.name, port_name)),
-            Scope::PodScoped => (
+            PortScope::RoleScoped => (0, format!("port {}.{}", role.name, port_name)),
+            PortScope::PodScoped => (
                 pod.flat,
                 format!("port {}.{}[{}]", role.name, port_name, pod.flat),
             ),
@@ -219,8 +219,8 @@ impl PortAllocation {
         for port in &role.ports {
             let held = self.held(role, &port.name, port.scope, &pod)?;
             let source = match port.scope {
-                Scope::RoleScoped => format!("own port {}.{}", role.name, port.name),
-                Scope::PodScoped => format!("own port {}.{}[{index}]", role.name, port.name),
+                PortScope::RoleScoped => format!("own port {}.{}", role.name, port.name),
+                PortScope::PodScoped => format!("own port {}.{}[{index}]", role.name, port.name),
             };
             let named = [
                 (Some(&port.env), PortForm::First),
@@ -304,9 +304,9 @@ impl PortAllocation {
             // One value for the group, whatever the selector (checked: [0] at most).
             ReferenceKind::Port {
                 port,
-                scope: Scope::RoleScoped,
+                scope: PortScope::RoleScoped,
             } => Ok(self
-                .held(target, port, Scope::RoleScoped, &target.pod(base))?
+                .held(target, port, PortScope::RoleScoped, &target.pod(base))?
                 .write(PortForm::First)),
             ReferenceKind::Port { port, scope } => selected
                 .iter()

@@ -7,7 +7,7 @@ use super::super::{
 };
 use super::*;
 
-fn assignment(role: &str, port: &str, scope: Scope, values: &[i32]) -> PortAssignment {
+fn assignment(role: &str, port: &str, scope: PortScope, values: &[i32]) -> PortAssignment {
     PortAssignment {
         role: role.into(),
         port: port.into(),
@@ -32,7 +32,7 @@ fn pd() -> PortAllocation {
     let mut roles = pd_roles(2, 2);
     roles[2]
         .ports
-        .push(port("metrics", Scope::RoleScoped, "METRICS_PORT"));
+        .push(port("metrics", PortScope::RoleScoped, "METRICS_PORT"));
     roles[2].references = vec![
         reference("ROUTER", "router.http"),
         reference("BOOTSTRAPS", "prefill.bootstrap[*]"),
@@ -45,10 +45,15 @@ fn pd() -> PortAllocation {
             ..Default::default()
         },
         vec![
-            assignment("router", "http", Scope::RoleScoped, &[20001]),
-            assignment("prefill", "bootstrap", Scope::PodScoped, &[20010, 20011]),
-            assignment("decode", "http", Scope::PodScoped, &[20020, 20021]),
-            assignment("decode", "metrics", Scope::RoleScoped, &[20009]),
+            assignment("router", "http", PortScope::RoleScoped, &[20001]),
+            assignment(
+                "prefill",
+                "bootstrap",
+                PortScope::PodScoped,
+                &[20010, 20011],
+            ),
+            assignment("decode", "http", PortScope::PodScoped, &[20020, 20021]),
+            assignment("decode", "metrics", PortScope::RoleScoped, &[20009]),
         ],
     )
 }
@@ -84,7 +89,7 @@ pub(crate) fn sglang_pd() -> PortAllocation {
     roles[0].workload = workload(WorkloadKind::Deployment, "router", Some("router"));
     roles[1]
         .ports
-        .insert(0, port("http", Scope::PodScoped, "PREFILL_PORT"));
+        .insert(0, port("http", PortScope::PodScoped, "PREFILL_PORT"));
     roles[1].workload = workload(WorkloadKind::StatefulSet, "prefill", Some("prefill"));
     roles[2].workload = workload(WorkloadKind::StatefulSet, "decode", Some("decode"));
     roles[0].references = vec![
@@ -110,10 +115,15 @@ pub(crate) fn sglang_pd() -> PortAllocation {
             ..Default::default()
         },
         vec![
-            assignment("router", "http", Scope::RoleScoped, &[30000]),
-            assignment("prefill", "http", Scope::PodScoped, &[30001, 30003]),
-            assignment("prefill", "bootstrap", Scope::PodScoped, &[30002, 30004]),
-            assignment("decode", "http", Scope::PodScoped, &[30005, 30006]),
+            assignment("router", "http", PortScope::RoleScoped, &[30000]),
+            assignment("prefill", "http", PortScope::PodScoped, &[30001, 30003]),
+            assignment(
+                "prefill",
+                "bootstrap",
+                PortScope::PodScoped,
+                &[30002, 30004],
+            ),
+            assignment("decode", "http", PortScope::PodScoped, &[30005, 30006]),
         ],
     )
 }
@@ -125,12 +135,12 @@ pub(crate) fn lws() -> PortAllocation {
         "leader",
         1,
         vec![
-            port("dist", Scope::RoleScoped, "DIST_PORT"),
+            port("dist", PortScope::RoleScoped, "DIST_PORT"),
             PortRequest {
                 count: Some(4),
                 last_env: Some("NIXL_LAST".into()),
                 range_env: Some("NIXL_RANGE".into()),
-                ..port("nixl", Scope::PodScoped, "NIXL_BASE")
+                ..port("nixl", PortScope::PodScoped, "NIXL_BASE")
             },
         ],
     );
@@ -143,7 +153,7 @@ pub(crate) fn lws() -> PortAllocation {
     let mut worker = role(
         "worker",
         2,
-        vec![port("metrics", Scope::PodScoped, "METRICS")],
+        vec![port("metrics", PortScope::PodScoped, "METRICS")],
     );
     worker.workload = Some(Workload {
         member: Some(LwsMember::Workers),
@@ -157,7 +167,7 @@ pub(crate) fn lws() -> PortAllocation {
         formatted("PEER_PODS", "worker[*]", "{pod}:{index}", Some(";")),
         reference("SECOND", "worker.metrics[1]"),
     ];
-    let mut nixl = assignment("leader", "nixl", Scope::PodScoped, &[31000, 31010]);
+    let mut nixl = assignment("leader", "nixl", PortScope::PodScoped, &[31000, 31010]);
     nixl.count = Some(4);
     allocation(
         PortAllocationSpec {
@@ -167,12 +177,12 @@ pub(crate) fn lws() -> PortAllocation {
             ..Default::default()
         },
         vec![
-            assignment("leader", "dist", Scope::RoleScoped, &[30100, 30200]),
+            assignment("leader", "dist", PortScope::RoleScoped, &[30100, 30200]),
             nixl,
             assignment(
                 "worker",
                 "metrics",
-                Scope::PodScoped,
+                PortScope::PodScoped,
                 &[30101, 30102, 30201, 30202],
             ),
         ],

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
 use super::{
-    GuardMode, LwsMember, PortAllocationSpec, PortPoolSpec, PortRequest, Protocol, Role, Scope,
+    GuardMode, LwsMember, PortAllocationSpec, PortPoolSpec, PortRequest, PortScope, Protocol, Role,
     StaticBandSetting, WorkloadKind,
 };
 use crate::core::{self, PortDemand, PortSet, SlotKey};
@@ -103,11 +103,11 @@ impl PortPoolSpec {
     }
 }
 
-impl From<Scope> for core::Scope {
-    fn from(scope: Scope) -> Self {
+impl From<PortScope> for core::Scope {
+    fn from(scope: PortScope) -> Self {
         match scope {
-            Scope::RoleScoped => core::Scope::RoleScoped,
-            Scope::PodScoped => core::Scope::PodScoped,
+            PortScope::RoleScoped => core::Scope::RoleScoped,
+            PortScope::PodScoped => core::Scope::PodScoped,
         }
     }
 }
@@ -140,9 +140,9 @@ impl PortAllocationSpec {
     /// (G x replicas, flat pod index), one per group for RoleScoped (none without pods).
     pub fn slot_count(&self, role: &Role, port: &PortRequest) -> u32 {
         match port.scope {
-            Scope::RoleScoped if role.replicas > 0 => self.group_count(),
-            Scope::RoleScoped => 0,
-            Scope::PodScoped => self.group_count() * role.per_group(),
+            PortScope::RoleScoped if role.replicas > 0 => self.group_count(),
+            PortScope::RoleScoped => 0,
+            PortScope::PodScoped => self.group_count() * role.per_group(),
         }
     }
 
@@ -267,7 +267,7 @@ impl PortAllocationSpec {
                 format!("{value} is outside 1..65535"),
             ));
         }
-        if port.scope == Scope::PodScoped {
+        if port.scope == PortScope::PodScoped {
             return Err(spec_error(
                 format!("{at}.port"),
                 "a requested port must be RoleScoped: one fixed port cannot be unique per pod",
@@ -349,7 +349,10 @@ impl PortAllocationSpec {
                 ));
             }
             if role.replicas > 1
-                && let Some(p) = role.ports.iter().position(|p| p.scope == Scope::PodScoped)
+                && let Some(p) = role
+                    .ports
+                    .iter()
+                    .position(|p| p.scope == PortScope::PodScoped)
             {
                 return Err(spec_error(
                     format!("{at}.ports[{p}].scope"),

@@ -183,7 +183,7 @@ fn lws_spec(groups: i32, leader_replicas: i32) -> PortAllocationSpec {
     let mut leader = fixtures::role(
         "leader",
         leader_replicas,
-        vec![port("dist", Scope::RoleScoped, "DIST")],
+        vec![port("dist", PortScope::RoleScoped, "DIST")],
     );
     leader.workload = Some(lws(LwsMember::Leader));
     let mut worker = fixtures::role("worker", 3, vec![]);
@@ -329,7 +329,7 @@ fn duplicates_and_bounds_are_caught() {
     let mut s = spec();
     s.roles[0]
         .ports
-        .push(port("http", Scope::RoleScoped, "OTHER"));
+        .push(port("http", PortScope::RoleScoped, "OTHER"));
     assert_eq!(
         s.validate().unwrap_err().field,
         "spec.roles[0].ports[1].name"
@@ -343,7 +343,7 @@ fn duplicates_and_bounds_are_caught() {
     s.roles[0].ports[0].port = Some(30009);
     s.roles[1].ports.push(PortRequest {
         port: Some(30009),
-        ..port("fixed", Scope::RoleScoped, "FIXED")
+        ..port("fixed", PortScope::RoleScoped, "FIXED")
     });
     let err = s.validate().unwrap_err();
     assert!(

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 
 use super::output::{Paint, age};
 use super::{GlobalArgs, Session};
-use crate::api::{PortAllocation, PortAllocationStatus, Role, Scope};
+use crate::api::{PortAllocation, PortAllocationStatus, PortScope, Role};
 use crate::k8s::get_allocation;
 use crate::ledger::{recorded_copies, recorded_holdings};
 
@@ -163,9 +163,9 @@ fn write_port_rows(out: &mut String, pa: &PortAllocation, role: &Role, paint: &P
                 let values = pa.allocated_values(&role.name, &port.name);
                 let flat = group * per_group + index;
                 let (pod, value) = match port.scope {
-                    Scope::RoleScoped if index > 0 => continue,
-                    Scope::RoleScoped => ("all".to_string(), values.get(group as usize)),
-                    Scope::PodScoped => (flat.to_string(), values.get(flat as usize)),
+                    PortScope::RoleScoped if index > 0 => continue,
+                    PortScope::RoleScoped => ("all".to_string(), values.get(group as usize)),
+                    PortScope::PodScoped => (flat.to_string(), values.get(flat as usize)),
                 };
                 let value = value
                     .map(u16::to_string)
@@ -218,7 +218,9 @@ fn write_notes(out: &mut String, pa: &PortAllocation, paint: &Paint) {
         .spec
         .roles
         .iter()
-        .filter(|role| role.ports.iter().any(|p| p.scope == Scope::RoleScoped) && role.replicas > 1)
+        .filter(|role| {
+            role.ports.iter().any(|p| p.scope == PortScope::RoleScoped) && role.replicas > 1
+        })
         .map(|role| role.name.as_str())
         .collect();
     if role_scoped.is_empty() {
@@ -247,7 +249,7 @@ mod tests {
             assignments: vec![PortAssignment {
                 role: "engine".into(),
                 port: "http".into(),
-                scope: Scope::PodScoped,
+                scope: PortScope::PodScoped,
                 env: "HTTP_PORT".into(),
                 values,
                 copies,
@@ -287,7 +289,7 @@ spec:
                 PortAssignment {
                     role: "worker".into(),
                     port: "http".into(),
-                    scope: Scope::PodScoped,
+                    scope: PortScope::PodScoped,
                     env: "HTTP_PORT".into(),
                     values: vec![100, 101, 102, 103],
                     ..Default::default()
@@ -295,7 +297,7 @@ spec:
                 PortAssignment {
                     role: "worker".into(),
                     port: "dist".into(),
-                    scope: Scope::RoleScoped,
+                    scope: PortScope::RoleScoped,
                     env: "DIST_PORT".into(),
                     values: vec![200, 201],
                     ..Default::default()

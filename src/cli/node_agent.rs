@@ -9,7 +9,8 @@ use clap::Args;
 
 use super::{CliError, Exit, GlobalArgs, Session};
 use crate::k8s::node_agent::{NodeAgentOptions, NodeFootprint, remove_from_node, run_node_agent};
-use crate::k8s::{self, Metrics, Readiness};
+use crate::k8s::process::{Readiness, listen_for_signals, signalled};
+use crate::k8s::{self, Metrics};
 use crate::node::cgroups::CgroupDriver;
 
 /// Keep pools' ports reserved on this node and let only their holders bind them.
@@ -128,10 +129,10 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         .into());
     }
     let session = Session::connect(global).await?;
-    let signals = super::sync::listen_for_signals()?;
+    let signals = listen_for_signals()?;
     let (readiness, metrics) = (Readiness::default(), Metrics::default());
     if let Some(address) = args.metrics_address {
-        let bound = k8s::serve_probes(address, readiness.clone(), metrics.clone())
+        let bound = k8s::process::serve_probes(address, readiness.clone(), metrics.clone())
             .await
             .map_err(|e| CliError::new(Exit::Usage, format!("--metrics-address {address}: {e}")))?;
         tracing::info!("serving /healthz, /readyz and /metrics on {bound}");
@@ -149,7 +150,7 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         report_every: args.report_every,
         pod_name: args.pod_name.filter(|p| !p.trim().is_empty()),
     };
-    let stop = super::sync::signalled(signals, 1);
+    let stop = signalled(signals, 1);
     run_node_agent(session.client, options, (readiness, metrics), stop).await
 }
 

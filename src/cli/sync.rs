@@ -11,7 +11,9 @@ use super::dry_run::DryRunArg;
 use super::output::{OutputFormat, print_names, print_objects};
 use super::report::{print_report_to, take_configmap_error};
 use super::{CliError, Exit, GlobalArgs, Session, exit_for, render_error};
-use crate::k8s::{self, Readiness, WatchOptions, get_allocation, list_allocations};
+use crate::k8s::{
+    self, WatcherProcess, WatcherSettings, WatcherStartError, get_allocation, list_allocations,
+};
 use crate::ledger::leader_lease::lease_name;
 
 /// Allocate or release ports so each PortAllocation's status matches its spec.
@@ -181,51 +183,34 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
 /// `sync --watch`: run the watcher until SIGTERM or Ctrl-C. The first signal stops it
 /// gracefully (syncs in flight finish; the webhook drains); a second one stops it at once.
 async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
-    // Listening first: a SIGTERM during start-up must not kill the process half-registered.
-    let signals = listen_for_signals()?;
     let namespace = (!args.all_namespaces).then(|| session.namespace.clone());
-    k8s::check_access(&session.client, namespace.as_deref()).await?;
     let lease = args.leader_elect.then(|| k8s::LeaseRef {
         namespace: (args.leader_election_namespace.clone())
             .unwrap_or_else(|| args.webhook.webhook_namespace.clone()),
         name: lease_name(namespace.as_deref()),
     });
-    if let Some(lease) = &lease {
-        k8s::check_leader_access(&session.client, lease).await?;
-    }
-    let replica = k8s::Replica {
-        identity: (args.replica_name.clone()).unwrap_or_else(k8s::default_identity),
-        lease,
-    };
-    let readiness = Readiness::default();
-    let metrics = k8s::Metrics::default();
-    if let Some(address) = args.probe_address {
-        let bound = k8s::serve_probes(address, readiness.clone(), metrics.clone())
-            .await
-            .map_err(|e| CliError::new(Exit::Usage, format!("--probe-address {address}: {e}")))?;
-        tracing::info!("serving /healthz, /readyz and /metrics on {bound}");
-    }
-    let options = WatchOptions {
+    let settings = WatcherSettings {
         namespace,
         resync: args.resync,
         concurrency: args.concurrency,
-        pool_metrics: args.probe_address.is_some(),
+        probe_address: args.probe_address,
+        lease,
+        identity: args.replica_name.clone(),
     };
     // A long-lived process keeps its copies in memory; none on disk (a pod's root file system is
     // read-only, and no later command would read them).
     let allocator =
         k8s::Allocator::new(session.client.clone()).with_policy(session.allocator.policy);
-    let webhook = super::webhook::start(
-        &session.client,
-        &args.webhook,
-        allocator.clone(),
-        metrics.clone(),
-    )
-    .await?;
+    let mut watcher = WatcherProcess::prepare(session.client, allocator, settings)
+        .await
+        .map_err(start_error)?;
+    super::webhook::start(&mut watcher, &args.webhook).await?;
+    let options = watcher.options();
     let scope = match options.namespace.as_deref() {
         None => "every namespace".to_string(),
         Some(ns) => format!("namespace {ns}"),
     };
+    let replica = watcher.replica();
     let election = match &replica.lease {
         Some(lease) => format!(" while {} holds Lease {lease}", replica.identity),
         None => String::new(),
@@ -235,56 +220,17 @@ async fn watch(session: Session, args: SyncArgs) -> anyhow::Result<()> {
          or Ctrl-C",
         options.resync
     );
-    let watcher = k8s::watch_as(
-        replica,
-        session.client,
-        allocator,
-        options,
-        readiness.clone(),
-        metrics,
-        signalled(signals.clone(), 1),
-    );
-    let first = signalled(signals.clone(), 1);
-    let webhook = async {
-        first.await;
-        readiness.stop();
-        if let Some(webhook) = webhook
-            && let Some(withdrawn) = webhook.drain().await
-        {
-            super::webhook::report_withdrawal(withdrawn);
-        }
-    };
-    tokio::select! {
-        _ = async { tokio::join!(watcher, webhook) } => {}
-        _ = signalled(signals, 2) => tracing::warn!("second signal: stopping now"),
-    }
+    watcher.run(super::webhook::report_withdrawal).await;
     Ok(())
 }
 
-/// Count SIGTERM (how kubelet stops a pod) and Ctrl-C from now on.
-pub(super) fn listen_for_signals() -> anyhow::Result<tokio::sync::watch::Receiver<u32>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate())
-        .map_err(|e| anyhow::anyhow!("cannot listen for SIGTERM: {e}"))?;
-    let mut interrupt = signal(SignalKind::interrupt())
-        .map_err(|e| anyhow::anyhow!("cannot listen for SIGINT: {e}"))?;
-    let (count, counted) = tokio::sync::watch::channel(0u32);
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = interrupt.recv() => {}
-            }
-            count.send_modify(|n| *n += 1);
-            if *count.borrow() == 1 {
-                tracing::info!("shutting down: finishing syncs and admissions in flight");
-            }
+/// A watcher that did not start: a probe address that cannot be served is a usage error.
+fn start_error(e: WatcherStartError) -> anyhow::Error {
+    match e {
+        WatcherStartError::Signals(e) => e.into(),
+        WatcherStartError::Access(e) => e.into(),
+        WatcherStartError::Probes { address, error } => {
+            CliError::new(Exit::Usage, format!("--probe-address {address}: {error}")).into()
         }
-    });
-    Ok(counted)
-}
-
-/// Once `n` signals have come.
-pub(super) async fn signalled(mut counted: tokio::sync::watch::Receiver<u32>, n: u32) {
-    let _ = counted.wait_for(|count| *count >= n).await;
+    }
 }

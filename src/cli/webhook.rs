@@ -1,13 +1,12 @@
 //! The pod webhook's flags (`sync --watch --webhook-address`), parsed into
-//! [`WebhookOptions`] for [`k8s::start_webhook`], and its start-up errors as exit codes.
+//! [`WebhookOptions`] for [`WatcherProcess::serve_webhook`], and its start-up errors as exit codes.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::k8s::webhook::{WEBHOOK_CONFIGURATION as CONFIGURATION, Withdrawal, Withdrawn};
 use crate::k8s::{
-    self, Allocator, CertificateError, Metrics, StartError, WebhookOptions, WebhookServer,
-    WebhookTlsError, WebhookUrl,
+    CertificateError, StartError, WatcherProcess, WebhookOptions, WebhookTlsError, WebhookUrl,
 };
 
 use super::{CliError, Exit};
@@ -58,17 +57,13 @@ pub struct WebhookArgs {
     pub webhook_shutdown_delay: Duration,
 }
 
-/// Start the webhook if asked.
-pub async fn start(
-    client: &kube::Client,
-    args: &WebhookArgs,
-    allocator: Allocator,
-    metrics: Metrics,
-) -> anyhow::Result<Option<WebhookServer>> {
+/// Start the webhook beside the watcher if asked.
+pub async fn start(watcher: &mut WatcherProcess, args: &WebhookArgs) -> anyhow::Result<()> {
     let Some(options) = args.options()? else {
-        return Ok(None);
+        return Ok(());
     };
-    let server = k8s::start_webhook(client, &options, allocator, metrics)
+    watcher
+        .serve_webhook(&options)
         .await
         .map_err(|e| start_error(e, options.address))?;
     if let Some(url) = &args.webhook_url {
@@ -80,7 +75,7 @@ pub async fn start(
             url.trim_end_matches('/')
         );
     }
-    Ok(Some(server))
+    Ok(())
 }
 
 /// The one command that removes a registration a killed watcher left.

@@ -146,7 +146,8 @@ fn the_vllm_ray_pool_holds_nine_copies_and_takes_three_back_after_three_go() {
     }
 }
 
-/// One PortAllocation of the random mix: 1-12 single ports, 0-3 blocks of 8-64.
+/// One PortAllocation of the random mix packing is measured on (docs/performance.md, bench 2n):
+/// 1-12 single ports, 0-3 blocks of 8-64.
 fn random_mix(rng: &mut StdRng) -> Vec<PortDemand> {
     let singles = rng.random_range(1..=12);
     let mut demands: Vec<PortDemand> = (0..singles)
@@ -188,7 +189,7 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// The random mix into an empty 4,096-port pool until the first refusal, then
+    /// The random mix into an empty 4,096-port pool until the first refusal, then
     /// again after deleting a random half.
     #[test]
     fn a_random_mix_fills_the_pool_past_ninety_percent_before_and_after_churn(seed in any::<u64>()) {

@@ -1,4 +1,5 @@
-//! Building a client the way kubectl does: `--kubeconfig`, `--context`, `KUBECONFIG`, in-cluster.
+//! Building a client the way kubectl does (`--kubeconfig`, `--context`, `KUBECONFIG`,
+//! in-cluster), and the parameters every write of ours carries.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -36,6 +37,18 @@ pub struct Connection {
     pub namespace: String,
     /// This cluster's directory under `ClientOptions::cache_dir`.
     pub cache_dir: Option<PathBuf>,
+}
+
+/// The field manager name our writes are recorded under.
+pub const FIELD_MANAGER: &str = "kubectl-portalloc";
+
+/// Parameters of every create and replace: recorded under [`FIELD_MANAGER`] in `managedFields`
+/// (without one the API server files our writes under "unknown").
+pub(crate) fn write_params() -> kube::api::PostParams {
+    kube::api::PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
 }
 
 /// One line: a YAML error from the kubeconfig parser carries a multi-line source excerpt after

@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
 
-use super::FIELD_MANAGER;
+use super::client::FIELD_MANAGER;
 use super::error::{ApiErrorKind, KubeError};
 use super::resources::{CRDS, POLICIES, POLICY_BINDINGS};
 use crate::api;

@@ -254,7 +254,11 @@ impl LeaderElection {
                     },
                     spec: Some(spec),
                 };
-                match self.api.create(&crate::k8s::write_params(), &lease).await {
+                match self
+                    .api
+                    .create(&crate::k8s::client::write_params(), &lease)
+                    .await
+                {
                     Ok(created) => {
                         self.ours = Some(created);
                         Ok(Attempt::Leading)
@@ -281,7 +285,7 @@ impl LeaderElection {
     /// A compare-and-swap: the write carries the resourceVersion `lease` was read or written at.
     async fn write(&self, lease: &Lease) -> Result<Lease, kube::Error> {
         self.api
-            .replace(&self.lease.name, &crate::k8s::write_params(), lease)
+            .replace(&self.lease.name, &crate::k8s::client::write_params(), lease)
             .await
     }
 

@@ -12,7 +12,8 @@
 //!   repaired);
 //! - [`webhook`]: the pod webhook, whole: its decisions, HTTPS endpoint, certificates and
 //!   registration, kept current while it runs;
-//! - `probes`: `/healthz`, `/readyz` and `/metrics` of the long-running processes;
+//! - [`process`]: what the long-running processes share: readiness, the probes (`/healthz`,
+//!   `/readyz`, `/metrics`), signals, CPU-bound work off the async workers;
 //! - [`node_agent`]: `node-agent`, keeping a node's kernel ([`crate::node`]) in step with the
 //!   pools and the pods bound to the node;
 //! - [`nodes`]: the Nodes a pool that follows them counts (`spec.followNodes`).
@@ -23,7 +24,6 @@
 pub mod allocate;
 mod changes;
 mod client;
-mod cpu_bound;
 mod crds;
 mod error;
 mod events;
@@ -35,7 +35,7 @@ pub mod node_agent;
 pub mod node_ports;
 pub mod nodes;
 mod pages;
-mod probes;
+pub mod process;
 pub mod record;
 mod repair;
 mod resources;
@@ -44,20 +44,19 @@ pub mod watch;
 pub mod webhook;
 
 pub use allocate::{
-    AllocateError, Allocator, ApplyError, Change, ConfigMapError, DeleteError, Deleted, DryRun,
-    EnvConfigMap, Intent, Preview, SyncReport, apply_allocation, apply_configmap,
+    AllocateError, Allocator, ApplyError, ConfigMapChange, ConfigMapError, DeleteError, Deleted,
+    DryRun, EnvConfigMap, Intent, Preview, SyncReport, apply_allocation, apply_configmap,
     delete_allocation, get_allocation, list_allocations, list_allocations_matching, preview,
     preview_pool,
 };
 pub use changes::{Seen, changes};
 pub use client::{ClientOptions, Connection, connect};
-pub use cpu_bound::cpu_bound;
 pub use crds::{install_crds, install_overlap_policy};
 pub use error::{ApiErrorKind, KubeError, Target, Unreachable, error_chain, render_kube_error};
 pub use events::Events;
 pub use leader::{LeaderElection, LeaseRef, Lost, default_identity};
 pub use manifest_checks::{missing_namespaces, missing_pools};
-pub use probes::serve_probes;
+pub use process::{Metrics, SyncResult};
 pub use record::{
     Applied, DeletedPool, NodesView, PoolError, PoolPlan, PoolView, ShardStore, apply_pool,
     carry_spec, create_or_keep_pool, create_pool, delete_pool, get_pool, list_pools,
@@ -67,23 +66,11 @@ pub use repair::{FollowUp, PoolRepair, RepairError, Repairer};
 pub use resources::{NAMESPACES, POOLS, Resource, SERVICES, SHARD_STATUS, SHARDS};
 pub use retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};
 pub use watch::{
-    Metrics, Readiness, Replica, SyncResult, WatchOptions, check_access, check_leader_access,
-    watch, watch_as,
+    Replica, WatchOptions, WatcherProcess, WatcherSettings, WatcherStartError, check_access,
+    check_leader_access, watch, watch_as,
 };
 pub use webhook::{
     CertificateError, ClientConfig, PodWebhook, ServingCert, StartError, WEBHOOK_TIMEOUT,
     WebhookCa, WebhookOptions, WebhookServer, WebhookTlsError, WebhookUrl, register_webhook,
     repair_registration, serving_cert, start_webhook, webhook_ca,
 };
-
-/// The field manager name our writes are recorded under.
-pub const FIELD_MANAGER: &str = "kubectl-portalloc";
-
-/// Parameters of every create and replace: recorded under [`FIELD_MANAGER`] in `managedFields`
-/// (without one the API server files our writes under "unknown").
-pub(crate) fn write_params() -> kube::api::PostParams {
-    kube::api::PostParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    }
-}

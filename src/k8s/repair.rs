@@ -10,8 +10,8 @@ use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
 use super::allocate::{AllocateError, Allocator, SyncReport, list_in_pages};
-use super::cpu_bound;
 use super::error::{KubeError, Target};
+use super::process::cpu_bound;
 use super::record::ShardStore;
 use super::resources::{ALLOCATIONS, POOLS, SHARDS};
 use super::retry::{Attempts, Exhausted, RetryCause, RetryPolicy, Stop};

@@ -293,7 +293,7 @@ pub fn recorded_holdings(status: &PortAllocationStatus) -> Holdings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{PortAllocationSpec, PortRequest, Role, Scope};
+    use crate::api::{PortAllocationSpec, PortRequest, PortScope, Role};
 
     fn pa() -> PortAllocation {
         let mut pa = PortAllocation::new(
@@ -306,14 +306,14 @@ mod tests {
                     ports: vec![
                         PortRequest {
                             name: "http".into(),
-                            scope: Scope::PodScoped,
+                            scope: PortScope::PodScoped,
                             env: "HTTP".into(),
                             port: None,
                             ..Default::default()
                         },
                         PortRequest {
                             name: "admin".into(),
-                            scope: Scope::RoleScoped,
+                            scope: PortScope::RoleScoped,
                             env: "ADMIN".into(),
                             port: None,
                             ..Default::default()

@@ -423,7 +423,7 @@ mod tests {
                     replicas: 1,
                     ports: vec![PortRequest {
                         name: "nixl".into(),
-                        scope: crate::api::Scope::RoleScoped,
+                        scope: crate::api::PortScope::RoleScoped,
                         env: "NIXL".into(),
                         port: Some(65530),
                         count: Some(8),

@@ -2,7 +2,7 @@
 
 use crate::api::{
     PoolHolder, PortAllocation, PortAllocationSpec, PortPool, PortPoolShard, PortPoolShardStatus,
-    PortPoolSpec, PortRequest, Role, Scope, StaticBandSetting,
+    PortPoolSpec, PortRequest, PortScope, Role, StaticBandSetting,
 };
 
 use super::copy_record::new_shard;
@@ -100,9 +100,9 @@ pub fn allocation(name: &str, replicas: i32, fixed: Option<i32>) -> PortAllocati
     let request = PortRequest {
         name: "http".into(),
         scope: if fixed.is_some() {
-            Scope::RoleScoped
+            PortScope::RoleScoped
         } else {
-            Scope::PodScoped
+            PortScope::PodScoped
         },
         env: "HTTP_PORT".into(),
         port: fixed,

@@ -89,7 +89,7 @@ pub fn single_shard(known: &BTreeSet<ShardKey>, operation: &Operation) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{PortAssignment, Scope};
+    use crate::api::{PortAssignment, PortScope};
     use crate::core::{PortSet, StaticBand};
 
     fn layout() -> WindowLayout {
@@ -103,7 +103,7 @@ mod tests {
             assignments: vec![PortAssignment {
                 role: "web".into(),
                 port: "http".into(),
-                scope: Scope::PodScoped,
+                scope: PortScope::PodScoped,
                 env: "HTTP_PORT".into(),
                 values,
                 ..Default::default()

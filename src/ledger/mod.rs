@@ -77,7 +77,7 @@ pub use known_shards::{
 };
 pub use node_bound::{CopyBound, CopyRefusal, InUse, NodeCount};
 pub use pod_ports::{
-    Mismatch, PodPort, PodPortsError, PortHolder, RecordDenial, pod_port_shards, pod_ports,
+    Mismatch, PodPortInShard, PodPortsError, PortHolder, RecordDenial, pod_port_shards, pod_ports,
     unheld_ports,
 };
 pub use pool_record::PoolRecord;

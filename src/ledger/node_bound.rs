@@ -1,5 +1,5 @@
-//! Which copies of its ports a pool lets a holder use (DESIGN.md, "Unique per node, not per
-//! cluster"). Pure.
+//! Which copies of its ports a pool lets a holder use (docs/node-reuse.md, "Copies that follow
+//! the nodes"). Pure.
 //!
 //! A holder of a port in one copy keeps every holder of that port in another copy off its
 //! node (kube-scheduler's NodePorts filter, through the hostPorts the pod webhook declares).

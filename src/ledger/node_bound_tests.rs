@@ -70,7 +70,7 @@ fn ports_per_pod_count_role_scoped_ports_in_every_pod_and_blocks_whole() {
     let mut pa = allocation("a", 3, None);
     pa.spec.roles[0].ports.push(crate::api::PortRequest {
         name: "admin".into(),
-        scope: crate::api::Scope::RoleScoped,
+        scope: crate::api::PortScope::RoleScoped,
         env: "ADMIN_PORT".into(),
         count: Some(4),
         ..Default::default()

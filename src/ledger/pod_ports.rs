@@ -11,14 +11,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::api::{PodInjection, PortAllocation, PortPoolShard, Scope};
+use crate::api::{PodInjection, PortAllocation, PortPoolShard, PortScope};
 use crate::core::Holdings;
 
 use super::windows::{ShardKey, shard_name, window, window_of};
 
-/// One port a pod would be given.
+/// One port a pod would be given, with the record shard that says who holds it (the port as
+/// injected into the pod is [`crate::api::PodPort`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodPort {
+pub struct PodPortInShard {
     /// `role.port` in the PortAllocation's spec.
     pub name: String,
     pub port: u16,
@@ -49,7 +50,7 @@ pub struct PodPortsError {
 pub fn pod_ports(
     pa: &PortAllocation,
     injection: &PodInjection,
-) -> Result<Vec<PodPort>, PodPortsError> {
+) -> Result<Vec<PodPortInShard>, PodPortsError> {
     let mut ports = Vec::new();
     for given in &injection.ports {
         let copy = copy_of_pod_port(pa, injection, &given.name);
@@ -66,7 +67,7 @@ pub fn pod_ports(
                 });
             }
         };
-        ports.extend((given.first..=last).map(|port| PodPort {
+        ports.extend((given.first..=last).map(|port| PodPortInShard {
             name: format!("{}.{}", injection.role, given.name),
             port,
             shard: ShardKey::new(copy, window_of(port)),
@@ -84,14 +85,14 @@ fn copy_of_pod_port(pa: &PortAllocation, injection: &PodInjection, port: &str) -
     let role = pa.spec.role(&injection.role);
     let scope = role.and_then(|r| r.ports.iter().find(|p| p.name == port).map(|p| p.scope));
     let value = match (scope, role) {
-        (Some(Scope::RoleScoped), Some(role)) => injection.index / role.per_group().max(1),
+        (Some(PortScope::RoleScoped), Some(role)) => injection.index / role.per_group().max(1),
         _ => injection.index,
     };
     status.copy_of(&injection.role, port, value as usize)
 }
 
 /// The shards to read for `ports`, each once.
-pub fn pod_port_shards(ports: &[PodPort]) -> BTreeSet<ShardKey> {
+pub fn pod_port_shards(ports: &[PodPortInShard]) -> BTreeSet<ShardKey> {
     ports.iter().map(|p| p.shard).collect()
 }
 
@@ -110,7 +111,7 @@ pub enum PortHolder {
 /// A port the record does not give to the pod's owner alone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mismatch {
-    pub port: PodPort,
+    pub port: PodPortInShard,
     pub holder: PortHolder,
 }
 
@@ -119,7 +120,7 @@ pub struct Mismatch {
 /// of another pool (a name shared through a hash collision) holds nothing for this one.
 pub fn unheld_ports(
     pa: &PortAllocation,
-    ports: &[PodPort],
+    ports: &[PodPortInShard],
     shards: &BTreeMap<ShardKey, Option<PortPoolShard>>,
 ) -> Vec<Mismatch> {
     let views: BTreeMap<ShardKey, ShardView> = shards

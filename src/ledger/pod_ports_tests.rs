@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::*;
-use crate::api::{PortAllocationStatus, PortAssignment, PortRequest, Scope};
+use crate::api::{PortAllocationStatus, PortAssignment, PortRequest, PortScope};
 use crate::ledger::fixtures::{allocation, holder, pool_of, pool_reused, shard_in};
 use crate::ledger::{recorded_holdings, split_by_shard};
 
@@ -22,7 +22,7 @@ fn pa(http: [i32; 2], nixl: [i32; 2], shards: Vec<i32>) -> PortAllocation {
     let assignment = |port: &str, env: &str, values: [i32; 2], count| PortAssignment {
         role: "web".into(),
         port: port.into(),
-        scope: Scope::PodScoped,
+        scope: PortScope::PodScoped,
         env: env.into(),
         values: values.to_vec(),
         count,
@@ -47,7 +47,7 @@ fn pod(name: &str) -> Pod {
 }
 
 /// The ports pod `web-<index>` of `pa` would get, as the webhook computes them.
-fn ports_of(pa: &PortAllocation, index: u32) -> (PodInjection, Vec<PodPort>) {
+fn ports_of(pa: &PortAllocation, index: u32) -> (PodInjection, Vec<PodPortInShard>) {
     let injection = pa.pod_injection(&pod(&format!("web-{index}"))).unwrap();
     let ports = pod_ports(pa, &injection).unwrap();
     (injection, ports)
@@ -163,7 +163,7 @@ fn ports_the_owner_holds_pass_and_another_owners_port_is_named_with_its_owner() 
     assert_eq!(
         mismatches,
         [Mismatch {
-            port: PodPort {
+            port: PodPortInShard {
                 name: "web.http".into(),
                 port: 30190,
                 shard: k,
@@ -329,7 +329,7 @@ fn a_port_another_entry_holds_too_is_denied_to_both_owners() {
         assignments: vec![PortAssignment {
             role: "db".into(),
             port: "sql".into(),
-            scope: Scope::PodScoped,
+            scope: PortScope::PodScoped,
             env: "HTTP_PORT".into(),
             values: vec![30190],
             count: None,

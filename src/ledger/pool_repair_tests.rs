@@ -5,8 +5,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
 use crate::api::{
-    PoolHolder, PortAllocationSpec, PortPool, PortPoolShardStatus, PortPoolSpec, PortRequest, Role,
-    Scope, StaticBandSetting,
+    PoolHolder, PortAllocationSpec, PortPool, PortPoolShardStatus, PortPoolSpec, PortRequest,
+    PortScope, Role, StaticBandSetting,
 };
 use crate::core::{Holdings, SlotKey};
 use crate::ledger::PoolSnapshot;
@@ -60,7 +60,7 @@ fn pa(name: &str, ports: &[u16], pool_uid: &str, age: i64) -> PortAllocation {
                 replicas: ports.len() as i32,
                 ports: vec![PortRequest {
                     name: "http".into(),
-                    scope: Scope::PodScoped,
+                    scope: PortScope::PodScoped,
                     env: "HTTP".into(),
                     port: None,
                     ..Default::default()

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::api::{
-    PortAllocationSpec, PortAllocationStatus, PortPoolSpec, PortRequest, Role, Scope,
+    PortAllocationSpec, PortAllocationStatus, PortPoolSpec, PortRequest, PortScope, Role,
     StaticBandSetting,
 };
 use crate::api::{PortPool, PortPoolShard};
@@ -79,7 +79,7 @@ fn pa(
                 replicas: replicas.max(ports.len() as i32),
                 ports: vec![PortRequest {
                     name: "http".into(),
-                    scope: Scope::PodScoped,
+                    scope: PortScope::PodScoped,
                     env: "HTTP".into(),
                     port: None,
                     ..Default::default()

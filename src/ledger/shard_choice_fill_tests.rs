@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::api::{
-    PortAllocation, PortAllocationSpec, PortRequest, Role, Scope as ApiScope, StaticBandSetting,
+    PortAllocation, PortAllocationSpec, PortRequest, PortScope as ApiScope, Role, StaticBandSetting,
 };
 use crate::core::PortSet;
 use crate::ledger::fixtures::{pool_of, sharded};

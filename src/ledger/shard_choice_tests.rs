@@ -559,7 +559,7 @@ fn a_block_takes_the_tightest_run_even_across_a_window_edge() {
         .map(|i| {
             let mut pa = allocation(&format!("b{i}"), 1, None);
             let port = &mut pa.spec.roles[0].ports[0];
-            port.scope = crate::api::Scope::RoleScoped;
+            port.scope = crate::api::PortScope::RoleScoped;
             port.count = Some(100);
             pa
         })

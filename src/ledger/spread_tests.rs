@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use crate::api::{PortAllocation, PortRequest, Scope};
+use crate::api::{PortAllocation, PortRequest, PortScope};
 use crate::core::SlotKey;
 use crate::ledger::fixtures::{allocation, pool_record, pool_reused};
 use crate::ledger::shard_choice::{BatchItem, ItemOutcome};
@@ -19,7 +19,7 @@ fn workload(name: &str, pods: i32, ports: usize) -> PortAllocation {
     role.ports = (0..ports)
         .map(|i| PortRequest {
             name: format!("p{i}"),
-            scope: Scope::PodScoped,
+            scope: PortScope::PodScoped,
             env: format!("P{i}"),
             ..Default::default()
         })
@@ -181,7 +181,7 @@ fn a_role_scoped_port_goes_with_the_roles_first_pod() {
     let mut pa = workload("w", 4, 2);
     pa.spec.roles[0].ports.push(PortRequest {
         name: "dist".into(),
-        scope: Scope::RoleScoped,
+        scope: PortScope::RoleScoped,
         env: "DIST".into(),
         ..Default::default()
     });

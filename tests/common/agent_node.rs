@@ -3,18 +3,13 @@
 //! simulation's, `AgentNode::start_in`), a cgroup v2 tree laid out as kubelet's, and the agent
 //! binary running inside that namespace. The agent reaches the API server on the host's
 //! loopback through a relay over a UNIX socket: the filesystem is shared across network
-//! namespaces, loopback is not. Include this file with `#[path]`, as `control_plane.rs`; the
-//! end-to-end test (tests/e2e/node_agent.rs) and the node benchmark (benches/node) share it.
-
-#![allow(dead_code)]
+//! namespaces, loopback is not. The end-to-end test (tests/e2e/node_agent.rs) and the node
+//! benchmark (benches/node) share it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-// The cgroup tree (tests/node/support.rs, the kernel-level tests' own).
-#[path = "../node/support.rs"]
-pub mod node_support;
-pub use node_support::NodeCgroups;
+pub use super::node_cgroups::NodeCgroups;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
 

@@ -2,13 +2,8 @@
 //! `scripts/local-cluster.sh up` (kube-apiserver and etcd built from their Go modules) with a
 //! state directory of its own and this process's PID as the owner, so the servers stop by
 //! themselves if the process dies. Dropping the handle runs `down`.
-//!
-//! Both crates include this file with `#[path]` (tests/e2e/support, benches/cluster): it is test
-//! code, so the library does not export it.
 
 // Each crate that includes this file uses a different part of it.
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

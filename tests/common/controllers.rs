@@ -9,10 +9,7 @@
 //! server puts on every new Node once its status says Ready (and would taint it again if its
 //! heartbeat stopped: `nodes.rs` renews the Node's Lease as a kubelet does). Not run: the taint
 //! eviction controller and the pod garbage collector, which delete pods of nodes that look
-//! gone, and the garbage collector (deleting a workload leaves its pods). Include this file with
-//! `#[path]`, as `control_plane.rs`.
-
-#![allow(dead_code)]
+//! gone, and the garbage collector (deleting a workload leaves its pods).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -20,11 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-// Its own copy of the one source, so every crate including this file builds as it is.
-#[allow(clippy::duplicate_mod)]
-#[path = "ports.rs"]
-mod ports;
-use ports::free_port;
+use super::ports::free_port;
 
 /// The controllers kube-controller-manager runs unless told otherwise (see the file's comment).
 pub const DEFAULT_CONTROLLERS: &[&str] = &[

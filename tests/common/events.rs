@@ -1,7 +1,4 @@
 //! The Kubernetes Events (events.k8s.io/v1) the watcher writes, as a test reads them back.
-//! Include this file with `#[path]`, as `control_plane.rs`.
-
-#![allow(dead_code)]
 
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;

@@ -5,10 +5,7 @@
 //! and never marks one unreachable. No kubelet runs: pods bound to these nodes stay Pending.
 //!
 //! The heartbeat runs on a thread of its own (with its own runtime and client), so a test that
-//! blocks its runtime for a while (a node simulation) does not starve it. Include this file
-//! with `#[path]`, as `control_plane.rs`.
-
-#![allow(dead_code)]
+//! blocks its runtime for a while (a node simulation) does not starve it.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;

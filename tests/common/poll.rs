@@ -1,8 +1,5 @@
 //! Waiting for a condition in the cluster: poll, fail the test past a deadline, and say how
-//! long it took (the tests print those times) or what the wait ended on. Include this file with `#[path]`, as
-//! `control_plane.rs`.
-
-#![allow(dead_code)]
+//! long it took (the tests print those times) or what the wait ended on.
 
 use std::fmt::Debug;
 use std::time::{Duration, Instant};

@@ -1,10 +1,6 @@
 //! Free TCP ports for the processes the tests start: the kernel's choice of a port nobody
 //! listens on now (the listener is closed before the port is returned, so a process started
-//! next can bind it). Include this file with `#[path]`, as `control_plane.rs`; the common files
-//! that need a port (`controllers.rs`, `webhook.rs`) include it themselves, so each crate that
-//! includes them (tests/e2e, benches/cluster) builds with no module of its own for it.
-
-#![allow(dead_code)]
+//! next can bind it).
 
 use std::net::{Ipv4Addr, TcpListener};
 

@@ -1,8 +1,5 @@
 //! The watcher's and the webhook's probe port (`/readyz`, `/healthz`, `/metrics`), read over
-//! plain HTTP/1.1 on loopback, and the Prometheus text it serves. Include this file with
-//! `#[path]`, as `control_plane.rs`.
-
-#![allow(dead_code)]
+//! plain HTTP/1.1 on loopback, and the Prometheus text it serves.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

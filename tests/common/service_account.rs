@@ -1,8 +1,6 @@
 //! Running as a ServiceAccount, as a pod does: a kubeconfig with a token from the TokenRequest
 //! API (what the kubelet mounts), and the watcher's shipped ClusterRole less one rule, bound to
-//! an account of its own. Include this file with `#[path]`, as `control_plane.rs`.
-
-#![allow(dead_code)]
+//! an account of its own.
 
 use std::path::Path;
 

@@ -1,21 +1,12 @@
 //! `sync --watch` as a process, as a Deployment's pod runs it: probes on a free loopback port,
-//! its log in a file, ready before `start` returns, killed when dropped. Include this file with
-//! `#[path]`, as `control_plane.rs`.
-
-#![allow(dead_code)]
+//! its log in a file, ready before `start` returns, killed when dropped.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-// Its own copies of the shared sources, so every crate including this file builds as it is.
-#[allow(clippy::duplicate_mod)]
-#[path = "ports.rs"]
-mod ports;
-#[allow(clippy::duplicate_mod)]
-#[path = "probe_http.rs"]
-mod probe_http;
+use super::{ports, probe_http};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
 /// How long a start may take, generous: the machine is shared with other builds.

@@ -4,10 +4,7 @@
 //! extra flags, environment and where its log goes; the [`Webhook`] it returns kills the process
 //! when dropped, so a failed test leaves none running. [`start_webhook`] is the plain one (an
 //! empty namespace of its own, registered by URL, silent). One per cluster at a time when
-//! registered by URL: the configuration (`portalloc`) is the cluster's only one. Include this
-//! file with `#[path]`, as `control_plane.rs`.
-
-#![allow(dead_code)]
+//! registered by URL: the configuration (`portalloc`) is the cluster's only one.
 
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -20,14 +17,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-// Its own copies of the shared sources, so every crate including this file builds as it is.
-#[allow(clippy::duplicate_mod)]
-#[path = "ports.rs"]
-mod ports;
-use ports::{free_port, free_port_on};
-#[allow(clippy::duplicate_mod)]
-#[path = "probe_http.rs"]
-mod probe_http;
+use super::ports::{free_port, free_port_on};
+use super::probe_http;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
 /// The configuration the webhook registers itself in.

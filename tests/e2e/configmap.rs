@@ -100,8 +100,8 @@ pub fn assert_own_ports(cm: &ConfigMap, pa: &PortAllocation) {
             let values = pa.allocated_values(&role.name, &port.name);
             for index in 0..role.replicas as usize {
                 let value = match port.scope {
-                    portalloc::api::Scope::RoleScoped => values[0],
-                    portalloc::api::Scope::PodScoped => values[index],
+                    portalloc::api::PortScope::RoleScoped => values[0],
+                    portalloc::api::PortScope::PodScoped => values[index],
                 };
                 let file = format!("{}-{index}.env", role.name);
                 assert_eq!(

@@ -400,3 +400,88 @@ subjects:
         "{nowhere}"
     );
 }
+
+/// Agent `client` records an Event about `pod` as kube-runtime's recorder does, reporting as
+/// `instance`; the API server's refusal, or `None` if written.
+async fn event_refusal(client: &Client, instance: &str, pod: &Pod) -> Option<String> {
+    use kube::Resource;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let reporter = Reporter {
+        controller: "portalloc-node-agent".into(),
+        instance: Some(instance.into()),
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "PortBindRefused".into(),
+        note: Some(format!("reported as {instance}")),
+        action: "Bind".into(),
+        secondary: None,
+    };
+    Recorder::new(client.clone(), reporter)
+        .publish(&event, &pod.object_ref(&()))
+        .await
+        .err()
+        .map(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn an_agent_reports_events_only_as_its_own_node() {
+    let Some(cluster) = PrivateCluster::start("node-agent-events", true) else {
+        return;
+    };
+    let admin = cluster.client().await;
+    crate::support::create_namespace(&admin, NAMESPACE).await;
+    apply_shipped_agent(&admin).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent_a = agent_on(&admin, &cluster.kubeconfig, dir.path(), "node-a").await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    let pod = pods.get("agent-node-a").await.unwrap();
+
+    // The policy reaches the admission plugin a moment after it is written: agent A reports as
+    // node B until refused.
+    let started = Instant::now();
+    let refused = loop {
+        if let Some(message) = event_refusal(&agent_a, "node-b", &pod).await {
+            break message;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the API server never refused agent A's Event reported as node B"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(
+        refused.contains(
+            "the node agent on node node-a may report Events only as that node \
+             (reportingInstance node-a), not as node-b"
+        ),
+        "{refused}"
+    );
+    // As its own node, as the agent reports (src/k8s/node_agent/report.rs): written, twice (the
+    // second an update of the first's series).
+    for round in 0..2 {
+        assert_eq!(
+            event_refusal(&agent_a, "node-a", &pod).await,
+            None,
+            "write {round}"
+        );
+    }
+    // A token bound to no node reports nothing.
+    let unbound_config = dir.path().join("unbound.kubeconfig");
+    crate::support::service_account::service_account_kubeconfig(
+        &admin,
+        &cluster.kubeconfig,
+        NAMESPACE,
+        AGENT,
+        &unbound_config,
+    )
+    .await;
+    let unbound = client_from(&unbound_config, None).await;
+    let refused = event_refusal(&unbound, "node-a", &pod).await;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|m| m.contains("the node agent's token is bound to no node")),
+        "{refused:?}"
+    );
+}

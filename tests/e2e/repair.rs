@@ -363,7 +363,7 @@ async fn a_failed_sync_stops_claiming_ports_the_pool_no_longer_gives() {
         .ports
         .push(portalloc::api::PortRequest {
             name: "admin".into(),
-            scope: portalloc::api::Scope::RoleScoped,
+            scope: portalloc::api::PortScope::RoleScoped,
             env: "ADMIN_PORT".into(),
             port: Some(i32::from(port)),
             ..Default::default()

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, PostParams};
 use portalloc::api::PortAllocation;
-use portalloc::k8s::{Allocator, Readiness, WatchOptions};
+use portalloc::k8s::process::Readiness;
+use portalloc::k8s::{Allocator, WatchOptions};
 
 use crate::pool_cache::{recording_client, taken};
 use crate::support::invariants::assert_consistent;

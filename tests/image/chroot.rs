@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-use crate::control_plane::ControlPlane;
+use crate::common::control_plane::ControlPlane;
 use crate::watcher;
 use crate::{
     Privilege, USER, VERSION, build_image, privilege, release_binary, repo, require_tools, run_ok,

@@ -20,9 +20,13 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 mod chroot;
-#[path = "../common/control_plane.rs"]
-mod control_plane;
+#[path = "../common/mod.rs"]
+mod common;
+mod kubelet_node;
+mod real_node;
 mod watcher;
+
+use common::{agent_node, control_plane, controllers};
 
 const DEBUG_BIN: &str = env!("CARGO_BIN_EXE_kubectl-portalloc");
 const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -13,7 +13,7 @@ use super::chroot::{chroot_command, mount_service_account};
 use super::{DEBUG_BIN, Privilege, repo, run_ok, show};
 
 /// kubectl, built from its pinned Go module by `scripts/build-krew.sh` (cached).
-fn kubectl(kubeconfig: &Path) -> Command {
+pub(crate) fn kubectl(kubeconfig: &Path) -> Command {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
         let stdout = run_ok(
@@ -27,7 +27,7 @@ fn kubectl(kubeconfig: &Path) -> Command {
     command
 }
 
-fn kubectl_stdin(kubeconfig: &Path, args: &[&str], input: &str) {
+pub(crate) fn kubectl_stdin(kubeconfig: &Path, args: &[&str], input: &str) {
     let mut child = kubectl(kubeconfig)
         .args(args)
         .stdin(Stdio::piped())

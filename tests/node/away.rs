@@ -12,7 +12,7 @@ use portalloc::node::bind_program::{MODE_ENFORCE, POD_SEEN, QOS_DIR, slot};
 use portalloc::node::cgroups::{self, CgroupDriver};
 use portalloc::node::netns_cookie;
 
-use crate::support::{NodeCgroups, bind_in, own_network_namespace};
+use crate::common::node_cgroups::{NodeCgroups, bind_in, own_network_namespace};
 
 const HOLDER: &str = "21212121-3232-4343-5454-656565656565";
 const SEEN: &str = "76767676-8787-9898-a9a9-bababababab0";

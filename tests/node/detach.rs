@@ -11,7 +11,7 @@ use portalloc::node::cgroups::{self, CgroupDriver};
 use portalloc::node::netns_cookie;
 use portalloc::node::reserved_ports::{ReservedPorts, SYSCTL, parse, read_whole};
 
-use crate::support::{NodeCgroups, bind_in, own_network_namespace};
+use crate::common::node_cgroups::{NodeCgroups, bind_in, own_network_namespace};
 
 const HOLDER: &str = "13131313-2424-3535-4646-575757575757";
 const OTHER: &str = "68686868-7979-8a8a-9b9b-acacacacacac";

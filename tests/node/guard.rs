@@ -11,7 +11,7 @@ use portalloc::node::bind_program::{
 use portalloc::node::cgroups::{self, CgroupDriver};
 use portalloc::node::netns_cookie;
 
-use crate::support::{NodeCgroups, bind_in, own_network_namespace};
+use crate::common::node_cgroups::{NodeCgroups, bind_in, own_network_namespace};
 
 const HOLDER: &str = "11111111-2222-3333-4444-555555555555";
 const OTHER: &str = "66666666-7777-8888-9999-aaaaaaaaaaaa";

@@ -4,8 +4,9 @@
 //! (CI runs as root; `mount -t cgroup2` shows where the hierarchy is).
 
 mod away;
+#[path = "../common/mod.rs"]
+mod common;
 mod detach;
 mod guard;
 mod pins;
 mod reserved;
-mod support;

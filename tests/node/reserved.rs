@@ -6,7 +6,7 @@ use std::io::Read;
 
 use portalloc::node::reserved_ports::{self, ReservedPorts, SYSCTL, read_whole};
 
-use crate::support::own_network_namespace;
+use crate::common::node_cgroups::own_network_namespace;
 
 /// The setting as one read of a buffer far past its limit sees it.
 fn kernel_value() -> String {

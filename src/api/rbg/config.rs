@@ -4,16 +4,19 @@
 use serde_json::{Map, Value};
 
 use super::Failure;
-use crate::api::Scope;
+use crate::api::PortScope;
 
 pub(super) struct Allocation {
     pub name: String,
     pub env: String,
-    pub scope: Scope,
+    pub scope: PortScope,
     pub annotation_key: Option<String>,
 }
 
-pub(super) struct Reference {
+/// A `references` entry of a role's `port-allocator` annotation: the env variable and the
+/// `role.port` it takes its value from, as RBG writes it (the import turns it into a
+/// [`crate::api::PortReference`]).
+pub(super) struct AllocatorReference {
     pub env: String,
     pub from: String,
     /// Field path of `from`.
@@ -22,7 +25,7 @@ pub(super) struct Reference {
 
 pub(super) struct AllocatorConfig {
     pub allocations: Vec<Allocation>,
-    pub references: Vec<Reference>,
+    pub references: Vec<AllocatorReference>,
 }
 
 /// A `portRefs` or `addressRefs` entry: the pod `index` of `component` in the same instance.
@@ -90,8 +93,8 @@ pub(super) fn parse_allocator(value: &str, field: &str) -> Result<AllocatorConfi
             text(entry, "scope", &at, false)?.as_deref(),
             text(entry, "policy", &at, false)?.as_deref(),
         ) {
-            (Some("PodScoped"), _) | (None, Some("Dynamic")) | (None, None) => Scope::PodScoped,
-            (Some("RoleScoped"), _) | (None, Some("Static")) => Scope::RoleScoped,
+            (Some("PodScoped"), _) | (None, Some("Dynamic")) | (None, None) => PortScope::PodScoped,
+            (Some("RoleScoped"), _) | (None, Some("Static")) => PortScope::RoleScoped,
             (Some(other), _) => {
                 return Err(Failure::new(
                     format!("{at}.scope"),
@@ -115,7 +118,7 @@ pub(super) fn parse_allocator(value: &str, field: &str) -> Result<AllocatorConfi
     let mut references = Vec::new();
     for (j, entry) in entries(&map, "references", field)?.iter().enumerate() {
         let at = format!("{field}.references[{j}]");
-        references.push(Reference {
+        references.push(AllocatorReference {
             env: required(entry, "env", &at)?,
             from: required(entry, "from", &at)?,
             field: format!("{at}.from"),

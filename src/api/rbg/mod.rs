@@ -21,7 +21,7 @@ mod shape;
 use serde_json::Value;
 use thiserror::Error;
 
-use super::{PortAllocation, PortAllocationSpec, PortReference, PortRequest, Role, Scope};
+use super::{PortAllocation, PortAllocationSpec, PortReference, PortRequest, PortScope, Role};
 use config::{ComponentRef, parse_allocator, parse_discovery};
 use shape::{Annotation, Pattern, RbgRole};
 
@@ -374,7 +374,7 @@ fn resolve_references(
             ));
         };
         let from = match request.scope {
-            Scope::RoleScoped => {
+            PortScope::RoleScoped => {
                 if shape.v1alpha2 && matches!(p.target, Target::From(_)) {
                     notes.push(format!(
                         "{}: {} names RoleScoped port {}.{port}, which RBG's port-allocator does not resolve \
@@ -384,10 +384,10 @@ fn resolve_references(
                 }
                 format!("{}.{port}", target_role.name)
             }
-            Scope::PodScoped if target_role.replicas == 1 && index == 0 => {
+            PortScope::PodScoped if target_role.replicas == 1 && index == 0 => {
                 format!("{}.{port}", target_role.name)
             }
-            Scope::PodScoped => {
+            PortScope::PodScoped => {
                 if matches!(p.target, Target::From(_)) {
                     notes.push(format!(
                         "{}: {} is a PodScoped port of a role with several pods; RBG resolves it from pod 0, so it \
@@ -505,4 +505,5 @@ fn target_of_from(
 }
 
 #[cfg(test)]
+#[path = "rbg_tests.rs"]
 mod tests;

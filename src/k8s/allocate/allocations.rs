@@ -127,7 +127,10 @@ pub async fn apply_allocation(
     }
     let mut to_create = pa.clone();
     to_create.status = None;
-    match api.create(&crate::k8s::write_params(), &to_create).await {
+    match api
+        .create(&crate::k8s::client::write_params(), &to_create)
+        .await
+    {
         Ok(created) => match allocator.sync(created.clone()).await {
             Ok(report) => Ok(report),
             Err(e) => {
@@ -192,7 +195,7 @@ async fn replace_spec(
     loop {
         existing.spec = desired.spec.clone();
         let err = match api
-            .replace(&name, &crate::k8s::write_params(), &existing)
+            .replace(&name, &crate::k8s::client::write_params(), &existing)
             .await
         {
             Ok(updated) => return Ok(updated),

@@ -30,7 +30,7 @@ use super::configmaps::keep_env_configmap;
 use super::sync::SyncReport;
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::core::SlotKey;
-use crate::k8s::cpu_bound;
+use crate::k8s::process::cpu_bound;
 use crate::k8s::record::{ShardStore, read_pool};
 use crate::k8s::resources::{ALLOCATION_STATUS, POOLS};
 use crate::k8s::retry::{Attempts, Stop};
@@ -46,8 +46,8 @@ const WRITES_AT_ONCE: usize = 8;
 
 /// A batch's final status writes in flight at once, for `sync --all` and the watcher's group
 /// commit alike: they are most of a large batch's time (15,000 new PortAllocations in one
-/// pool: 58 of `sync --all`'s 162 s), and at the watcher's former 4 a round of ~1,000 spent
-/// longer writing statuses than deciding and writing shards together.
+/// pool: 58 of `sync --all`'s 162 s), and with 4 in flight a round of ~1,000 spent longer
+/// writing statuses than deciding and writing shards together.
 const STATUS_WRITES_AT_ONCE: usize = 16;
 
 /// An item decided and committed, waiting for its status write.
@@ -383,7 +383,7 @@ impl Allocator {
         updated.status = Some(status);
         let name = pa.name_any();
         allocations(&self.client, &pa)
-            .replace_status(&name, &crate::k8s::write_params(), &updated)
+            .replace_status(&name, &crate::k8s::client::write_params(), &updated)
             .await
             .map_err(|e| {
                 let namespace = pa.namespace();
@@ -432,7 +432,11 @@ impl Allocator {
             let mut updated = pa.clone();
             updated.status = Some(status);
             match allocations(&self.client, &pa)
-                .replace_status(&pa.name_any(), &crate::k8s::write_params(), &updated)
+                .replace_status(
+                    &pa.name_any(),
+                    &crate::k8s::client::write_params(),
+                    &updated,
+                )
                 .await
             {
                 Ok(written) => report(written, true),

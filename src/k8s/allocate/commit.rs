@@ -38,8 +38,8 @@ pub(super) struct Request<'a> {
     pub(super) without_object: Where,
 }
 
-/// How a round ended.
-pub(super) enum Step {
+/// How one read-decide-write round of a commit ended: committed, or what to read next.
+pub(super) enum RoundEnd {
     Done(Committed),
     /// Read again (a conflict, already counted, or a remembered copy that could not decide).
     Again,
@@ -63,8 +63,8 @@ impl Allocator {
                     .whole_pool(request, pa.as_deref_mut(), attempts, Some(listing))
                     .await?
                 {
-                    Step::Done(committed) => return Ok(committed),
-                    Step::Again | Step::WholePool => continue,
+                    RoundEnd::Done(committed) => return Ok(committed),
+                    RoundEnd::Again | RoundEnd::WholePool => continue,
                 }
             }
             let known = match pa.as_deref() {
@@ -88,17 +88,17 @@ impl Allocator {
             };
             if let Some(key) = one {
                 match self.one_shard(request, key, attempts).await? {
-                    Step::Done(committed) => return Ok(committed),
-                    Step::Again => continue,
-                    Step::WholePool => {}
+                    RoundEnd::Done(committed) => return Ok(committed),
+                    RoundEnd::Again => continue,
+                    RoundEnd::WholePool => {}
                 }
             }
             match self
                 .whole_pool(request, pa.as_deref_mut(), attempts, None)
                 .await?
             {
-                Step::Done(committed) => return Ok(committed),
-                Step::Again | Step::WholePool => continue,
+                RoundEnd::Done(committed) => return Ok(committed),
+                RoundEnd::Again | RoundEnd::WholePool => continue,
             }
         }
     }
@@ -174,7 +174,7 @@ impl Allocator {
         request: &Request<'_>,
         key: ShardKey,
         attempts: &mut Attempts,
-    ) -> Result<Step, Failed> {
+    ) -> Result<RoundEnd, Failed> {
         let read = match self.read_one_shard(request, key, attempts).await? {
             Ok(read) => read,
             Err(step) => return Ok(step),
@@ -189,16 +189,16 @@ impl Allocator {
         if read.from_memory && !matches!(decision, Ok(Decision::Write { .. })) {
             // Nothing to write, or a refusal: no compare-and-swap would check the copy.
             self.shards.forget(&read.name);
-            return Ok(Step::Again);
+            return Ok(RoundEnd::Again);
         }
         let (holdings, allocated, released) = match decision {
-            Err(Refusal::Core { .. }) => return Ok(Step::WholePool),
+            Err(Refusal::Core { .. }) => return Ok(RoundEnd::WholePool),
             // With reuse, another copy may have the requested port free: the whole pool tells.
             Err(Refusal::PortHeld { .. })
                 if read.copy.spec.may_reuse()
                     && read.record.holdings_of(request.uid).is_empty() =>
             {
-                return Ok(Step::WholePool);
+                return Ok(RoundEnd::WholePool);
             }
             // New ports in a copy past nodeReuse: the whole pool refuses it with the reason.
             // A pool that follows its nodes: whether any copy may take new ports depends on
@@ -208,7 +208,7 @@ impl Allocator {
                     && (key.copy >= read.copy.spec.reuse()
                         || read.copy.spec.follow_nodes.is_some()) =>
             {
-                return Ok(Step::WholePool);
+                return Ok(RoundEnd::WholePool);
             }
             Err(refusal) => {
                 return Err(Failed {
@@ -217,7 +217,7 @@ impl Allocator {
                 });
             }
             Ok(Decision::Unchanged(holdings)) => {
-                return Ok(Step::Done(committed(
+                return Ok(RoundEnd::Done(committed(
                     &read.copy, key.copy, holdings, 0, 0, false,
                 )));
             }
@@ -238,10 +238,10 @@ impl Allocator {
         request: &Request<'_>,
         key: ShardKey,
         attempts: &mut Attempts,
-    ) -> Result<Result<ShardRead, Step>, Failed> {
+    ) -> Result<Result<ShardRead, RoundEnd>, Failed> {
         let name = shard_name(request.pool, key);
         let Some((shard, from_memory)) = self.shard_copy(request, attempts, &name).await? else {
-            return Ok(Err(Step::Again));
+            return Ok(Err(RoundEnd::Again));
         };
         // The pool's spec: the shard's copy (newer than a remembered one, if any); for a shard
         // not written yet, the pool itself, read now, so no shard is created for a pool that
@@ -251,7 +251,7 @@ impl Allocator {
             Some(carried) => carried.newest(self.pools.get(request.pool)),
             None => match self.pool_snapshot(request, attempts, true).await? {
                 Some(copy) => copy,
-                None => return Ok(Err(Step::Again)),
+                None => return Ok(Err(RoundEnd::Again)),
             },
         };
         if shard.as_ref().is_some_and(|s| s.spec.pool_uid != copy.uid) {
@@ -259,7 +259,7 @@ impl Allocator {
             // it was recreated: the whole pool sorts it out.
             self.pools.forget(request.pool);
             self.shards.forget(&name);
-            return Ok(Err(Step::WholePool));
+            return Ok(Err(RoundEnd::WholePool));
         }
         self.pools.remember(request.pool, &copy);
         let layout = copy.layout().map_err(|error| pool_spec(request, error))?;
@@ -288,7 +288,7 @@ impl Allocator {
         holdings: Holdings,
         allocated: usize,
         released: usize,
-    ) -> Result<Step, Failed> {
+    ) -> Result<RoundEnd, Failed> {
         let ShardRead {
             key,
             name,
@@ -314,7 +314,7 @@ impl Allocator {
                     attempts.attempts,
                     attempts.conflicts
                 );
-                Ok(Step::Done(committed(
+                Ok(RoundEnd::Done(committed(
                     &copy, key.copy, holdings, allocated, released, true,
                 )))
             }
@@ -330,7 +330,7 @@ impl Allocator {
                     // A remembered shard deleted since (its pool was): read again, which tells.
                     self.retry(request, attempts, e, target).await?;
                 }
-                Ok(Step::Again)
+                Ok(RoundEnd::Again)
             }
         }
     }

@@ -18,7 +18,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
 use crate::api::{ALLOCATION_LABEL, PortAllocation, ResolveError, env_configmap};
-use crate::k8s::FIELD_MANAGER;
+use crate::k8s::client::FIELD_MANAGER;
 use crate::k8s::error::{ApiErrorKind, KubeError, Target};
 use crate::k8s::resources::CONFIGMAPS;
 use crate::ledger::owner_of;
@@ -57,11 +57,13 @@ pub struct EnvConfigMap {
     pub name: String,
     /// How many env files it holds now.
     pub files: usize,
-    pub change: Change,
+    pub change: ConfigMapChange,
 }
 
+/// What applying an env ConfigMap did to it: created it, rewrote its data, or found it as it
+/// should be (not a repair's [`crate::ledger::Change`] to a pool's record).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Change {
+pub enum ConfigMapChange {
     Created,
     Updated,
     Unchanged,
@@ -71,9 +73,9 @@ pub enum Change {
 impl fmt::Display for EnvConfigMap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let change = match self.change {
-            Change::Created => "created",
-            Change::Updated => "updated",
-            Change::Unchanged => "unchanged",
+            ConfigMapChange::Created => "created",
+            ConfigMapChange::Updated => "updated",
+            ConfigMapChange::Unchanged => "unchanged",
         };
         let plural = if self.files == 1 { "" } else { "s" };
         write!(
@@ -197,7 +199,7 @@ async fn keep(
                 namespace,
                 name,
                 files,
-                change: Change::Unchanged,
+                change: ConfigMapChange::Unchanged,
             });
         }
     }
@@ -205,9 +207,9 @@ async fn keep(
         .await
         .map_err(|e| kube_error(write_error(e, &name, &namespace)))?;
     let change = if existing.is_some() {
-        Change::Updated
+        ConfigMapChange::Updated
     } else {
-        Change::Created
+        ConfigMapChange::Created
     };
     tracing::info!(allocation = %owner, configmap = %name, files, ?change, "env files written");
     Ok(EnvConfigMap {
@@ -302,11 +304,11 @@ mod tests {
             namespace: "team".into(),
             name: "pd-env".into(),
             files: 7,
-            change: Change::Updated,
+            change: ConfigMapChange::Updated,
         };
         assert_eq!(report.to_string(), "configmap/pd-env updated (7 env files)");
         report.files = 1;
-        report.change = Change::Unchanged;
+        report.change = ConfigMapChange::Unchanged;
         assert_eq!(
             report.to_string(),
             "configmap/pd-env unchanged (1 env file)"

@@ -23,7 +23,7 @@ pub use allocations::{
     list_allocations, list_allocations_matching,
 };
 pub use allocator::{AllocateError, Allocator};
-pub use configmaps::{Change, ConfigMapError, EnvConfigMap, apply_configmap};
+pub use configmaps::{ConfigMapChange, ConfigMapError, EnvConfigMap, apply_configmap};
 pub use group_commit::GroupCommit;
 pub use preview::{DryRun, Intent, Preview, preview, preview_pool};
 pub use sync::SyncReport;

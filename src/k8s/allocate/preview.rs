@@ -171,7 +171,7 @@ pub async fn preview_pool(
         .map_err(|e| KubeError::from_kube(e, POOLS.on("get", &name, None)))?;
     let dry_run = PostParams {
         dry_run: true,
-        ..crate::k8s::write_params()
+        ..crate::k8s::client::write_params()
     };
     match stored {
         None => {
@@ -275,7 +275,7 @@ async fn send_dry_run(
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &namespace);
     let dry_run = PostParams {
         dry_run: true,
-        ..crate::k8s::write_params()
+        ..crate::k8s::client::write_params()
     };
     let at = |verb| ALLOCATIONS.on(verb, &name, Some(&namespace));
     if matches!(intent, Intent::Apply) && !exists {

@@ -148,7 +148,11 @@ impl Allocator {
             return;
         }
         if let Err(e) = allocations(&self.client, pa)
-            .replace_status(&pa.name_any(), &crate::k8s::write_params(), &updated)
+            .replace_status(
+                &pa.name_any(),
+                &crate::k8s::client::write_params(),
+                &updated,
+            )
             .await
         {
             tracing::info!(
@@ -222,7 +226,7 @@ impl Allocator {
             updated.status = Some(status);
             let label = format!("{owner} in pool {pool_name:?}");
             match api
-                .replace_status(&name, &crate::k8s::write_params(), &updated)
+                .replace_status(&name, &crate::k8s::client::write_params(), &updated)
                 .await
             {
                 Ok(written) => {

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use super::allocator::{AllocateError, Allocator, Committed, Failed, Where};
-use super::commit::{Request, Step, blocked_shard, pool_spec};
+use super::commit::{Request, RoundEnd, blocked_shard, pool_spec};
 use crate::api::PortAllocation;
 use crate::k8s::error::KubeError;
 use crate::k8s::record::{Listing, ShardStore};
@@ -29,12 +29,12 @@ impl Allocator {
         pa: Option<&mut PortAllocation>,
         attempts: &mut Attempts,
         listed: Option<Listing>,
-    ) -> Result<Step, Failed> {
+    ) -> Result<RoundEnd, Failed> {
         let listing = match listed {
             Some(listing) => listing,
             None => match self.list_pool(request, attempts).await? {
                 Some(listing) => listing,
-                None => return Ok(Step::Again),
+                None => return Ok(RoundEnd::Again),
             },
         };
         let (copy, shards) = listing;
@@ -49,7 +49,7 @@ impl Allocator {
                         .write_placed(request, pa, attempts, &sharded, &placed.writes, None)
                         .await?
                 {
-                    return Ok(Step::Again);
+                    return Ok(RoundEnd::Again);
                 }
                 return Err(Failed {
                     error: refusal.into(),
@@ -57,7 +57,7 @@ impl Allocator {
                 });
             }
             ItemOutcome::Unchanged(holdings) => {
-                return Ok(Step::Done(Committed {
+                return Ok(RoundEnd::Done(Committed {
                     holdings,
                     pool_uid: sharded.pool.uid.clone(),
                     allocated: 0,
@@ -84,7 +84,7 @@ impl Allocator {
             )
             .await?
         {
-            return Ok(Step::Again);
+            return Ok(RoundEnd::Again);
         }
         tracing::info!(
             "{} in pool {:?}: {allocated} ports allocated, {released} released, {} held in {} \
@@ -96,7 +96,7 @@ impl Allocator {
             attempts.attempts,
             attempts.conflicts
         );
-        Ok(Step::Done(Committed {
+        Ok(RoundEnd::Done(Committed {
             holdings,
             pool_uid: sharded.pool.uid.clone(),
             allocated,
@@ -189,7 +189,7 @@ impl Allocator {
         status.shards = crate::ledger::status_shards(widened);
         updated.status = Some(status);
         match api
-            .replace_status(&name, &crate::k8s::write_params(), &updated)
+            .replace_status(&name, &crate::k8s::client::write_params(), &updated)
             .await
         {
             Ok(written) => {

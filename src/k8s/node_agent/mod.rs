@@ -27,8 +27,9 @@ use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::watcher;
 
 use crate::api::{GuardMode, PortPool};
+use crate::k8s::process::Metrics;
+use crate::k8s::process::Readiness;
 use crate::k8s::record::ShardStore;
-use crate::k8s::watch::{Metrics, Readiness};
 use crate::ledger::node_guard::{HeldTwice, NodePlan, PodHolding, node_plan, owners};
 use crate::ledger::node_report::NodeReport;
 use crate::node::bind_guard::BindGuard;

@@ -41,8 +41,8 @@ pub struct ObjectCache<T> {
     objects: Arc<Mutex<Copies<T>>>,
     /// Where copies are kept between processes (`<name>.json`); `None`: memory only.
     dir: Option<PathBuf>,
-    /// Off: every allocation reads first (the behaviour before the cache; the benchmark
-    /// compares both).
+    /// Off: every allocation reads first and trusts no copy (the benchmark compares both
+    /// ways).
     disabled: bool,
     /// How often remembered copies were out of date lately (see [`ObjectCache::trusted`]).
     staleness: Arc<Mutex<f64>>,

@@ -130,7 +130,7 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
     let api: Api<PortPool> = Api::all(client.clone());
     let name = pool.name_any();
     let ports = pool_ports_to_write(&pool)?;
-    match api.create(&crate::k8s::write_params(), &pool).await {
+    match api.create(&crate::k8s::client::write_params(), &pool).await {
         Ok(created) => {
             let written = initialize_status(&api, created, &ports).await?;
             create_shards(client, &written).await?;
@@ -149,7 +149,7 @@ pub async fn apply_pool(client: &Client, pool: PortPool) -> Result<Applied, Pool
             // The resourceVersion just read makes this a compare-and-swap: a conflict is
             // reported (a rerun is safe) rather than overwriting someone else's change.
             let updated = api
-                .replace(&name, &crate::k8s::write_params(), &existing)
+                .replace(&name, &crate::k8s::client::write_params(), &existing)
                 .await
                 .map_err(|e| KubeError::from_kube(e, POOLS.on("update", &name, None)))?;
             // The usage summary stays until the watcher counts under the new spec.

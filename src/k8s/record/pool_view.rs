@@ -6,8 +6,8 @@ use kube::{Client, ResourceExt};
 
 use super::shards::ShardStore;
 use crate::api::{PortPool, SpecError};
-use crate::k8s::cpu_bound;
 use crate::k8s::error::KubeError;
+use crate::k8s::process::cpu_bound;
 use crate::ledger::{
     CopyBound, InUse, NodeCount, PoolRecord, PoolSnapshot, WindowRecord, record_warnings,
 };

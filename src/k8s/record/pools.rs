@@ -225,7 +225,10 @@ pub async fn create_or_keep_pool(
         }
     }
     let pools: Api<PortPool> = Api::all(client.clone());
-    let created = match pools.create(&crate::k8s::write_params(), &pool).await {
+    let created = match pools
+        .create(&crate::k8s::client::write_params(), &pool)
+        .await
+    {
         Ok(created) => created,
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
             let existing = get_pool(client, &name).await?;
@@ -277,7 +280,7 @@ pub(super) async fn write_size(
         });
         attempts += 1;
         match pools
-            .replace_status(&name, &crate::k8s::write_params(), &pool)
+            .replace_status(&name, &crate::k8s::client::write_params(), &pool)
             .await
         {
             Ok(written) => return Ok(written),

@@ -80,7 +80,10 @@ impl ShardStore {
             None => {
                 let created = self
                     .api
-                    .create(&crate::k8s::write_params(), &new_shard(pool, write.key))
+                    .create(
+                        &crate::k8s::client::write_params(),
+                        &new_shard(pool, write.key),
+                    )
                     .await
                     .map_err(|e| (created_meanwhile(e), SHARDS.on("create", &write.name, None)))?;
                 created.resource_version().unwrap_or_default()
@@ -91,7 +94,7 @@ impl ShardStore {
         shard.metadata.resource_version = Some(resource_version);
         shard.status = Some(write.status.clone());
         self.api
-            .replace_status(&write.name, &crate::k8s::write_params(), &shard)
+            .replace_status(&write.name, &crate::k8s::client::write_params(), &shard)
             .await
             .map_err(|e| (e, SHARD_STATUS.on("update", &write.name, None)))
     }
@@ -106,7 +109,7 @@ impl ShardStore {
     ) -> Result<(), KubeError> {
         let dry_run = PostParams {
             dry_run: true,
-            ..crate::k8s::write_params()
+            ..crate::k8s::client::write_params()
         };
         let mut shard = new_shard(pool, write.key);
         shard.metadata.name = Some(write.name.clone());

@@ -123,7 +123,7 @@ async fn allowed_on(
     }
     .all("create", None);
     let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
-        .create(&crate::k8s::write_params(), &review)
+        .create(&crate::k8s::client::write_params(), &review)
         .await
         .map_err(|e| KubeError::from_kube(e, target))?;
     Ok(answer.status.is_some_and(|s| s.allowed))

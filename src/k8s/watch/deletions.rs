@@ -8,11 +8,11 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::watcher::Event;
 
-use super::Metrics;
 use crate::api::PortAllocation;
 use crate::k8s::allocate::Allocator;
 use crate::k8s::error::error_chain;
 use crate::k8s::events::Events;
+use crate::k8s::process::Metrics;
 use crate::k8s::repair::Repairer;
 use crate::ledger::{RepairPlan, owner_of};
 

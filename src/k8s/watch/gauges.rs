@@ -6,9 +6,9 @@ use crate::k8s::error::error_chain;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
-use super::{access, metrics, pool_usage};
+use super::{access, pool_usage};
 use crate::api::PortAllocation;
-use crate::k8s::watch::metrics::Metrics;
+use crate::k8s::process::metrics::{self, Metrics};
 
 /// Keep the gauges current: PortAllocations by phase from the controller's cache and, with
 /// `pool_metrics` or for a `cluster_wide` watcher that may write pools' status, every pool

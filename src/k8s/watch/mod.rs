@@ -11,10 +11,11 @@
 //!   and every `resync`: it frees entries whose owner UID no longer exists (deletions missed
 //!   while no watcher ran), by the same one-pass argument as `kubectl portalloc repair`.
 //!
-//! Beside them, every [`metrics::REFRESH`]: the gauges of `/metrics` and, with every namespace
-//! in view and where this identity may write pools' status, each PortPool's usage summary
-//! ([`pool_usage`]); with every namespace in view, a watch of the Nodes that keeps the node
-//! count of each pool that follows them ([`node_count`]).
+//! Beside them, every [`REFRESH`](crate::k8s::process::metrics::REFRESH): the gauges of
+//! `/metrics` and, with every namespace in view and where this identity may write pools'
+//! status, each PortPool's usage summary ([`pool_usage`]); with every namespace in view, a
+//! watch of the Nodes that keeps the node count of each pool that follows them
+//! ([`node_count`]).
 //!
 //! Each sync, release and repair is said on its object as a Kubernetes Event
 //! ([`Events`]).
@@ -24,21 +25,21 @@
 //! hand out a port twice. They only cost each other conflicts and the API server twice the
 //! reads. So with a [`Replica`]'s Lease (`--leader-elect`) all of the above runs only while this
 //! replica holds it ([`watch_as`]); the pod webhook (served beside, `k8s/webhook/serve.rs`)
-//! never depends on it.
+//! never depends on it. [`WatcherProcess`] assembles the whole process: the watcher, its
+//! probes, the webhook beside it, and the signals that stop them.
 
 mod access;
 mod deletions;
 mod gauges;
-pub mod metrics;
 pub mod node_count;
 pub mod pool_usage;
+mod run;
 mod synced_lately;
 
 use crate::k8s::error::error_chain;
 pub use access::{check_access, check_leader_access};
-pub use metrics::{Metrics, SyncResult};
+pub use run::{WatcherProcess, WatcherSettings, WatcherStartError};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use synced_lately::{SYNCED_LATELY, SyncedLately};
 
@@ -54,10 +55,12 @@ use kube::runtime::watcher::{self, Event};
 use tokio::task::JoinHandle;
 
 use super::allocate::{AllocateError, Allocator, GroupCommit};
-use super::allocate::{Change, ConfigMapError, EnvConfigMap};
+use super::allocate::{ConfigMapChange, ConfigMapError, EnvConfigMap};
 use crate::api::PortAllocation;
 use crate::k8s::events::Events;
 use crate::k8s::leader::{LeaderElection, LeaseRef, default_identity};
+use crate::k8s::process::Readiness;
+use crate::k8s::process::{Metrics, SyncResult};
 use crate::k8s::repair::Repairer;
 use crate::ledger::leader_lease::LeaseTiming;
 use crate::ledger::{CONDITION_READY, owner_of};
@@ -71,9 +74,10 @@ pub struct WatchOptions {
     pub resync: Duration,
     /// How many PortAllocations are synced at once.
     pub concurrency: u16,
-    /// Whether to read every pool's shards each [`metrics::REFRESH`] for the pool gauges
-    /// (when `/metrics` is served). A watcher of every namespace reads them anyway where its
-    /// identity may keep the pools' usage summary ([`pool_usage`]).
+    /// Whether to read every pool's shards each
+    /// [`REFRESH`](crate::k8s::process::metrics::REFRESH) for the pool gauges (when `/metrics`
+    /// is served). A watcher of every namespace reads them anyway where its identity may keep
+    /// the pools' usage summary ([`pool_usage`]).
     pub pool_metrics: bool,
 }
 
@@ -96,43 +100,6 @@ impl Replica {
             identity: default_identity(),
             lease: None,
         }
-    }
-}
-
-/// Whether the watcher has read every PortAllocation once, and is not shutting down: a
-/// replica that got SIGTERM reports not ready at once, so the Service in front of its webhook
-/// drops it while it still answers.
-#[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<ReadinessState>);
-
-#[derive(Debug, Default)]
-struct ReadinessState {
-    listed: AtomicBool,
-    stopping: AtomicBool,
-}
-
-impl Readiness {
-    pub fn is_ready(&self) -> bool {
-        self.0.listed.load(Ordering::Relaxed) && !self.is_stopping()
-    }
-
-    pub fn is_stopping(&self) -> bool {
-        self.0.stopping.load(Ordering::Relaxed)
-    }
-
-    /// Ready from now on (until [`stop`](Self::stop)): for processes whose readiness is not the
-    /// watcher's, such as the node agent once it has read the pools and its pods.
-    pub fn mark_ready(&self) {
-        self.set();
-    }
-
-    /// Not ready from now on (shutting down).
-    pub fn stop(&self) {
-        self.0.stopping.store(true, Ordering::Relaxed);
-    }
-
-    fn set(&self) {
-        self.0.listed.store(true, Ordering::Relaxed);
     }
 }
 
@@ -343,7 +310,7 @@ async fn work(
             }
         }
         if let Some(readiness) = readiness {
-            readiness.set();
+            readiness.mark_ready();
         }
         tracing::info!("watching PortAllocations: initial list complete");
     }));
@@ -495,7 +462,7 @@ fn configmap_outcome(
     match outcome {
         None => Ok(requeue),
         Some(Ok(configmap)) => {
-            if configmap.change != Change::Unchanged {
+            if configmap.change != ConfigMapChange::Unchanged {
                 tracing::info!(allocation = %owner, "{configmap}");
             }
             Ok(requeue)

@@ -122,7 +122,7 @@ async fn count_once(client: &Client, store: &Store<PartialObjectMeta<Node>>) -> 
         written.metadata.resource_version = pool.resource_version();
         written.status = Some(status);
         match api
-            .replace_status(&name, &crate::k8s::write_params(), &written)
+            .replace_status(&name, &crate::k8s::client::write_params(), &written)
             .await
         {
             Ok(_) => match count {

@@ -1,4 +1,4 @@
-//! Every pool counted from its shards once per [`REFRESH`](super::metrics::REFRESH): one read
+//! Every pool counted from its shards once per [`REFRESH`](crate::k8s::process::metrics::REFRESH): one read
 //! that feeds the pool gauges of `/metrics` and the usage summary on each PortPool's status
 //! (`kubectl get portpools`: Allocated, Free, Largest Free Run, Counted).
 //!
@@ -182,7 +182,7 @@ pub async fn keep_usage(client: &Client, count: &Count) {
         pool.metadata.resource_version = counted.pool.resource_version();
         pool.status = Some(status);
         match api
-            .replace_status(&name, &crate::k8s::write_params(), &pool)
+            .replace_status(&name, &crate::k8s::client::write_params(), &pool)
             .await
         {
             Ok(_) => {}

@@ -160,7 +160,10 @@ pub async fn webhook_ca(client: &Client, namespace: &str) -> Result<WebhookCa, W
         ..Default::default()
     };
     secret.metadata.name = Some(CA_SECRET.into());
-    match secrets.create(&crate::k8s::write_params(), &secret).await {
+    match secrets
+        .create(&crate::k8s::client::write_params(), &secret)
+        .await
+    {
         Ok(_) => Ok(WebhookCa { cert_pem, key_pem }),
         Err(kube::Error::Api(status)) if status.is_already_exists() => {
             let stored = secrets

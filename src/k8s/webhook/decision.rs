@@ -18,8 +18,8 @@ use super::record_check;
 use crate::api::{POD_ALLOCATION_LABEL, PortAllocation, declares_ports, pod_patch};
 use crate::k8s::allocate::{AllocateError, Allocator};
 use crate::k8s::error::KubeError;
+use crate::k8s::process::Metrics;
 use crate::k8s::resources::ALLOCATIONS;
-use crate::k8s::watch::Metrics;
 use crate::k8s::watch::is_current;
 use crate::ledger::owner_of;
 

@@ -31,7 +31,7 @@ use kube::{Client, ResourceExt};
 
 use super::WEBHOOK_TIMEOUT;
 use crate::api::POD_ALLOCATION_LABEL;
-use crate::k8s::FIELD_MANAGER;
+use crate::k8s::client::FIELD_MANAGER;
 use crate::k8s::error::{ApiErrorKind, KubeError};
 use crate::k8s::resources::Resource;
 

@@ -14,7 +14,7 @@ use super::serve::{ServeError, WebhookServer, serve};
 use super::upkeep::keep_current;
 use crate::k8s::allocate::Allocator;
 use crate::k8s::error::KubeError;
-use crate::k8s::watch::Metrics;
+use crate::k8s::process::Metrics;
 
 /// What the webhook is started with (`sync --watch`'s webhook flags, parsed).
 #[derive(Clone, Debug)]

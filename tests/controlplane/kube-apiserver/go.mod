@@ -17,6 +17,9 @@ tool (
 	k8s.io/kubernetes/cmd/kube-scheduler
 	// kubectl for the krew install test (scripts/build-krew.sh), so it needs no kubectl on PATH.
 	k8s.io/kubernetes/cmd/kubectl
+	// kubelet for the real node's tests (scripts/local-cluster.sh build-node): pods run by
+	// containerd and runc on this machine.
+	k8s.io/kubernetes/cmd/kubelet
 )
 
 require (
@@ -121,6 +124,7 @@ require (
 	go.etcd.io/etcd/client/pkg/v3 v3.6.8 // indirect
 	go.etcd.io/etcd/client/v3 v3.6.8 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/contrib/instrumentation/github.com/emicklei/go-restful/otelrestful v0.65.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.65.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.65.0 // indirect
 	go.opentelemetry.io/otel v1.41.0 // indirect
@@ -166,6 +170,7 @@ require (
 	k8s.io/controller-manager v0.36.3 // indirect
 	k8s.io/cri-api v0.36.3 // indirect
 	k8s.io/cri-client v0.0.0 // indirect
+	k8s.io/cri-streaming v0.0.0 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
 	k8s.io/dynamic-resource-allocation v0.36.3 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect

@@ -189,31 +189,22 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
         assert_eq!(binding["subjects"][0]["name"], "portalloc-node-agent");
         assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
     }
-    // Its Lease only (tests/e2e/node_agent_lease.rs runs the policy): it matches the release's
-    // agent and denies.
-    let policy = get(
-        &objects,
-        "ValidatingAdmissionPolicy",
-        "portalloc-node-agent-lease",
-    );
-    assert_eq!(
-        policy["spec"]["matchConditions"][0]["expression"],
-        format!(
-            "request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:portalloc-node-agent'"
-        )
-    );
-    let binding = get(
-        &objects,
-        "ValidatingAdmissionPolicyBinding",
-        "portalloc-node-agent-lease",
-    );
-    assert_eq!(binding["spec"]["policyName"], "portalloc-node-agent-lease");
-    assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
-    assert!(
-        !defaults
-            .iter()
-            .any(|o| o["metadata"]["name"] == "portalloc-node-agent-lease")
-    );
+    // Its Lease only, and Events as its node (tests/e2e/node_agent_lease.rs runs both
+    // policies): each matches the release's agent and denies.
+    for name in ["portalloc-node-agent-lease", "portalloc-node-agent-events"] {
+        let policy = get(&objects, "ValidatingAdmissionPolicy", name);
+        assert_eq!(
+            policy["spec"]["matchConditions"][0]["expression"],
+            format!(
+                "request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:portalloc-node-agent'"
+            ),
+            "{name}"
+        );
+        let binding = get(&objects, "ValidatingAdmissionPolicyBinding", name);
+        assert_eq!(binding["spec"]["policyName"], name);
+        assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
+        assert!(!defaults.iter().any(|o| o["metadata"]["name"] == name));
+    }
 
     // Values reach it.
     let objects = template(&[

@@ -6,39 +6,23 @@
 
 #![allow(dead_code)]
 
-#[path = "../../common/agent_node.rs"]
-pub mod agent_node;
 pub mod apply;
 pub mod cli;
-#[path = "../../common/control_plane.rs"]
-pub mod control_plane;
-#[path = "../../common/controllers.rs"]
-pub mod controllers;
+// The helpers shared with the other test binaries and the benchmarks, under their own names here.
+#[path = "../../common/mod.rs"]
+mod common;
 pub mod endpoints;
 pub mod error_text;
-#[path = "../../common/events.rs"]
-pub mod events;
 pub mod fault_proxy;
 pub mod invariants;
 pub mod kube_proxy;
-#[path = "../../common/nodes.rs"]
-pub mod nodes;
-#[path = "../../common/poll.rs"]
-pub mod poll;
-#[allow(clippy::duplicate_mod)] // controllers.rs and webhook.rs include it too
-#[path = "../../common/ports.rs"]
-pub mod ports;
 pub mod private_cluster;
-#[allow(clippy::duplicate_mod)] // webhook.rs and watcher_process.rs include it too
-#[path = "../../common/probe_http.rs"]
-pub mod probe_http;
-#[path = "../../common/service_account.rs"]
-pub mod service_account;
 pub mod tools;
-#[path = "../../common/watcher_process.rs"]
-pub mod watcher_process;
-#[path = "../../common/webhook.rs"]
-pub mod webhook;
+
+pub use common::{
+    agent_node, control_plane, controllers, events, nodes, poll, ports, probe_http,
+    service_account, watcher_process, webhook,
+};
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

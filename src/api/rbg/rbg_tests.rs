@@ -33,10 +33,10 @@ fn converts_roles_scopes_and_references() {
     );
     assert_eq!(spec.pool, "default");
     assert_eq!(spec.roles.len(), 3);
-    assert_eq!(spec.roles[0].ports[0].scope, Scope::PodScoped);
+    assert_eq!(spec.roles[0].ports[0].scope, PortScope::PodScoped);
     assert_eq!(
         spec.roles[1].ports[1].scope,
-        Scope::RoleScoped,
+        PortScope::RoleScoped,
         "policy Static is RoleScoped"
     );
     assert_eq!(spec.roles[1].replicas, 3);
@@ -117,7 +117,7 @@ fn v1alpha2_standalone_keeps_the_role_name() {
     let router = role(&imported, "router");
     assert_eq!(router.replicas, 1);
     assert_eq!(router.ports[0].name, "http");
-    assert_eq!(router.ports[0].scope, Scope::RoleScoped);
+    assert_eq!(router.ports[0].scope, PortScope::RoleScoped);
     assert!(
         has_note(
             &imported,

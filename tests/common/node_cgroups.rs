@@ -29,7 +29,6 @@ pub fn cgroup2_mount() -> PathBuf {
 ///
 /// Only for tests whose thread does nothing else: an e2e test's thread must still reach the API
 /// server, so its nodes take `unshare --net` processes instead (tests/common/agent_node.rs).
-#[allow(dead_code)] // tests/common/agent_node.rs includes this file too, and does not call it.
 pub fn own_network_namespace() {
     // SAFETY: unshare and ioctl on a socket of our own; `ifreq` is zeroed but for the name "lo" and its flags.
     unsafe {

@@ -4,11 +4,8 @@
 //! (sigs.k8s.io/cli-utils), the library its health checks use. Both tools are built from pinned
 //! Go modules by scripts/build-test-tools.sh. The fixtures are the health_test.yaml testdata.
 
-#[path = "gitops_health/runner.rs"]
 mod runner;
-#[path = "gitops_health/support.rs"]
 mod support;
-#[path = "gitops_health/upstream.rs"]
 mod upstream;
 
 use std::collections::BTreeSet;

@@ -1,12 +1,13 @@
-//! What the in-cluster watcher tells Prometheus (`GET /metrics` on its probe address): metric
+//! What the long-running processes tell Prometheus (`GET /metrics` on the probe address): the
+//! watcher's syncs and gauges, the pod webhook's answers, the node agent's guarded binds; metric
 //! families of the `prometheus` crate in a registry of their own, written by its TextEncoder
 //! (the text format 0.0.4), names and units by Prometheus' conventions (base units, `_total` on
 //! counters), checked by `promtool check metrics` in the tests.
 //!
 //! Counters and the histograms are bumped as syncs and admissions happen; the pool gauges and the
 //! PortAllocations by phase (and each stalled one by name) are refreshed every [`REFRESH`] from
-//! the pools' shards ([`super::pool_usage`], one LIST per pool) and the watcher's own cache of
-//! PortAllocations (no request).
+//! the pools' shards ([`pool_usage`](crate::k8s::watch::pool_usage), one LIST per pool) and
+//! the watcher's own cache of PortAllocations (no request).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -19,9 +20,9 @@ use prometheus::{
     TextEncoder,
 };
 
-use super::pool_usage::{Count, CountedPool};
 use crate::api::PortAllocation;
 use crate::core::Band;
+use crate::k8s::watch::pool_usage::{Count, CountedPool};
 use crate::ledger::CONDITION_STALLED;
 
 /// How often the pool and PortAllocation gauges are read again.
