@@ -112,7 +112,7 @@ fn helm() -> PathBuf {
     PathBuf::from(out.lines().last().expect("a path").trim())
 }
 
-/// The chart's node-agent objects only, for this node: its image, cgroup tree and state.
+/// The chart's node-agent objects only, for this node: its image, cgroup tree, state and bpffs.
 fn render_agent(node: &KubeletNode, kubeconfig: &Path, tag: &str) -> String {
     let cgroups = node.netns.cgroups.root.display().to_string();
     let state = node.dir.path().join("agent-state").display().to_string();
@@ -124,6 +124,8 @@ fn render_agent(node: &KubeletNode, kubeconfig: &Path, tag: &str) -> String {
         "image.pullPolicy=Never".to_string(),
         format!("nodeAgent.hostCgroupRoot={cgroups}"),
         format!("nodeAgent.hostStateDir={state}"),
+        // A bpffs of the test's own: the machine's /sys/fs/bpf is never touched.
+        format!("nodeAgent.hostBpfDir={}", node.netns.cgroups.bpf.path().display()),
         "nodeAgent.env[0].name=KUBERNETES_SERVICE_HOST".to_string(),
         "nodeAgent.env[0].value=127.0.0.1".to_string(),
         "nodeAgent.env[1].name=KUBERNETES_SERVICE_PORT".to_string(),

@@ -229,3 +229,20 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
     assert_eq!(pod["nodeSelector"]["pool"], "gpu");
     assert!(pod["priorityClassName"].is_null());
 }
+
+/// `nodeAgent.hostBpfDir`: the node's bpffs elsewhere is what the agent's /sys/fs/bpf mounts.
+#[test]
+fn the_node_agent_pins_in_the_bpffs_the_values_name() {
+    let objects = template(&["nodeAgent.enabled=true", "nodeAgent.hostBpfDir=/run/bpffs"]);
+    let pod = &get(&objects, "DaemonSet", "portalloc-node-agent")["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "bpffs")
+        .expect("the bpffs volume");
+    assert_eq!(volume["hostPath"]["path"], "/run/bpffs");
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    let mount = mounts.iter().find(|m| m["name"] == "bpffs").unwrap();
+    assert_eq!(mount["mountPath"], "/sys/fs/bpf");
+}
