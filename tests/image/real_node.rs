@@ -125,7 +125,10 @@ fn render_agent(node: &KubeletNode, kubeconfig: &Path, tag: &str) -> String {
         format!("nodeAgent.hostCgroupRoot={cgroups}"),
         format!("nodeAgent.hostStateDir={state}"),
         // A bpffs of the test's own: the machine's /sys/fs/bpf is never touched.
-        format!("nodeAgent.hostBpfDir={}", node.netns.cgroups.bpf.path().display()),
+        format!(
+            "nodeAgent.hostBpfDir={}",
+            node.netns.cgroups.bpf.path().display()
+        ),
         "nodeAgent.env[0].name=KUBERNETES_SERVICE_HOST".to_string(),
         "nodeAgent.env[0].value=127.0.0.1".to_string(),
         "nodeAgent.env[1].name=KUBERNETES_SERVICE_PORT".to_string(),

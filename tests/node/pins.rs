@@ -11,7 +11,7 @@ use portalloc::node::bind_program::{MODE_ENFORCE, POD_SEEN, QOS_DIR, slot};
 use portalloc::node::cgroups::{self, CgroupDriver};
 use portalloc::node::netns_cookie;
 
-use crate::support::{NodeCgroups, bind_in, own_network_namespace};
+use crate::common::node_cgroups::{NodeCgroups, bind_in, own_network_namespace};
 
 const HOLDER: &str = "31313131-4242-5353-6464-757575757575";
 const OTHER: &str = "86868686-9797-a8a8-b9b9-cacacacacaca";
