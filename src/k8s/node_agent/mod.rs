@@ -126,7 +126,7 @@ pub async fn run_node_agent(
     };
     pools.wait_until_ready().await?;
     pods.wait_until_ready().await?;
-    let own = own_daemonset(&agent.client, &agent.options).await;
+    let own = removal::own_daemonset_of(&agent.client, &agent.options).await;
     readiness.mark_ready();
     tracing::info!(node = %node, "node agent started");
     tokio::pin!(stop);
@@ -144,46 +144,7 @@ pub async fn run_node_agent(
             round.map_err(|e| format!("node agent round: {e:#}")),
         );
     }
-    let removed = match &own {
-        Some(own) => removal::removed_because(&agent.client, own).await,
-        None => None,
-    };
-    let Some(why) = removed else {
-        tracing::info!(node = %node, "node agent stopped; the guard stays attached");
-        return Ok(());
-    };
-    tracing::info!(node = %node, "{why}: taking the guard and the agent's reserved ports off the node");
-    match remove_from_node(&removal::footprint(&agent.options)) {
-        Ok(lines) => {
-            for line in lines {
-                tracing::info!(node = %node, "{line}");
-            }
-            Ok(())
-        }
-        Err(e) => Err(anyhow::anyhow!(
-            "{e}; run `kubectl portalloc node-agent --detach` on node {node}"
-        )),
-    }
-}
-
-/// The agent's DaemonSet, if it can tell an uninstall from a restart (said once if not).
-async fn own_daemonset(
-    client: &kube::Client,
-    options: &NodeAgentOptions,
-) -> Option<removal::OwnDaemonSet> {
-    let (Some(pod), Some(namespace)) = (&options.pod_name, &options.lease_namespace) else {
-        return None;
-    };
-    match removal::own_daemonset(client, namespace, pod).await {
-        Ok(own) => Some(own),
-        Err(why) => {
-            tracing::warn!(
-                node = %options.node_name,
-                "{why}: on SIGTERM the guard and the reserved ports stay (an uninstall leaves them; `node-agent --detach` removes them)"
-            );
-            None
-        }
-    }
+    removal::on_stop(&agent.client, own.as_ref(), &agent.options).await
 }
 
 fn watch_store<K>(api: Api<K>, config: watcher::Config) -> Store<K>

@@ -11,6 +11,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
+use super::NodeAgentOptions;
 use crate::node::bind_guard::BindGuard;
 use crate::node::cgroups::{self, CgroupDriver};
 use crate::node::guard_pins;
@@ -157,8 +158,57 @@ pub async fn removed_because(client: &kube::Client, own: &OwnDaemonSet) -> Optio
     }
 }
 
+/// The agent's DaemonSet, if it can tell an uninstall from a restart (said once if not).
+pub async fn own_daemonset_of(
+    client: &kube::Client,
+    options: &NodeAgentOptions,
+) -> Option<OwnDaemonSet> {
+    let (Some(pod), Some(namespace)) = (&options.pod_name, &options.lease_namespace) else {
+        return None;
+    };
+    match own_daemonset(client, namespace, pod).await {
+        Ok(own) => Some(own),
+        Err(why) => {
+            tracing::warn!(
+                node = %options.node_name,
+                "{why}: on SIGTERM the guard and the reserved ports stay (an uninstall leaves them; `node-agent --detach` removes them)"
+            );
+            None
+        }
+    }
+}
+
+/// After SIGTERM: everything kept, or, when the agent's DaemonSet is gone, removed.
+pub async fn on_stop(
+    client: &kube::Client,
+    own: Option<&OwnDaemonSet>,
+    options: &NodeAgentOptions,
+) -> anyhow::Result<()> {
+    let node = &options.node_name;
+    let removed = match own {
+        Some(own) => removed_because(client, own).await,
+        None => None,
+    };
+    let Some(why) = removed else {
+        tracing::info!(node = %node, "node agent stopped; the guard stays attached");
+        return Ok(());
+    };
+    tracing::info!(node = %node, "{why}: taking the guard and the agent's reserved ports off the node");
+    match remove_from_node(&footprint(options)) {
+        Ok(lines) => {
+            for line in lines {
+                tracing::info!(node = %node, "{line}");
+            }
+            Ok(())
+        }
+        Err(e) => Err(anyhow::anyhow!(
+            "{e}; run `kubectl portalloc node-agent --detach` on node {node}"
+        )),
+    }
+}
+
 /// The footprint of an agent run with `options`.
-pub fn footprint(options: &super::NodeAgentOptions) -> NodeFootprint<'_> {
+fn footprint(options: &NodeAgentOptions) -> NodeFootprint<'_> {
     NodeFootprint {
         cgroup_root: &options.cgroup_root,
         cgroup_driver: options.cgroup_driver,
