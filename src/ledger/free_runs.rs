@@ -53,6 +53,20 @@ impl FreeRuns {
         }
     }
 
+    /// How many of the new blocks in `after` (slots `before` did not hold as they are) lie
+    /// inside a free run with free ports on both sides: each cuts one run into two.
+    pub fn splits(&self, before: &Holdings, after: &Holdings) -> u32 {
+        let free = |port: u32| u16::try_from(port).is_ok_and(|p| self.around(p) > 0);
+        after
+            .iter()
+            .filter(|(slot, block)| before.block(slot) != Some(*block))
+            .filter(|(_, block)| {
+                let (first, last) = (u32::from(block.first), u32::from(block.last()));
+                first > 0 && free(first - 1) && free(last + 1)
+            })
+            .count() as u32
+    }
+
     /// How well `after` fits, as the owner now holding `before` would be placed: the length of
     /// the run its largest new block (a slot it did not hold as it is) lies in, longest first
     /// among equals; 0 when nothing is new. Smaller is a tighter fit.
@@ -111,5 +125,25 @@ mod tests {
         // The block of 8 is the largest new one: it lies in 30110-30463.
         assert_eq!(runs.fit(&before, &after), 354);
         assert_eq!(runs.fit(&after, &after), 0);
+    }
+
+    #[test]
+    fn a_block_with_free_ports_on_both_sides_splits_its_run() {
+        let pool = pool_of(&["30000-30463"], &[]);
+        let record = sharded(
+            &pool,
+            vec![shard_of(&pool, 117, holders(&[("a", "r.p=30100-30109")]))],
+        );
+        let runs = FreeRuns::of(record.first());
+        let none = Holdings::new();
+        let at_end = Holdings::decode("r.b=30110-30117").unwrap();
+        let inside = Holdings::decode("r.b=30120-30127").unwrap();
+        let at_pool_start = Holdings::decode("r.b=30000-30007").unwrap();
+        let at_pool_end = Holdings::decode("r.b=30456-30463").unwrap();
+        assert_eq!(runs.splits(&none, &at_end), 0, "against the held block");
+        assert_eq!(runs.splits(&none, &inside), 1);
+        assert_eq!(runs.splits(&none, &at_pool_start), 0);
+        assert_eq!(runs.splits(&none, &at_pool_end), 0);
+        assert_eq!(runs.splits(&inside, &inside), 0, "nothing new");
     }
 }

@@ -39,6 +39,7 @@ pub mod event_notice;
 pub(crate) mod fixtures;
 mod free_runs;
 mod holdings_across_shards;
+mod home_fit;
 mod known_shards;
 pub mod leader_lease;
 pub mod node_bound;
@@ -72,6 +73,7 @@ pub use copy_record::{
 };
 pub use decision::{Decision, Operation, decide, precheck};
 pub use holdings_across_shards::{ShardAnomaly, split_by_shard};
+pub use home_fit::loose_in_window;
 pub use known_shards::{
     home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,
 };

@@ -28,6 +28,7 @@ use crate::core::{Holdings, SlotKey};
 use super::copy_record::{CopyRecord, ShardWrite};
 use super::decision::{Decision, Operation, decide};
 use super::holdings_across_shards::split_by_shard;
+use super::home_fit::loose_in_window;
 use super::known_shards::single_shard;
 use super::pool_record::PoolRecord;
 use super::refusal::Refusal;
@@ -283,7 +284,15 @@ fn decide_in_known_shard(
                 &fresh
             }
         };
-        decide(record, seen.uid, seen.owner, seen.operation, rng)
+        let decision = decide(record, seen.uid, seen.owner, seen.operation, rng);
+        // A block the window would put in a loose run: the whole copy may fit it tighter.
+        if let Ok(decided) = &decision
+            && !work.may_reuse()
+            && loose_in_window(record, &seen.before, decided)
+        {
+            return None;
+        }
+        decision
     };
     match decision {
         Err(Refusal::Core { .. }) => None,

@@ -2,9 +2,11 @@
 //! Pure.
 //!
 //! Whole in the fullest window (or pair of neighbouring windows) that takes it: best fit, as
-//! for a block in a run, so emptier windows stay whole for larger owners. Else on as few
-//! shards as it fits: its own plus the 2, 4, 8, ... fullest, then the whole copy, whose
-//! refusal is then the answer; only there can a block use a free run across a window edge.
+//! for a block in a run, so emptier windows stay whole for larger owners. An owner asking for
+//! blocks is also tried on the whole copy as one record, whose best fit may cross any window
+//! edge. Else on as few shards as it fits: its own plus the 2, 4, 8, ... fullest, then the
+//! whole copy, whose refusal is then the answer. A block is thus refused only when no free run
+//! of the copy holds it.
 //! Static-band ports count against a window (KEP-3668). What best fit buys is measured in
 //! `benches/placement.rs`.
 
@@ -13,7 +15,7 @@ use std::collections::BTreeSet;
 
 use rand::Rng;
 
-use crate::core::{Band, Holdings};
+use crate::core::{Band, Holdings, Lean};
 
 use super::copy_record::CopyRecord;
 use super::decision::{Decision, Operation, decide};
@@ -54,7 +56,14 @@ pub(super) fn elsewhere(
         let pairs = neighbours(work, present.first().copied())
             .filter(|_| operation.asks_for_blocks())
             .map(|pair| Cow::Owned(work.pair_record(&pair)));
-        let places = windows.chain(pairs);
+        // The whole copy as one record: its best fit may lie across a window edge that no
+        // pair joins, or at the end of a run where a window's own best fit would cut it.
+        let whole = operation.asks_for_blocks().then(|| {
+            let mut record = work.union_record();
+            record.state = record.state.leaning(Lean::Low);
+            Cow::Owned(record)
+        });
+        let places = windows.chain(pairs).chain(whole);
         if let Some(decision) = best_place(places, &runs, &before, uid, owner, operation, rng)? {
             return Ok(decision);
         }
@@ -98,7 +107,8 @@ fn neighbours(work: &CopyRecord, only: Option<u16>) -> impl Iterator<Item = BTre
 /// fewest static-band ports (KEP-3668: automatic ports use the static band only when the
 /// dynamic band cannot take them), then the tightest fit across the whole copy (the shortest
 /// free run its largest new block cuts, window edges ignored: runs too long for it stay whole
-/// for larger owners), then the fullest record. Among equals the first, so candidates in the
+/// for larger owners), then against an end of its run rather than inside it (a block with free
+/// ports on both sides cuts one run into two), then the fullest record. Among equals the first, so candidates in the
 /// owner's home order keep owners apart. `None` when none takes it.
 fn best_place<'a>(
     records: impl Iterator<Item = Cow<'a, WindowRecord>>,
@@ -109,7 +119,7 @@ fn best_place<'a>(
     operation: &Operation,
     rng: &mut impl Rng,
 ) -> Result<Option<Decision>, Refusal> {
-    let mut best: Option<((usize, u32, u32), Decision)> = None;
+    let mut best: Option<((usize, u32, u32, u32), Decision)> = None;
     for record in records {
         let decision = match decide(&record, uid, owner, operation, rng) {
             Err(Refusal::Core { .. }) => continue,
@@ -125,6 +135,7 @@ fn best_place<'a>(
         let key = (
             statics,
             runs.fit(before, decision.holdings()),
+            runs.splits(before, decision.holdings()),
             state.free_count(),
         );
         if best.as_ref().is_none_or(|(best_key, _)| key < *best_key) {

@@ -22,6 +22,7 @@ mod health;
 mod helm;
 mod help_examples;
 mod import;
+mod killed_between_writes;
 mod leader_election;
 mod metrics;
 mod node_agent;

@@ -39,7 +39,7 @@ async fn make_sharded(client: &Client, pool: &str, eager: bool) {
 
 /// A PortAllocation `name` with role web of `ports.len()` pods (PodScoped http), created with no
 /// allocation; `place` gives it ports.
-async fn create_allocation(
+pub(crate) async fn create_allocation(
     client: &Client,
     ns: &str,
     name: &str,
@@ -53,7 +53,7 @@ async fn create_allocation(
     api.create(&PostParams::default(), &pa).await.unwrap()
 }
 
-fn web(ports: &[u16]) -> Holdings {
+pub(crate) fn web(ports: &[u16]) -> Holdings {
     ports
         .iter()
         .enumerate()
@@ -63,7 +63,7 @@ fn web(ports: &[u16]) -> Holdings {
 
 /// Give `pa` the ports `holdings` in the shards of `pool` (one CAS per shard, as the allocator
 /// commits a spanning owner) and record them in its status.
-async fn place(client: &Client, pool: &str, pa: &PortAllocation, holdings: &Holdings) {
+pub(crate) async fn place(client: &Client, pool: &str, pa: &PortAllocation, holdings: &Holdings) {
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.unwrap();
     let store = ShardStore::new(client.clone());
@@ -105,7 +105,7 @@ async fn shards_of(client: &Client, pool: &str) -> BTreeMap<String, PortPoolShar
 }
 
 /// What each UID holds in the shards that name the current pool object, pieces joined.
-async fn holdings_in_shards(client: &Client, pool: &str) -> BTreeMap<String, Holdings> {
+pub(crate) async fn holdings_in_shards(client: &Client, pool: &str) -> BTreeMap<String, Holdings> {
     let pools: Api<PortPool> = Api::all(client.clone());
     let object = pools.get(pool).await.unwrap();
     let listed: Vec<PortPoolShard> = shards_of(client, pool).await.into_values().collect();

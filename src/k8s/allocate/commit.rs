@@ -23,8 +23,8 @@ use crate::k8s::resources::POOLS;
 use crate::k8s::retry::Attempts;
 use crate::ledger::{
     Decision, Operation, PoolRecord, PoolSnapshot, Refusal, ShardAnomaly, ShardKey, ShardRecord,
-    ShardWrite, WindowRecord, decide, home_shard, load_shard, new_shard, shard_name, single_shard,
-    split_by_shard,
+    ShardWrite, WindowRecord, decide, home_shard, load_shard, loose_in_window, new_shard,
+    shard_name, single_shard, split_by_shard,
 };
 
 /// One operation on one pool, as the rounds of its loop share it.
@@ -193,6 +193,18 @@ impl Allocator {
         }
         let (holdings, allocated, released) = match decision {
             Err(Refusal::Core { .. }) => return Ok(RoundEnd::WholePool),
+            // A block this window would put in a loose run: the whole pool may fit it tighter
+            // (the ledger's batches decide the same way).
+            Ok(ref decided)
+                if !read.copy.spec.may_reuse()
+                    && loose_in_window(
+                        &read.record,
+                        &read.record.holdings_of(request.uid),
+                        decided,
+                    ) =>
+            {
+                return Ok(RoundEnd::WholePool);
+            }
             // With reuse, another copy may have the requested port free: the whole pool tells.
             Err(Refusal::PortHeld { .. })
                 if read.copy.spec.may_reuse()
