@@ -79,6 +79,25 @@ impl BpfFs {
             dir.path().display(),
             std::io::Error::last_os_error()
         );
+        // Shared, as systemd mounts /sys/fs/bpf: a container mounting it with
+        // HostToContainer propagation (the chart's agent) needs a shared or slave mount.
+        // SAFETY: mount(2) changing only the propagation of the mount made above.
+        let shared = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                path.as_ptr(),
+                std::ptr::null(),
+                libc::MS_SHARED,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(
+            shared,
+            0,
+            "mount --make-shared {}: {}",
+            dir.path().display(),
+            std::io::Error::last_os_error()
+        );
         Self { dir }
     }
 
