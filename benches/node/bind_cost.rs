@@ -154,7 +154,7 @@ pub fn measure(scale: &Scale) -> anyhow::Result<Vec<Row>> {
     let holder = node.pod(Some("burstable"), HOLDER);
     let other = node.pod(None, OTHER);
     let guard = attach(&node, &holder)?;
-    let mut programs = Programs::of(&node.kubepods())?;
+    let mut programs = Programs::of(&node.kubepods(), &node.pins())?;
     ensure!(
         programs.len() == 2,
         "the guard attached {} programs",
