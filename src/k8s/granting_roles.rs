@@ -197,11 +197,15 @@ const ROLES: &[Role] = &[
         kind: "Role",
         name: "portalloc-node-agent",
         file: "deploy/node-agent/node-agent.yaml",
-        rules: &[rule(
-            &["coordination.k8s.io"],
-            &["leases"],
-            &["get", "create", "update"],
-        )],
+        rules: &[
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "create", "update"],
+            ),
+            // Its own DaemonSet, read on SIGTERM: gone or deleting means an uninstall.
+            rule(&["apps"], &["daemonsets"], &["get"]),
+        ],
     },
 ];
 
