@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use super::bind_program::{
@@ -19,8 +19,10 @@ use super::bpf_sys::{self, ANY, F_NO_PREALLOC, MAP_TYPE_ARRAY, MAP_TYPE_HASH};
 use super::cgroups;
 use super::guard_pins::{self, MOUNT_HINT};
 use links::{clear, detach_unlinked, find_links, tidy};
+use maps::Maps;
 
 mod links;
+mod maps;
 
 /// The program's name (as `bpftool prog` shows it) and its pins' family, per attach type.
 const PROGRAMS: [(&str, &str, u32); 2] = [
@@ -87,84 +89,6 @@ pub enum GuardError {
     Replace { dir: PathBuf, source: io::Error },
     #[error("reading or writing the guard's maps: {0}")]
     Map(io::Error),
-}
-
-/// The maps, owned.
-struct Maps {
-    config: OwnedFd,
-    modes: OwnedFd,
-    pods: OwnedFd,
-    owners: OwnedFd,
-    claims: OwnedFd,
-    verdicts: OwnedFd,
-}
-
-impl Maps {
-    fn from_fds(fds: Vec<OwnedFd>) -> Self {
-        let [config, modes, pods, owners, claims, verdicts] =
-            <[OwnedFd; 6]>::try_from(fds).unwrap_or_else(|_| unreachable!("six maps"));
-        Self {
-            config,
-            modes,
-            pods,
-            owners,
-            claims,
-            verdicts,
-        }
-    }
-
-    fn create() -> io::Result<Self> {
-        let fds = MAP_SPECS
-            .iter()
-            .map(|(name, [kind, key, value, max, flags])| {
-                bpf_sys::map_create(*kind, *key, *value, *max, *flags, name)
-            });
-        Ok(Self::from_fds(fds.collect::<io::Result<_>>()?))
-    }
-
-    /// The maps pinned in `pins` for this layout, if all are there and have its shapes.
-    fn pinned(pins: &Path) -> io::Result<Option<Self>> {
-        let mut fds = Vec::new();
-        for (name, shape) in MAP_SPECS {
-            let Some(fd) = guard_pins::open(pins, &guard_pins::map_name(&layout(), name))? else {
-                return Ok(None);
-            };
-            if bpf_sys::map_id_and_shape(fd.as_fd())?.1 != shape {
-                return Ok(None);
-            }
-            fds.push(fd);
-        }
-        Ok(Some(Self::from_fds(fds)))
-    }
-
-    fn all(&self) -> [&OwnedFd; 6] {
-        [
-            &self.config,
-            &self.modes,
-            &self.pods,
-            &self.owners,
-            &self.claims,
-            &self.verdicts,
-        ]
-    }
-
-    fn pin(&self, pins: &Path) -> io::Result<()> {
-        for ((name, _), fd) in MAP_SPECS.iter().zip(self.all()) {
-            guard_pins::pin(fd, pins, &guard_pins::map_name(&layout(), name))?;
-        }
-        Ok(())
-    }
-
-    fn fds(&self) -> MapFds {
-        MapFds {
-            config: self.config.as_raw_fd(),
-            modes: self.modes.as_raw_fd(),
-            pods: self.pods.as_raw_fd(),
-            owners: self.owners.as_raw_fd(),
-            claims: self.claims.as_raw_fd(),
-            verdicts: self.verdicts.as_raw_fd(),
-        }
-    }
 }
 
 /// This build's program version (a hash of its instructions).
