@@ -1,5 +1,8 @@
 //! `sync --watch` as a process, as a Deployment's pod runs it: probes on a free loopback port,
 //! its log in a file, ready before `start` returns, killed when dropped.
+//!
+//! A watcher of every namespace (`-A`) syncs every object it sees, other tests' too: start one
+//! only on a control plane of the test's own, never on the shared e2e cluster.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -4,6 +4,7 @@
 //! where no watcher keeps them. Fake Node objects (metadata only) are enough: only their count
 //! matters here, and each test selects its own by a label no other test uses.
 
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -13,6 +14,7 @@ use portalloc::api::{PortAllocation, PortPool};
 use portalloc::ledger::{CONDITION_READY, ShardKey, shard_name};
 
 use crate::support::poll::until_object;
+use crate::support::private_cluster::PrivateCluster;
 use crate::support::watcher_process::WatcherProcess;
 use crate::support::{self, cli};
 
@@ -46,9 +48,9 @@ async fn remove_nodes(client: &Client, group: &str, count: usize) {
     }
 }
 
-fn create_following_pool(pool: &str, group: &str) {
+fn create_following_pool(kubeconfig: &Path, pool: &str, group: &str) {
     let selector = format!("{LABEL}={group}");
-    let run = cli::run(&[
+    let run = cli::run_with(kubeconfig, &[
         "pool",
         "create",
         pool,
@@ -64,9 +66,9 @@ fn create_following_pool(pool: &str, group: &str) {
 }
 
 /// An owner of 4 pods of 1 port each: it fills one copy of the 4-port pool.
-fn create(ns: &str, pool: &str, name: &str) -> cli::Run {
+fn create(kubeconfig: &Path, ns: &str, pool: &str, name: &str) -> cli::Run {
     let manifest = support::simple_allocation(name, pool, "web", 4, &["http"]);
-    cli::run_stdin(&["create", "-f", "-", "-n", ns], &manifest)
+    cli::run_stdin_with(kubeconfig, &["create", "-f", "-", "-n", ns], &manifest)
 }
 
 async fn copy_exists(client: &Client, pool: &str, copy: u16) -> bool {
@@ -90,16 +92,21 @@ fn ready(pa: Option<&PortAllocation>) -> bool {
 
 #[tokio::test]
 async fn copies_follow_the_nodes_and_a_refused_holder_gets_in_once_nodes_are_added() {
-    let client = support::client().await;
+    // A watcher of every namespace syncs every object it sees: a control plane of its own, so
+    // that other tests' objects stay as those tests left them.
+    let Some(cluster) = PrivateCluster::start("follow-watch", true) else {
+        return;
+    };
+    let client = cluster.client().await;
+    let kubeconfig = &cluster.kubeconfig;
     let ns = support::namespace(&client, "follow").await;
     let pool = support::unique_name("follow");
     let group = support::unique_name("fnodes");
     add_nodes(&client, &group, 0, 3).await;
-    create_following_pool(&pool, &group);
+    create_following_pool(kubeconfig, &pool, &group);
 
     // The watcher counts the pool's 3 nodes onto its status.
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = &support::cluster().kubeconfig;
     let watcher = WatcherProcess::start(
         kubeconfig,
         "follow-watcher",
@@ -118,14 +125,14 @@ async fn copies_follow_the_nodes_and_a_refused_holder_gets_in_once_nodes_are_add
 
     // Pods of 1 port on 3 nodes: copy 0, then copies 1 and 2 (1 x 2 < 3); copy 3 is refused.
     for (name, copy) in [("a", 0), ("b", 1), ("c", 2)] {
-        let run = create(&ns, &pool, name);
+        let run = create(kubeconfig, &ns, &pool, name);
         assert!(run.ok(), "{run}");
         assert!(
             copy_exists(&client, &pool, copy).await,
             "{name} in copy {copy}"
         );
     }
-    let refused = create(&ns, &pool, "d");
+    let refused = create(kubeconfig, &ns, &pool, "d");
     assert!(!refused.ok(), "{refused}");
     let reason = "copy 3 refused: pods of 1 port with 3 other holders per port could be kept \
                   off 3 of the pool's 3 nodes";
@@ -149,7 +156,7 @@ async fn copies_follow_the_nodes_and_a_refused_holder_gets_in_once_nodes_are_add
     .await;
 
     // What readers see: the nodes, when counted, the copies allowed and why not one more.
-    let described = cli::run(&["pool", "describe", &pool]);
+    let described = cluster.run(&["pool", "describe", &pool]);
     assert!(described.ok(), "{described}");
     let selector = format!("{LABEL}={group}");
     assert!(
@@ -175,7 +182,6 @@ async fn copies_follow_the_nodes_and_a_refused_holder_gets_in_once_nodes_are_add
 
     let (_, log) = watcher.terminate();
     assert!(log.contains("counted the pool's nodes"), "{log}");
-    remove_nodes(&client, &group, 5).await;
 }
 
 #[tokio::test]
@@ -185,19 +191,19 @@ async fn without_a_watcher_an_allocation_counts_the_nodes_itself() {
     let pool = support::unique_name("follow-cli");
     let group = support::unique_name("cnodes");
     add_nodes(&client, &group, 0, 2).await;
-    create_following_pool(&pool, &group);
+    create_following_pool(&support::cluster().kubeconfig, &pool, &group);
 
     // No watcher: status.nodes stays empty, and the CLI counts 2 nodes itself: copy 1 is
     // allowed (1 x 1 < 2), copy 2 is not.
     for (name, copy) in [("a", 0), ("b", 1)] {
-        let run = create(&ns, &pool, name);
+        let run = create(&support::cluster().kubeconfig, &ns, &pool, name);
         assert!(run.ok(), "{run}");
         assert!(
             copy_exists(&client, &pool, copy).await,
             "{name} in copy {copy}"
         );
     }
-    let refused = create(&ns, &pool, "c");
+    let refused = create(&support::cluster().kubeconfig, &ns, &pool, "c");
     assert!(!refused.ok(), "{refused}");
     assert!(
         refused.stderr.contains(
@@ -261,7 +267,6 @@ async fn node_reuse_and_follow_nodes_together_are_refused_saying_which_to_keep()
 #[tokio::test]
 async fn a_user_who_may_not_list_nodes_gets_copy_0_only_and_is_told_why() {
     use crate::support::apply::{apply_yaml, bind, create_namespace};
-    use crate::support::private_cluster::PrivateCluster;
     use crate::support::{USER_CONTEXT, USER_NAME};
 
     // Cluster-wide bindings: a control plane of its own, as the RBAC tests have.

@@ -44,6 +44,11 @@ pub fn run_with(kubeconfig: &Path, args: &[&str]) -> Run {
     run_full(kubeconfig, args, None)
 }
 
+/// Run the plugin against `kubeconfig` with `input` on standard input.
+pub fn run_stdin_with(kubeconfig: &Path, args: &[&str], input: &str) -> Run {
+    run_full(kubeconfig, args, Some(input))
+}
+
 fn run_full(kubeconfig: &Path, args: &[&str], input: Option<&str>) -> Run {
     let mut child = Command::new(BIN)
         .args(args)
