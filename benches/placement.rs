@@ -9,13 +9,17 @@
 //!   empty 4,096-port pool until one is refused; delete a random half, refill until refused.
 //! - Random mix through the shards: the same, decided as a cluster decides it (the ledger's
 //!   whole decision over a 4,096-port pool's 256-port windows: home window first, the whole pool
-//!   when it cannot take an object or would put a block of 16 or more into a loose run),
-//!   packed placement only.
+//!   when it cannot take an object or would put a block of 16 or more into a loose run; blocks
+//!   of 128 or more toward the pool's high end, the rest toward its low end), packed placement
+//!   only.
 //! - Large blocks through the shards: one block of 16-256 ports per object (powers of two, or
 //!   uniform), and 1-12 single ports with 0-3 such blocks, into the same 4,096-port pool; and
 //!   the one-block mixes into one record without windows, the packer's own limit (reference).
 //!   Also how many one-block objects were refused while a free run of the pool held them
-//!   (the refusal rule says none).
+//!   (the refusal rule says none); and, for each mix through the shards, the most any
+//!   placement of the same objects could reach in the empty pool, and any placement of the
+//!   refill from the holes the deletions left (holders never move: see `refill_bound`), so a
+//!   seed under 90 % shows whether its placement or its objects and holes are to blame.
 //! - Collisions: at ~50 % occupancy (random mix, reached with that placement), the chance that
 //!   two clients planning the same PortAllocation from one read, each with its own random
 //!   generator, choose overlapping ports.
@@ -98,38 +102,42 @@ fn main() {
             min_median_bar(&again)
         );
     }
-    let runs: Vec<(f64, f64)> = (0..seeds).map(sharded_mix_run).collect();
-    let first: Vec<f64> = runs.iter().map(|r| r.0).collect();
-    let again: Vec<f64> = runs.iter().map(|r| r.1).collect();
-    println!(
-        "| random mix through the 256-port shards | new (packed): home window first (blocks only into a tight run there), else the tightest fit of the whole pool | {} | delete half, refill: {} |",
-        min_median_bar(&first),
-        min_median_bar(&again)
-    );
-    let shapes: [(&str, MakeAllocation); 2] = [
-        ("blocks of 16, 32, 64, 128 or 256", power_of_two_block),
-        ("blocks of 16-256 (uniform)", uniform_block),
+    let shapes: [(&str, &str, MakeAllocation); 4] = [
+        (
+            "random mix",
+            "new (packed): home window first (blocks only into a tight run there; blocks of 128+ toward the high end, the rest toward the low end), else the tightest fit of the whole pool",
+            mix_allocation,
+        ),
+        (
+            "one block per object, blocks of 16, 32, 64, 128 or 256",
+            "new (packed)",
+            power_of_two_block,
+        ),
+        (
+            "one block per object, blocks of 16-256 (uniform)",
+            "new (packed)",
+            uniform_block,
+        ),
+        (
+            "1-12 single ports and 0-3 blocks of 16-256 per object",
+            "new (packed)",
+            singles_and_large_blocks,
+        ),
     ];
-    for (shape, make) in shapes {
-        let runs: Vec<(f64, f64)> = (0..seeds).map(|seed| sharded_run(seed, make)).collect();
-        let first: Vec<f64> = runs.iter().map(|r| r.0).collect();
-        let again: Vec<f64> = runs.iter().map(|r| r.1).collect();
+    for (shape, placement, make) in shapes {
+        let runs: Vec<Sharded> = (0..seeds).map(|seed| sharded_run(seed, make)).collect();
+        let first: Vec<f64> = runs.iter().map(|r| r.first).collect();
+        let again: Vec<f64> = runs.iter().map(|r| r.again).collect();
+        let first_bound: Vec<f64> = runs.iter().map(|r| r.first_bound).collect();
+        let bound: Vec<f64> = runs.iter().map(|r| r.bound).collect();
         println!(
-            "| one block per object, {shape}, through the 256-port shards | new (packed) | {} | delete half, refill: {} |",
+            "| {shape}, through the 256-port shards | {placement} | {} (no placement beyond {}) | delete half, refill: {} (no refill from the same holes beyond {}) |",
             min_median_bar(&first),
-            min_median_bar(&again)
+            min_median_bar(&first_bound),
+            min_median_bar(&again),
+            min_median_bar(&bound)
         );
     }
-    let runs: Vec<(f64, f64)> = (0..seeds)
-        .map(|seed| sharded_run(seed, singles_and_large_blocks))
-        .collect();
-    let first: Vec<f64> = runs.iter().map(|r| r.0).collect();
-    let again: Vec<f64> = runs.iter().map(|r| r.1).collect();
-    println!(
-        "| 1-12 single ports and 0-3 blocks of 16-256 per object, through the 256-port shards | new (packed) | {} | delete half, refill: {} |",
-        min_median_bar(&first),
-        min_median_bar(&again)
-    );
     // The packer alone, over one 4,096-port record with no windows: what the shards are held to.
     for (shape, pow2) in [
         ("16, 32, 64, 128 or 256", true),
@@ -383,12 +391,6 @@ fn allocation(name: &str, ports: Vec<PortRequest>) -> PortAllocation {
     pa
 }
 
-/// [`mix_run`] through the ledger's per-window decisions: each object decided as `create -f`
-/// decides it (its home window, else the whole pool), deletions as `delete` does.
-fn sharded_mix_run(seed: u64) -> (f64, f64) {
-    sharded_run(seed, mix_allocation)
-}
-
 /// One PortAllocation asking for one automatic block of `count` ports.
 fn block_allocation(name: &str, count: u32) -> PortAllocation {
     let port = PortRequest {
@@ -416,7 +418,7 @@ fn uniform_block(rng: &mut StdRng, name: &str) -> PortAllocation {
 /// refusal, through the ledger's per-window decisions (each object decided as `create -f`
 /// decides it: its home window, else elsewhere; deletions as `delete` does); then a random half
 /// deleted and a refill until the next refusal. The occupancy at both refusals.
-fn sharded_run(seed: u64, make: MakeAllocation) -> (f64, f64) {
+fn sharded_run(seed: u64, make: MakeAllocation) -> Sharded {
     let mut pool = PortPool::new(
         "mix",
         PortPoolSpec {
@@ -437,10 +439,16 @@ fn sharded_run(seed: u64, make: MakeAllocation) -> (f64, f64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut live: Vec<String> = Vec::new();
     let mut next = 0;
-    let mut fill = |record: &mut PoolRecord, rng: &mut StdRng, live: &mut Vec<String>| loop {
+    // The blocks of each object drawn, in order.
+    let mut drawn: Vec<Vec<u32>> = Vec::new();
+    let mut fill = |record: &mut PoolRecord,
+                    rng: &mut StdRng,
+                    live: &mut Vec<String>,
+                    drawn: &mut Vec<Vec<u32>>| loop {
         let name = format!("mix-{next}");
         next += 1;
         let pa = make(rng, &name);
+        drawn.push(block_counts(&pa));
         let owner = owner_of(&pa);
         let item = BatchItem {
             known: home_shard(&record.layout, &owner)
@@ -465,7 +473,15 @@ fn sharded_run(seed: u64, make: MakeAllocation) -> (f64, f64) {
         }
         live.push(name);
     };
-    let first = fill(&mut record, &mut rng, &mut live);
+    let empty = record.first().union_record().state;
+    let first = fill(&mut record, &mut rng, &mut live, &mut drawn);
+    let first_count = drawn.len();
+    // The same objects, then more drawn from a copy of the generator (the run goes on as if
+    // no bound were worked out).
+    let mut filled = drawn.clone();
+    let mut more = rng.clone();
+    filled.extend(more_objects(make, &mut more));
+    let first_bound = refill_bound(&empty, &filled);
     live.shuffle(&mut rng);
     for gone in live.split_off(live.len() / 2) {
         let item = BatchItem {
@@ -476,7 +492,62 @@ fn sharded_run(seed: u64, make: MakeAllocation) -> (f64, f64) {
         };
         preview(&mut record, &item, &mut rng);
     }
-    (first, fill(&mut record, &mut rng, &mut live))
+    let holes = record.first().union_record().state;
+    let again = fill(&mut record, &mut rng, &mut live, &mut drawn);
+    let mut refill = drawn.split_off(first_count);
+    refill.extend(more_objects(make, &mut rng));
+    Sharded {
+        first,
+        first_bound,
+        again,
+        bound: refill_bound(&holes, &refill),
+    }
+}
+
+/// The blocks of 1,000 more objects from `make`, for a bound to look past a refusal.
+fn more_objects(make: MakeAllocation, rng: &mut StdRng) -> Vec<Vec<u32>> {
+    (0..1000)
+        .map(|i| block_counts(&make(rng, &format!("more-{i}"))))
+        .collect()
+}
+
+/// Occupancy at the first refusal and the most any placement of the same objects into the
+/// empty pool could reach; at the refill's refusal, and the most any refill from the same
+/// holes could reach ([`refill_bound`]).
+struct Sharded {
+    first: f64,
+    first_bound: f64,
+    again: f64,
+    bound: f64,
+}
+
+/// The blocks one object asks for (a single port counts as a block of one).
+fn block_counts(pa: &PortAllocation) -> Vec<u32> {
+    let ports = pa.spec.roles.iter().flat_map(|role| &role.ports);
+    ports.map(|p| p.count.unwrap_or(1).max(1) as u32).collect()
+}
+
+/// The highest occupancy any placement of the refill could reach from the holes churn left in
+/// `holes`, objects arriving as `refill`: holders never move, and a block of `s` ports or more
+/// takes at least one of the `fits(s)` places for `s` ports the holes offer, so the refill
+/// stops at the first object whose blocks of `s` or more outnumber them, for some `s` (or
+/// that outgrows the free ports).
+fn refill_bound(holes: &PoolState, refill: &[Vec<u32>]) -> f64 {
+    let runs = holes.fragmentation();
+    let mut held = holes.held_count();
+    let mut blocks: Vec<u32> = Vec::new();
+    for object in refill {
+        blocks.extend(object.iter().copied().filter(|&c| c > 1));
+        let over = blocks.iter().any(|&size| {
+            let longer = blocks.iter().filter(|&&c| c >= size).count() as u32;
+            longer > runs.fits(size)
+        });
+        if over || held + object.iter().sum::<u32>() > holes.size() {
+            break;
+        }
+        held += object.iter().sum::<u32>();
+    }
+    f64::from(held) * 100.0 / f64::from(holes.size())
 }
 
 /// One automatic block per object (16-256 ports: powers of two, or uniform) into one 4,096-port

@@ -14,6 +14,7 @@
 
 use crate::core::{Holdings, PoolState};
 
+use super::block_end::{by_size, has_long_new_block};
 use super::decision::Decision;
 use super::window_record::WindowRecord;
 
@@ -31,6 +32,9 @@ pub fn loose_in_window(record: &WindowRecord, before: &Holdings, decision: &Deci
     let Decision::Write { holdings, .. } = decision else {
         return false;
     };
+    if has_long_new_block(before, holdings) && by_size(&record.pool) {
+        return true;
+    }
     holdings
         .iter()
         .filter(|&(slot, block)| before.block(slot) != Some(block))

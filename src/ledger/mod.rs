@@ -32,6 +32,7 @@
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
 mod allocation_status;
+mod block_end;
 mod copy_record;
 mod decision;
 pub mod event_notice;

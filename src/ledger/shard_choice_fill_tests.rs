@@ -234,9 +234,14 @@ proptest! {
 
 /// An owner `<name>` asking for one block of `count`, whose home is window 118 of `record`.
 fn block_owner_homed_in_118(record: &PoolRecord, count: i32) -> BatchItem {
+    block_owner_homed_in(record, 118, count)
+}
+
+/// An owner `<name>` asking for one block of `count`, whose home is `window` of `record`.
+fn block_owner_homed_in(record: &PoolRecord, window: u16, count: i32) -> BatchItem {
     let name = (0..)
         .map(|i| format!("o{i}"))
-        .find(|name| home_shard(&record.layout, &format!("ns/{name}")) == Some(118))
+        .find(|name| home_shard(&record.layout, &format!("ns/{name}")) == Some(window))
         .unwrap();
     let mut pa = random_mix(&mut StdRng::seed_from_u64(0), &name);
     pa.spec.roles[0].ports = vec![PortRequest {
@@ -271,7 +276,8 @@ fn a_block_leaves_a_loose_home_window_for_a_run_that_fits_it_and_keeps_a_tight_o
     );
     let both = BTreeSet::from([ShardKey::first(118), ShardKey::first(119)]);
     assert_eq!(placed.widen, Some(both), "its status names the shard first");
-    // 250 ports fill the home's run of 256 but for 6: decided at home, no status write first.
+    // 250 ports: the home's run of 256 is the only one that holds them (toward its high end,
+    // as a long block), so no status write first.
     let placed = place(&record, &block_owner_homed_in_118(&record, 250), &mut rng);
     assert!(
         placed
@@ -281,4 +287,73 @@ fn a_block_leaves_a_loose_home_window_for_a_run_that_fits_it_and_keeps_a_tight_o
             .all(|p| (30208..=30463).contains(&p))
     );
     assert_eq!(placed.widen, None);
+}
+
+/// Where `count` ports go for an owner homed in the full window 119 of 30208-30975 (windows
+/// 118-120), all held but a run of `low` ports at 30208 and one of `high` ports ending at 30975.
+fn placed_between(low: u16, high: u16, count: i32) -> Vec<u16> {
+    let pool = pool_of(&["30208-30975"], &[]);
+    let a = format!("r.a={}-30463", 30208 + low);
+    let c = format!("r.c=30720-{}", 30975 - high);
+    let record = sharded(
+        &pool,
+        vec![
+            shard_of(&pool, 118, holders(&[("a", &a)])),
+            shard_of(&pool, 119, holders(&[("b", "r.b=30464-30719")])),
+            shard_of(&pool, 120, holders(&[("c", &c)])),
+        ],
+    );
+    let item = block_owner_homed_in(&record, 119, count);
+    let placed = place(&record, &item, &mut StdRng::seed_from_u64(5));
+    placed.outcome.holdings().ports().collect()
+}
+
+#[test]
+fn among_equally_tight_runs_long_blocks_go_high_and_short_ones_low() {
+    // Two runs of 128: a block of 128 (long) takes the high one, whatever its home.
+    assert_eq!(
+        placed_between(128, 128, 128),
+        (30848..=30975).collect::<Vec<_>>()
+    );
+    // A block of 100 (short) takes the low one, against its end.
+    assert_eq!(
+        placed_between(128, 128, 100),
+        (30208..=30307).collect::<Vec<_>>()
+    );
+    // Best fit comes first: a tighter run wins whichever end it is at.
+    assert_eq!(
+        placed_between(128, 100, 100),
+        (30876..=30975).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        placed_between(128, 200, 128),
+        (30208..=30335).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn in_an_empty_pool_long_blocks_start_at_the_top_and_short_ones_at_the_bottom() {
+    let pool = pool_of(&["30208-30975"], &[]);
+    let mut record = sharded(&pool, vec![]);
+    let mut rng = StdRng::seed_from_u64(9);
+    for (home, count, first) in [(119, 256, 30720), (118, 64, 30208), (120, 128, 30592)] {
+        // Wherever its home, a long block goes toward the top and a short one to the bottom.
+        let item = block_owner_homed_in(&record, home, count);
+        let outcome = preview(&mut record, &item, &mut rng).outcome;
+        assert_eq!(
+            outcome.holdings().ports().next(),
+            Some(first),
+            "{count} ports"
+        );
+    }
+}
+
+#[test]
+fn a_pool_of_one_window_places_a_long_block_as_its_window_does() {
+    // Window 118 alone, filling from its low end (even window): no end by block length.
+    let pool = pool_of(&["30208-30463"], &[]);
+    let record = sharded(&pool, vec![]);
+    let item = block_owner_homed_in(&record, 118, 128);
+    let placed = place(&record, &item, &mut StdRng::seed_from_u64(2));
+    assert_eq!(placed.outcome.holdings().ports().next(), Some(30208));
 }

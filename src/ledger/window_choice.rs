@@ -7,7 +7,9 @@
 //! edge. Else on as few shards as it fits: its own plus the 2, 4, 8, ... fullest, then the
 //! whole copy, whose refusal is then the answer. A block is thus refused only when no free run
 //! of the copy holds it.
-//! Static-band ports count against a window (KEP-3668). What best fit buys is measured in
+//! Among equally tight places, one nearer the end of the pool the owner goes toward
+//! (`block_end`: long blocks high, the rest low). Static-band ports count against a window
+//! (KEP-3668). What best fit buys is measured in
 //! `benches/placement.rs`.
 
 use std::borrow::Cow;
@@ -17,6 +19,7 @@ use rand::Rng;
 
 use crate::core::{Band, Holdings, Lean};
 
+use super::block_end::{by_size, distance, end_of};
 use super::copy_record::CopyRecord;
 use super::decision::{Decision, Operation, decide};
 use super::free_runs::FreeRuns;
@@ -58,13 +61,20 @@ pub(super) fn elsewhere(
             .map(|pair| Cow::Owned(work.pair_record(&pair)));
         // The whole copy as one record: its best fit may lie across a window edge that no
         // pair joins, or at the end of a run where a window's own best fit would cut it.
+        // In a pool that sorts owners by block length, toward the end of their size.
+        let end = by_size(&work.pool).then(|| end_of(operation));
         let whole = operation.asks_for_blocks().then(|| {
             let mut record = work.union_record();
-            record.state = record.state.leaning(Lean::Low);
+            record.state = record.state.leaning(end.unwrap_or(Lean::Low));
             Cow::Owned(record)
         });
         let places = windows.chain(pairs).chain(whole);
-        if let Some(decision) = best_place(places, &runs, &before, uid, owner, operation, rng)? {
+        let fit = Fit {
+            runs: &runs,
+            before: &before,
+            end,
+        };
+        if let Some(decision) = best_place(places, &fit, uid, owner, operation, rng)? {
             return Ok(decision);
         }
     }
@@ -103,23 +113,35 @@ fn neighbours(work: &CopyRecord, only: Option<u16>) -> impl Iterator<Item = BTre
         .filter(move |pair| only.is_none_or(|only| pair.contains(&only)))
 }
 
+/// How [`best_place`] ranks a place, smallest best: static-band ports, fit, distance from its
+/// end of the pool, splits, free ports.
+type PlaceKey = (usize, u32, u32, u32, u32);
+
+/// What [`best_place`] ranks places by: the copy's free runs, what the owner holds, and the
+/// end of the pool it is placed toward (`block_end`; `None`: no end preferred).
+struct Fit<'a> {
+    runs: &'a FreeRuns,
+    before: &'a Holdings,
+    end: Option<Lean>,
+}
+
 /// The best of the records (a window, or windows joined) that take the owner whole: the
 /// fewest static-band ports (KEP-3668: automatic ports use the static band only when the
 /// dynamic band cannot take them), then the tightest fit across the whole copy (the shortest
 /// free run its largest new block cuts, window edges ignored: runs too long for it stay whole
-/// for larger owners), then against an end of its run rather than inside it (a block with free
-/// ports on both sides cuts one run into two), then the fullest record. Among equals the first, so candidates in the
+/// for larger owners), then nearest the end of the pool it goes toward (`block_end`), then
+/// against an end of its run rather than inside it (a block with free ports on both sides cuts
+/// one run into two), then the fullest record. Among equals the first, so candidates in the
 /// owner's home order keep owners apart. `None` when none takes it.
 fn best_place<'a>(
     records: impl Iterator<Item = Cow<'a, WindowRecord>>,
-    runs: &FreeRuns,
-    before: &Holdings,
+    fit: &Fit,
     uid: &str,
     owner: &str,
     operation: &Operation,
     rng: &mut impl Rng,
 ) -> Result<Option<Decision>, Refusal> {
-    let mut best: Option<((usize, u32, u32, u32), Decision)> = None;
+    let mut best: Option<(PlaceKey, Decision)> = None;
     for record in records {
         let decision = match decide(&record, uid, owner, operation, rng) {
             Err(Refusal::Core { .. }) => continue,
@@ -132,10 +154,12 @@ fn best_place<'a>(
             .flat_map(|(_, block)| block.ports())
             .filter(|&port| state.band_of(port) == Some(Band::Static))
             .count();
+        let after = decision.holdings();
         let key = (
             statics,
-            runs.fit(before, decision.holdings()),
-            runs.splits(before, decision.holdings()),
+            fit.runs.fit(fit.before, after),
+            fit.end.map_or(0, |end| distance(end, fit.before, after)),
+            fit.runs.splits(fit.before, after),
             state.free_count(),
         );
         if best.as_ref().is_none_or(|(best_key, _)| key < *best_key) {
