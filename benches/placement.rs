@@ -1,6 +1,6 @@
 //! How full a pool gets before it refuses, under each placement, replaying allocations and
 //! deletions through the planner (no API server): `cargo bench --bench placement`
-//! (`-- --quick` for 20 seeds instead of 200, `-- --seeds N` for N).
+//! (`-- --quick` or `PORTALLOC_BENCH_QUICK=1` for 20 seeds instead of 200, `-- --seeds N` for N).
 //!
 //! - vLLM-Ray: copies of `examples/vllm-ray-lws.yaml`'s PortAllocation (428 ports, six blocks of
 //!   64) into its pool (3,998 ports) until one is refused; then rounds of "delete 3 random
@@ -58,7 +58,8 @@ const PAIRS_PER_SEED: u64 = 50;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
+    let quick = args.iter().any(|a| a == "--quick")
+        || std::env::var("PORTALLOC_BENCH_QUICK").is_ok_and(|v| v == "1");
     let seeds: u64 = args
         .iter()
         .position(|a| a == "--seeds")
