@@ -217,7 +217,7 @@ proptest! {
         let mut record = sharded(&pool, vec![]);
         let (mut live, mut next) = (Vec::new(), 0);
         let first = fill_blocks(&mut record, &mut rng, &mut live, &mut next, pow2)?;
-        prop_assert!(first >= 0.85, "first refused at {first:.3}");
+        prop_assert!(first >= 0.90, "first refused at {first:.3}");
         live.shuffle(&mut rng);
         for gone in live.split_off(live.len() / 2) {
             let item = BatchItem {
@@ -229,6 +229,28 @@ proptest! {
             preview(&mut record, &item, &mut rng);
         }
         fill_blocks(&mut record, &mut rng, &mut live, &mut next, pow2)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(4),
+        ..ProptestConfig::default()
+    })]
+
+    /// Blocks of 16-256 ports into an empty 4,096-port pool until the first refusal: it comes
+    /// at 90 % or later (issue 44), as long blocks are placed toward the high end and short
+    /// ones toward the low end. Placed by fit alone, some seeds stopped at 87 %.
+    #[test]
+    fn one_block_objects_fill_a_sharded_pool_to_ninety_percent(seed in any::<u64>(), pow2 in any::<bool>()) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut pool = pool_of(&["30000-34095"], &[]);
+        pool.spec.static_band = StaticBandSetting::Auto;
+        let mut record = sharded(&pool, vec![]);
+        let (mut live, mut next) = (Vec::new(), 0);
+        let first = fill_blocks(&mut record, &mut rng, &mut live, &mut next, pow2)?;
+        prop_assert!(first >= 0.90, "first refused at {first:.3}");
     }
 }
 
