@@ -15,6 +15,7 @@ use crate::api::{
 };
 use crate::core::{Band, PoolState, hazards};
 use crate::k8s::{self, get_pool};
+use crate::ledger::node_report::NODE_AGENT_NAMESPACE;
 use crate::ledger::{Anomaly, PoolSnapshot, WindowRecord};
 
 #[derive(Args, Debug)]
@@ -113,13 +114,13 @@ pub struct CreateArgs {
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
   kubectl portalloc pool describe default
-  # Node agents installed in a namespace of their own
+  # Node agents installed in another namespace than the chart's portalloc-node-agent
   kubectl portalloc pool describe default --node-agent-namespace node-agents")]
 pub struct DescribeArgs {
     pub name: String,
-    /// The namespace the node agents run in (the chart's release namespace): their Leases
+    /// The namespace the node agents run in (the chart's nodeAgent.namespace): their Leases
     /// there are the reports shown; a Lease elsewhere is no agent's.
-    #[arg(long, default_value = "portalloc-system", value_name = "NS")]
+    #[arg(long, default_value = NODE_AGENT_NAMESPACE, value_name = "NS")]
     pub node_agent_namespace: String,
 }
 
