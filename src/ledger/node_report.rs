@@ -28,7 +28,7 @@ pub fn lease_name(node: &str) -> String {
     format!(
         "portalloc-node-{}-{:016x}",
         &node[..200],
-        super::fnv1a(node.as_bytes())
+        crate::ledger::fnv1a(node.as_bytes())
     )
 }
 
