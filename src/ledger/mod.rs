@@ -32,26 +32,20 @@
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
 mod allocation_status;
-mod copy_record;
 mod decision;
 pub mod event_notice;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod free_runs;
-mod holdings_across_shards;
 mod home_fit;
-mod known_shards;
 pub mod leader_lease;
-pub mod node_bound;
 pub mod node_guard;
 pub mod node_report;
 mod pod_ports;
-mod pool_record;
 mod pool_repair;
-mod pool_snapshot;
 mod pools;
 mod preview;
-mod record_warnings;
+mod record;
 mod refusal;
 mod repair_outcome;
 mod repair_plan;
@@ -61,8 +55,6 @@ mod shard_choice;
 mod spec_change;
 mod spread;
 mod window_choice;
-mod window_record;
-mod windows;
 
 pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
@@ -98,6 +90,14 @@ pub use spec_change::{spec_differences, stranded_holders};
 pub use window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
 pub use windows::{
     ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,
+};
+
+// The record's files by their own names, as the placement files and the rest of the ledger
+// name them (`super::copy_record`).
+pub use record::node_bound;
+use record::{
+    copy_record, holdings_across_shards, known_shards, pool_record, pool_snapshot, record_warnings,
+    window_record, windows,
 };
 
 use kube::ResourceExt;
