@@ -42,15 +42,11 @@ pub mod leader_lease;
 pub mod node_guard;
 pub mod node_report;
 mod pod_ports;
-mod pool_repair;
 mod pools;
 mod preview;
 mod record;
 mod refusal;
-mod repair_outcome;
-mod repair_plan;
-mod repair_restore;
-mod repair_text;
+mod repair;
 mod shard_choice;
 mod spec_change;
 mod spread;
@@ -75,7 +71,6 @@ pub use pod_ports::{
     unheld_ports,
 };
 pub use pool_record::PoolRecord;
-pub use pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
 pub use pool_snapshot::PoolSnapshot;
 pub use pools::{
     PoolOverlap, SharedPorts, all_overlaps, may_share, overlapping_pool, ranges_of, shared_ports,
@@ -83,8 +78,9 @@ pub use pools::{
 pub use preview::{PortChanges, Previewed, preview};
 pub use record_warnings::record_warnings;
 pub use refusal::{Reason, Refusal};
-pub use repair_outcome::{Change, Finding, FreeReason, RepairPlan, Restored};
-pub use repair_plan::plan_repair;
+pub use repair::pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
+pub use repair::repair_outcome::{Change, Finding, FreeReason, RepairPlan, Restored};
+pub use repair::repair_plan::plan_repair;
 pub use shard_choice::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
 pub use spec_change::{spec_differences, stranded_holders};
 pub use window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
