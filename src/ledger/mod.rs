@@ -39,8 +39,7 @@ pub(crate) mod fixtures;
 mod free_runs;
 mod home_fit;
 pub mod leader_lease;
-pub mod node_guard;
-pub mod node_report;
+mod node;
 mod pod_ports;
 mod pools;
 mod preview;
@@ -90,6 +89,7 @@ pub use windows::{
 
 // The record's files by their own names, as the placement files and the rest of the ledger
 // name them (`super::copy_record`).
+pub use node::{node_guard, node_report};
 pub use record::node_bound;
 use record::{
     copy_record, holdings_across_shards, known_shards, pool_record, pool_snapshot, record_warnings,
