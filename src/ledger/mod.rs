@@ -33,12 +33,10 @@
 
 mod allocation_status;
 mod decision;
-pub mod event_notice;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod free_runs;
 mod home_fit;
-pub mod leader_lease;
 mod node;
 mod pod_ports;
 mod pools;
@@ -49,6 +47,7 @@ mod repair;
 mod shard_choice;
 mod spec_change;
 mod spread;
+mod watcher;
 mod window_choice;
 
 pub use allocation_status::{
@@ -95,6 +94,7 @@ use record::{
     copy_record, holdings_across_shards, known_shards, pool_record, pool_snapshot, record_warnings,
     window_record, windows,
 };
+pub use watcher::{event_notice, leader_lease};
 
 use kube::ResourceExt;
 
