@@ -6,7 +6,10 @@ use clap::{Args, Subcommand};
 use kube::Client;
 
 use super::output::{OutputFormat, bar, print_names, print_objects};
+use super::pool_copies::copies_text;
 use super::pool_flags::{ProtocolFlag, StaticBandParser};
+use super::pool_get::{GetArgs, get};
+use super::pool_guard::guard_text_of;
 use super::{CliError, Exit, GlobalArgs, Session};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -26,7 +29,7 @@ pub struct PoolArgs {
 #[derive(Subcommand, Debug)]
 pub enum PoolCommand {
     Create(CreateArgs),
-    Get(super::pool_get::GetArgs),
+    Get(GetArgs),
     Describe(DescribeArgs),
     Delete(DeleteArgs),
 }
@@ -140,7 +143,7 @@ pub async fn run(global: &GlobalArgs, args: PoolArgs) -> anyhow::Result<()> {
     let session = Session::connect(global).await?;
     match args.command {
         PoolCommand::Create(args) => create(&session.client, args).await,
-        PoolCommand::Get(args) => super::pool_get::get(&session.client, args).await,
+        PoolCommand::Get(args) => get(&session.client, args).await,
         PoolCommand::Describe(args) => describe(&session.client, args).await,
         PoolCommand::Delete(args) => delete(&session.client, args).await,
     }
@@ -253,7 +256,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
+pub(super) async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
     let pool = get_pool(client, &args.name).await?;
     let view = k8s::pool_view(client, pool)
         .await?
@@ -266,14 +269,14 @@ async fn describe(client: &Client, args: DescribeArgs) -> anyhow::Result<()> {
         describe_text(&view.record, &view.record_kind(), &warnings)
     );
     if view.reuse > 1 || !view.reused.is_empty() || view.nodes.is_some() {
-        print!("{}", super::pool_copies::copies_text(&view));
+        print!("{}", copies_text(&view));
     }
     let reports = k8s::node_agent::node_reports(client, &args.node_agent_namespace)
         .await
         .map_err(|e| e.to_string());
     print!(
         "{}",
-        super::pool_guard::guard_text_of(
+        guard_text_of(
             &args.name,
             &args.node_agent_namespace,
             &view.record.pool.spec,
