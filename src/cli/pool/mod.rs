@@ -1,16 +1,21 @@
 //! `kubectl portalloc pool create|get|describe|delete`.
 
+mod describe_copies;
+mod describe_guard;
+mod flags;
+mod get;
+
 use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
 use kube::Client;
 
 use super::output::{OutputFormat, bar, print_names, print_objects};
-use super::pool_copies::copies_text;
-use super::pool_flags::{ProtocolFlag, StaticBandParser};
-use super::pool_get::{GetArgs, get};
-use super::pool_guard::guard_text_of;
 use super::{CliError, Exit, GlobalArgs, Session};
+use describe_copies::copies_text;
+use describe_guard::guard_text_of;
+use flags::{ProtocolFlag, StaticBandParser};
+use get::{GetArgs, get};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::{
