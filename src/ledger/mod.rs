@@ -50,6 +50,7 @@ mod spread;
 mod watcher;
 mod window_choice;
 
+pub(crate) use allocation_status::is_current;
 pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
     allocation_status, recorded_copies, recorded_holdings, set_slot_copies,
