@@ -9,11 +9,11 @@
 //! was down all come right on the next round.
 
 mod attachment;
+mod bind_events;
 mod conditions;
 mod holdings;
 mod lease;
 mod removal;
-mod report;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -39,11 +39,11 @@ use crate::node::bind_program::{
 };
 use crate::node::cgroups::{self, CgroupDriver, PodCgroups};
 use crate::node::reserved_ports::ReservedPorts;
+use bind_events::Reports;
+pub use bind_events::{BindReport, BindVerdict};
 use conditions::{Conditions, Transition};
 pub use lease::{node_reports, publish};
 pub use removal::{NodeFootprint, remove_from_node};
-use report::Reports;
-pub use report::{BindReport, BindVerdict};
 
 /// How a node agent runs.
 #[derive(Clone, Debug)]
