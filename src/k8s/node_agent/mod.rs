@@ -39,8 +39,8 @@ use crate::node::bind_program::{
 };
 use crate::node::cgroups::{self, CgroupDriver, PodCgroups};
 use crate::node::reserved_ports::ReservedPorts;
-use bind_events::Reports;
-pub use bind_events::{BindReport, BindVerdict};
+use bind_events::BindEvents;
+pub use bind_events::{BindEvent, BindVerdict};
 use conditions::{Conditions, Transition};
 pub use lease::{node_reports, publish};
 pub use removal::{NodeFootprint, remove_from_node};
@@ -105,7 +105,7 @@ pub async fn run_node_agent(
     let mut agent = Agent {
         client: client.clone(),
         shards: ShardStore::new(client.clone()),
-        reports: Reports::new(client, &node),
+        bind_events: BindEvents::new(client, &node),
         reserved_ports: ReservedPorts::at(&options.reserved_ports_file, &options.state_dir),
         options,
         guard: None,
@@ -165,7 +165,7 @@ where
 struct Agent {
     client: kube::Client,
     shards: ShardStore,
-    reports: Reports,
+    bind_events: BindEvents,
     reserved_ports: ReservedPorts,
     options: NodeAgentOptions,
     guard: Option<BindGuard>,
@@ -298,7 +298,7 @@ impl Agent {
         Ok(true)
     }
 
-    /// The guard's pods and owners brought up to date, then what it saw, reported.
+    /// The guard's pods and owners brought up to date, then what it saw, as Events.
     async fn guard_round(
         &mut self,
         pods: &[std::sync::Arc<Pod>],
@@ -313,7 +313,7 @@ impl Agent {
             self.set_modes(&plan)?;
         }
         self.finish_upgrade();
-        self.report(&found, &by_uid).await
+        self.publish_bind_events(&found, &by_uid).await
     }
 
     /// How long each of a round's three waits on the API server (the pods' records, the
@@ -470,7 +470,7 @@ impl Agent {
     }
 
     /// Claims settled and verdicts counted since the last round, as Events on the pods.
-    async fn report(
+    async fn publish_bind_events(
         &mut self,
         found: &PodCgroups,
         by_uid: &BTreeMap<String, std::sync::Arc<Pod>>,
@@ -480,7 +480,7 @@ impl Agent {
             found.pods.iter().map(|(uid, &id)| (id, uid)).collect();
         let owners = self.written_owners.clone().unwrap_or_default();
         let mut settled = BTreeSet::new();
-        let mut reports = Vec::new();
+        let mut binds = Vec::new();
         for (slot, claimant) in guard.claims()? {
             match uid_of.get(&claimant) {
                 None => {
@@ -489,7 +489,7 @@ impl Agent {
                 Some(uid) if self.is_seen(uid) => {
                     settled.insert(slot);
                     if owners.get(&slot) != Some(&claimant) {
-                        reports.push((claimant, slot, BindVerdict::TakenBeforeSeen, 1));
+                        binds.push((claimant, slot, BindVerdict::TakenBeforeSeen, 1));
                     }
                 }
                 Some(_) => {}
@@ -503,7 +503,7 @@ impl Agent {
                 VERDICT_CLAIMED => continue,
                 _ => continue,
             };
-            reports.push((key.cgroup, key.slot, verdict, count));
+            binds.push((key.cgroup, key.slot, verdict, count));
         }
         let plan = self.plan.clone().unwrap_or_default();
         let events_until = Instant::now() + self.api_budget();
@@ -513,14 +513,14 @@ impl Agent {
             let holding = self.holdings.get(*uid)?.as_ref()?;
             Some((holding.pod.clone(), holding.owner.clone()))
         };
-        for (cgroup, slot, verdict, count) in reports {
+        for (cgroup, slot, verdict, count) in binds {
             let pool = plan.pool_of_slot.get(&slot).cloned().unwrap_or_default();
             let mode = plan
                 .modes
                 .get(&slot)
                 .copied()
                 .unwrap_or(GuardMode::Disabled);
-            let report = BindReport {
+            let bind = BindEvent {
                 verdict,
                 slot,
                 count,
@@ -538,11 +538,11 @@ impl Agent {
                 cgroup,
                 verdict = verdict.label(),
                 "{}",
-                report.message()
+                bind.message()
             );
             let left = events_until.saturating_duration_since(Instant::now());
             if let Some(pod) = pod
-                && tokio::time::timeout(left, self.reports.bind(pod, &report))
+                && tokio::time::timeout(left, self.bind_events.publish(pod, &bind))
                     .await
                     .is_err()
             {
