@@ -86,13 +86,24 @@ const READS_AT_ONCE: usize = 16;
 /// A mirror pod names its static pod's cgroup UID here.
 const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
+/// Why the node agent stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeAgentError {
+    /// The watch of the PortPools or of the node's pods ended before its first list.
+    #[error(transparent)]
+    Watch(#[from] kube::runtime::reflector::store::WriterDropped),
+    /// Its DaemonSet gone, the agent could not take what it put on the node off it.
+    #[error("{reason}; run `kubectl portalloc node-agent --detach` on node {node}")]
+    Removal { node: String, reason: String },
+}
+
 /// Run until `stop` resolves.
 pub async fn run_node_agent(
     client: kube::Client,
     options: NodeAgentOptions,
     (readiness, metrics): (Readiness, Metrics),
     stop: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), NodeAgentError> {
     let node = options.node_name.clone();
     let pools = watch_store(
         Api::<PortPool>::all(client.clone()),
@@ -140,7 +151,7 @@ pub async fn run_node_agent(
         agent.note(
             "round",
             "the guard's round works again",
-            round.map_err(|e| format!("node agent round: {e:#}")),
+            round.map_err(|e| format!("node agent round: {e}")),
         );
     }
     removal::on_stop(&agent.client, own.as_ref(), &agent.options).await
@@ -212,7 +223,7 @@ impl Agent {
         &mut self,
         pools: &[std::sync::Arc<PortPool>],
         pods: &[std::sync::Arc<Pod>],
-    ) -> anyhow::Result<()> {
+    ) -> std::io::Result<()> {
         let pools: BTreeMap<String, PortPool> = pools
             .iter()
             .map(|p| (p.name_any(), (**p).clone()))
@@ -281,7 +292,7 @@ impl Agent {
     /// written: judged by empty maps, the first pod to bind a port would claim it, its holder's
     /// bind after that refused. And never before the QoS directories are marked, or a
     /// Burstable or BestEffort pod's bind would claim the port for its whole class.
-    fn set_modes(&mut self, plan: &NodePlan) -> anyhow::Result<bool> {
+    fn set_modes(&mut self, plan: &NodePlan) -> std::io::Result<bool> {
         let Some(guard) = &self.guard else {
             return Ok(false);
         };
@@ -303,7 +314,7 @@ impl Agent {
         &mut self,
         pods: &[std::sync::Arc<Pod>],
         pools: &BTreeMap<String, PortPool>,
-    ) -> anyhow::Result<()> {
+    ) -> std::io::Result<()> {
         let kubepods = self.kubepods();
         let found = cgroups::scan(&kubepods, self.driver())?;
         let by_uid = pods_by_cgroup_uid(pods);
@@ -435,7 +446,7 @@ impl Agent {
         &mut self,
         found: &PodCgroups,
         by_uid: &BTreeMap<String, std::sync::Arc<Pod>>,
-    ) -> anyhow::Result<()> {
+    ) -> std::io::Result<()> {
         let guard = self.guard.as_ref().expect("attached");
         let mut pods: BTreeMap<u64, u32> = found.qos_dirs.iter().map(|&id| (id, QOS_DIR)).collect();
         let mut holders = Vec::new();
@@ -474,7 +485,7 @@ impl Agent {
         &mut self,
         found: &PodCgroups,
         by_uid: &BTreeMap<String, std::sync::Arc<Pod>>,
-    ) -> anyhow::Result<()> {
+    ) -> std::io::Result<()> {
         let guard = self.guard.as_ref().expect("attached");
         let uid_of: BTreeMap<u64, &String> =
             found.pods.iter().map(|(uid, &id)| (id, uid)).collect();
