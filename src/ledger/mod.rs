@@ -29,6 +29,11 @@
 //! - [`leader_lease`]: one worker among the watcher's replicas, elected through a Lease.
 //! - [`event_notice`]: what the watcher says on the objects it acts on (Kubernetes Events).
 //!
+//! Folders: `record/` (the record: windows, shards, copies, `node_bound`), `repair/`,
+//! `node/` (the node agent's guard and report) and `watcher/` (its Lease and Events). The
+//! ledger re-exports what callers use (`ledger::PoolRecord`, `ledger::node_guard`), so their
+//! paths do not name the folders.
+//!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
 mod allocation_status;
@@ -87,10 +92,10 @@ pub use windows::{
     ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,
 };
 
-// The record's files by their own names, as the placement files and the rest of the ledger
-// name them (`super::copy_record`).
 pub use node::{node_guard, node_report};
 pub use record::node_bound;
+// The record's modules by their own names, as placement and the rest of the ledger name them
+// (`super::copy_record`).
 use record::{
     copy_record, holdings_across_shards, known_shards, pool_record, pool_snapshot, record_warnings,
     window_record, windows,
