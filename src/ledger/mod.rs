@@ -60,45 +60,44 @@ pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
     allocation_status, recorded_copies, recorded_holdings, set_slot_copies,
 };
-pub use copy_record::{
-    CopyRecord, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
-};
 pub use decision::{Decision, Operation, decide, precheck};
-pub use holdings_across_shards::{ShardAnomaly, split_by_shard};
 pub use home_fit::loose_in_window;
-pub use known_shards::{
-    home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,
-};
-pub use node_bound::{CopyBound, CopyRefusal, InUse, NodeCount};
 pub use pod_ports::{
     Mismatch, PodPortInShard, PodPortsError, PortHolder, RecordDenial, pod_port_shards, pod_ports,
     unheld_ports,
 };
-pub use pool_record::PoolRecord;
-pub use pool_snapshot::PoolSnapshot;
 pub use pools::{
     PoolOverlap, SharedPorts, all_overlaps, may_share, overlapping_pool, ranges_of, shared_ports,
 };
 pub use preview::{PortChanges, Previewed, preview};
-pub use record_warnings::record_warnings;
+pub use record::copy_record::{
+    CopyRecord, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
+};
+pub use record::holdings_across_shards::{ShardAnomaly, split_by_shard};
+pub use record::known_shards::{
+    home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,
+};
+pub use record::node_bound::{CopyBound, CopyRefusal, InUse, NodeCount};
+pub use record::pool_record::PoolRecord;
+pub use record::pool_snapshot::PoolSnapshot;
+pub use record::record_warnings::record_warnings;
+pub use record::window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
+pub use record::windows::{
+    ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,
+};
 pub use refusal::{Reason, Refusal};
 pub use repair::pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
 pub use repair::repair_outcome::{Change, Finding, FreeReason, RepairPlan, Restored};
 pub use repair::repair_plan::plan_repair;
 pub use shard_choice::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
 pub use spec_change::{spec_differences, stranded_holders};
-pub use window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
-pub use windows::{
-    ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,
-};
 
 pub use node::{node_guard, node_report};
 pub use record::node_bound;
-// The record's modules by their own names, as placement and the rest of the ledger name them
-// (`super::copy_record`).
+// Placement (shard_choice and its siblings, spread, window_choice, free_runs, home_fit) names
+// the record's modules as the ledger's own (`super::copy_record`).
 use record::{
-    copy_record, holdings_across_shards, known_shards, pool_record, pool_snapshot, record_warnings,
-    window_record, windows,
+    copy_record, holdings_across_shards, known_shards, pool_record, window_record, windows,
 };
 pub use watcher::{event_notice, leader_lease};
 

@@ -20,7 +20,7 @@ use crate::api::PortAllocationStatus;
 use crate::core::PortDemand;
 
 use super::windows::{ShardKey, WindowLayout, window_of};
-use crate::ledger::Operation;
+use crate::ledger::decision::Operation;
 
 /// The shards where the owner `namespace/name` may have entries, by the rule above.
 pub fn known_shards(

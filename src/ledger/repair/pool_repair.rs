@@ -31,10 +31,10 @@ use super::repair_outcome::{Change, Finding, RepairPlan, RepairScope, Restored};
 use super::repair_plan::plan_repair_scoped;
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::ledger::allocation_status::{recorded_copy_set, recorded_holdings_in};
-use crate::ledger::{
-    CopyRecord, PoolRecord, ShardAnomaly, ShardKey, ShardWrite, load_shard, new_shard, shard_name,
-    window, window_of,
-};
+use crate::ledger::record::copy_record::{CopyRecord, ShardWrite, load_shard, new_shard};
+use crate::ledger::record::holdings_across_shards::ShardAnomaly;
+use crate::ledger::record::pool_record::PoolRecord;
+use crate::ledger::record::windows::{ShardKey, shard_name, window, window_of};
 
 /// A shard object left by an earlier pool object of the same name: deleted before the writes
 /// (with its UID as precondition). A garbage collector would have deleted it with its pool; the

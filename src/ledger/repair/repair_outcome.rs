@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::api::PortPoolShardStatus;
 use crate::core::{PortBlock, PortRange};
-use crate::ledger::WindowRecord;
+use crate::ledger::record::window_record::WindowRecord;
 
 /// Why an entry is freed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -50,7 +50,7 @@ use kube::ResourceExt;
 use super::repair_outcome::{Change, Finding, FreeReason, RepairPlan, RepairScope, Restored};
 use super::repair_restore::{creation_order, restore_lost};
 use crate::api::{PoolHolder, PortAllocation, PortPoolShardStatus};
-use crate::ledger::{Anomaly, HolderEntry, WindowRecord};
+use crate::ledger::record::window_record::{Anomaly, HolderEntry, WindowRecord};
 
 /// The diff for one shard. `allocations` is every PortAllocation in the cluster, listed *after*
 /// the shard was (see the module docs for why that order matters). Pure.
