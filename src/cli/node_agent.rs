@@ -152,7 +152,8 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         pod_name: args.pod_name.filter(|p| !p.trim().is_empty()),
     };
     let stop = signalled(signals, 1);
-    run_node_agent(session.client, options, (readiness, metrics), stop).await
+    run_node_agent(session.client, options, (readiness, metrics), stop).await?;
+    Ok(())
 }
 
 /// `--detach`: the guard off `kubepods`, the agent's reserved ports out, others' kept.

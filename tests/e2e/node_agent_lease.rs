@@ -459,7 +459,7 @@ async fn an_agent_reports_events_only_as_its_own_node() {
         ),
         "{refused}"
     );
-    // As its own node, as the agent reports (src/k8s/node_agent/report.rs): written, twice (the
+    // As its own node, as the agent reports (src/k8s/node_agent/bind_events.rs): written, twice (the
     // second an update of the first's series).
     for round in 0..2 {
         assert_eq!(

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::api::GuardMode;
+use crate::ledger::record::windows::fnv1a;
 
 /// The label on every node agent's Lease.
 pub const NODE_AGENT_LABEL: &str = "portalloc.dev/node-agent";
@@ -32,7 +33,7 @@ pub fn lease_name(node: &str) -> String {
     format!(
         "portalloc-node-{}-{:016x}",
         &node[..200],
-        super::fnv1a(node.as_bytes())
+        fnv1a(node.as_bytes())
     )
 }
 
