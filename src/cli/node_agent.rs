@@ -11,6 +11,7 @@ use super::{CliError, Exit, GlobalArgs, Session};
 use crate::k8s::node_agent::{NodeAgentOptions, NodeFootprint, remove_from_node, run_node_agent};
 use crate::k8s::process::{Readiness, listen_for_signals, signalled};
 use crate::k8s::{self, Metrics};
+use crate::ledger::node_report::NODE_AGENT_NAMESPACE;
 use crate::node::cgroups::CgroupDriver;
 
 /// Keep pools' ports reserved on this node and let only their holders bind them.
@@ -81,7 +82,7 @@ pub struct NodeAgentArgs {
     #[arg(
         long,
         env = "POD_NAMESPACE",
-        default_value = "portalloc-system",
+        default_value = NODE_AGENT_NAMESPACE,
         value_name = "NS"
     )]
     pub lease_namespace: String,
@@ -151,7 +152,8 @@ pub async fn run(global: &GlobalArgs, args: NodeAgentArgs) -> anyhow::Result<()>
         pod_name: args.pod_name.filter(|p| !p.trim().is_empty()),
     };
     let stop = signalled(signals, 1);
-    run_node_agent(session.client, options, (readiness, metrics), stop).await
+    run_node_agent(session.client, options, (readiness, metrics), stop).await?;
+    Ok(())
 }
 
 /// `--detach`: the guard off `kubepods`, the agent's reserved ports out, others' kept.

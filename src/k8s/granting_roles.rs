@@ -11,7 +11,8 @@ struct Rule {
     names: &'static [&'static str],
 }
 
-/// A role of ours: `ClusterRole` or `Role` (in `portalloc-system`), its name and its file.
+/// A role of ours: `ClusterRole` or `Role` (in `portalloc-system`, the agent's in
+/// `portalloc-node-agent`), its name and its file.
 struct Role {
     kind: &'static str,
     name: &'static str,

@@ -290,6 +290,18 @@ pub fn recorded_holdings(status: &PortAllocationStatus) -> Holdings {
     holdings
 }
 
+/// Ready for the generation it describes: nothing for a sync to do. (A pool recreated under it
+/// is repair's business, as for the CLI.)
+pub(crate) fn is_current(pa: &PortAllocation) -> bool {
+    pa.status.as_ref().is_some_and(|status| {
+        status.observed_generation == pa.metadata.generation
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == CONDITION_READY && c.status == "True")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

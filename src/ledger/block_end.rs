@@ -15,7 +15,7 @@
 use crate::core::{Holdings, Lean, PortBlock};
 
 use super::decision::Operation;
-use super::pool_snapshot::PoolSnapshot;
+use super::record::pool_snapshot::PoolSnapshot;
 
 /// Blocks this long or longer are placed toward the pool's high end.
 pub const LONG_FROM: u32 = 128;

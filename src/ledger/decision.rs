@@ -12,8 +12,8 @@ use crate::api::PortAllocation;
 use crate::core::{self, Holdings, PortDemand, SlotKey, Want};
 
 use super::owner_of;
+use super::record::window_record::WindowRecord;
 use super::refusal::Refusal;
-use super::window_record::WindowRecord;
 
 /// What the caller asked for. The operation, not the numbers it produces, decides what the
 /// PortAllocation's status says afterwards (see [`Operation::released_on_purpose`]).

@@ -5,11 +5,11 @@ use crate::api::{
     PortPoolSpec, PortRequest, PortScope, Role, StaticBandSetting,
 };
 
-use super::copy_record::new_shard;
-use super::pool_record::PoolRecord;
-use super::pool_snapshot::PoolSnapshot;
-use super::window_record::WindowRecord;
-use super::windows::ShardKey;
+use super::record::copy_record::new_shard;
+use super::record::pool_record::PoolRecord;
+use super::record::pool_snapshot::PoolSnapshot;
+use super::record::window_record::WindowRecord;
+use super::record::windows::ShardKey;
 
 /// Pool `p` (UID `pool-uid`, generation 1) over `ranges` less `exclude`, no static band.
 pub fn pool_of(ranges: &[&str], exclude: &[&str]) -> PortPool {

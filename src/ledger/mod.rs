@@ -29,77 +29,78 @@
 //! - [`leader_lease`]: one worker among the watcher's replicas, elected through a Lease.
 //! - [`event_notice`]: what the watcher says on the objects it acts on (Kubernetes Events).
 //!
+//! Folders: `record/` (the record: windows, shards, copies, `node_bound`), `repair/`,
+//! `node/` (the node agent's guard and report) and `watcher/` (its Lease and Events). The
+//! ledger re-exports what callers use (`ledger::PoolRecord`, `ledger::node_guard`), so their
+//! paths do not name the folders.
+//!
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
 mod allocation_status;
 mod block_end;
-mod copy_record;
 mod decision;
-pub mod event_notice;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod free_runs;
-mod holdings_across_shards;
 mod home_fit;
-mod known_shards;
-pub mod leader_lease;
-pub mod node_bound;
-pub mod node_guard;
-pub mod node_report;
+mod node;
 mod pod_ports;
-mod pool_record;
-mod pool_repair;
-mod pool_snapshot;
 mod pools;
 mod preview;
-mod record_warnings;
+mod record;
 mod refusal;
-mod repair_outcome;
-mod repair_plan;
-mod repair_restore;
-mod repair_text;
+mod repair;
 mod shard_choice;
 mod spec_change;
 mod spread;
+mod watcher;
 mod window_choice;
-mod window_record;
-mod windows;
 
+pub(crate) use allocation_status::is_current;
 pub use allocation_status::{
     CONDITION_ALLOCATED, CONDITION_READY, CONDITION_RECONCILING, CONDITION_STALLED, Outcome,
     allocation_status, recorded_copies, recorded_holdings, set_slot_copies,
 };
-pub use copy_record::{
-    CopyRecord, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
-};
 pub use decision::{Decision, Operation, decide, precheck};
-pub use holdings_across_shards::{ShardAnomaly, split_by_shard};
 pub use home_fit::loose_in_window;
-pub use known_shards::{
-    home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,
-};
-pub use node_bound::{CopyBound, CopyRefusal, InUse, NodeCount};
 pub use pod_ports::{
     Mismatch, PodPortInShard, PodPortsError, PortHolder, RecordDenial, pod_port_shards, pod_ports,
     unheld_ports,
 };
-pub use pool_record::PoolRecord;
-pub use pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
-pub use pool_snapshot::PoolSnapshot;
 pub use pools::{
     PoolOverlap, SharedPorts, all_overlaps, may_share, overlapping_pool, ranges_of, shared_ports,
 };
 pub use preview::{PortChanges, Previewed, preview};
-pub use record_warnings::record_warnings;
-pub use refusal::{Reason, Refusal};
-pub use repair_outcome::{Change, Finding, FreeReason, RepairPlan, Restored};
-pub use repair_plan::plan_repair;
-pub use shard_choice::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
-pub use spec_change::{spec_differences, stranded_holders};
-pub use window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
-pub use windows::{
+pub use record::copy_record::{
+    CopyRecord, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
+};
+pub use record::holdings_across_shards::{ShardAnomaly, split_by_shard};
+pub use record::known_shards::{
+    home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,
+};
+pub use record::node_bound::{CopyBound, CopyRefusal, InUse, NodeCount};
+pub use record::pool_record::PoolRecord;
+pub use record::pool_snapshot::PoolSnapshot;
+pub use record::record_warnings::record_warnings;
+pub use record::window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
+pub use record::windows::{
     ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,
 };
+pub use refusal::{Reason, Refusal};
+pub use repair::pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
+pub use repair::repair_outcome::{Change, Finding, FreeReason, RepairPlan, Restored};
+pub use repair::repair_plan::plan_repair;
+pub use shard_choice::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
+pub use spec_change::{spec_differences, stranded_holders};
+
+pub use node::{node_guard, node_report};
+pub use record::node_bound;
+// Placement (shard_choice and its siblings, spread, window_choice, free_runs, home_fit,
+// block_end) names the record's modules as the ledger's own (`super::copy_record`).
+use record::{
+    copy_record, holdings_across_shards, known_shards, pool_record, window_record, windows,
+};
+pub use watcher::{event_notice, leader_lease};
 
 use kube::ResourceExt;
 

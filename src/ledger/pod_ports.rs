@@ -14,7 +14,7 @@ use std::fmt;
 use crate::api::{PodInjection, PortAllocation, PortPoolShard, PortScope};
 use crate::core::Holdings;
 
-use super::windows::{ShardKey, shard_name, window, window_of};
+use super::record::windows::{ShardKey, shard_name, window, window_of};
 
 /// One port a pod would be given, with the record shard that says who holds it (the port as
 /// injected into the pod is [`crate::api::PodPort`]).

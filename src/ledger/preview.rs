@@ -7,8 +7,8 @@ use rand::Rng;
 
 use crate::core::{Holdings, PortBlock, SlotKey};
 
-use super::copy_record::{ShardWrite, new_shard};
-use super::pool_record::PoolRecord;
+use super::record::copy_record::{ShardWrite, new_shard};
+use super::record::pool_record::PoolRecord;
 use super::shard_choice::{BatchItem, ItemOutcome, place};
 
 /// The ports one item would take, keep and free.

@@ -5,8 +5,8 @@
 use crate::api::SpecError;
 use crate::core::{AllocError, PortBlock, SlotKey};
 
-use super::node_bound::{CopyBound, CopyRefusal};
-use super::window_record::WindowRecord;
+use super::record::node_bound::{CopyBound, CopyRefusal};
+use super::record::window_record::WindowRecord;
 
 /// The CamelCase `reason` of the PortAllocation's conditions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

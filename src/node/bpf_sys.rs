@@ -37,7 +37,7 @@ const F_REPLACE: u32 = 4;
 pub const PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
 pub const CGROUP_INET4_BIND: u32 = 8;
 pub const CGROUP_INET6_BIND: u32 = 9;
-/// Map update flags.
+/// `map_update`: create the entry or replace it, whichever applies.
 pub const ANY: u64 = 0;
 
 /// `union bpf_attr`: 144 bytes on kernels of this decade; a smaller size is accepted by newer
@@ -99,7 +99,7 @@ fn raw(fd: BorrowedFd<'_>) -> u32 {
     fd.as_raw_fd() as u32
 }
 
-/// A new map.
+/// `name` is cut to 15 bytes: the kernel keeps 16 with the NUL.
 pub fn map_create(
     map_type: u32,
     key_size: u32,
@@ -127,7 +127,7 @@ fn elem(map: BorrowedFd<'_>, key: &[u8], value: *const u8, flags: u64) -> Attr {
     attr
 }
 
-/// Write `key` → `value`.
+/// `flags` as the kernel takes them: [`ANY`] is the one the guard uses.
 pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
     sys_bpf(MAP_UPDATE_ELEM, &mut elem(map, key, value.as_ptr(), flags)).map(drop)
 }
@@ -194,7 +194,8 @@ pub struct LoadError {
     pub log: String,
 }
 
-/// Load a program of `prog_type` for `attach_type`.
+/// Load a program. The verifier's log (a 64 KiB buffer) is asked for only on a second try,
+/// after a refusal, so that the error can say why.
 pub fn prog_load(
     prog_type: u32,
     attach_type: u32,
@@ -218,7 +219,6 @@ pub fn prog_load(
     };
     let mut no_log = Vec::new();
     try_load(&mut no_log, 0).or_else(|error| {
-        // Again with the verifier's log, to say why.
         let mut log = vec![0u8; 1 << 16];
         match try_load(&mut log, 1) {
             Ok(fd) => Ok(fd),
@@ -233,7 +233,7 @@ pub fn prog_load(
     })
 }
 
-/// Detach `prog` from the cgroup at `attach_type`.
+/// For a program attached without a link: one attached through a link is refused (ENOENT).
 pub fn prog_detach(
     cgroup: BorrowedFd<'_>,
     prog: BorrowedFd<'_>,
@@ -341,7 +341,7 @@ pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
     })
 }
 
-/// Pin `fd` (a map, program or link) at `path` on a bpffs.
+/// Pin `fd` (a map, program or link) at `path` on a bpffs, where it outlives the process.
 pub fn obj_pin(fd: BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
     let path = c_path(path)?;
     let mut attr = Attr::new();
@@ -349,7 +349,8 @@ pub fn obj_pin(fd: BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
     sys_bpf(OBJ_PIN, &mut attr).map(drop)
 }
 
-/// The object pinned at `path`.
+/// A descriptor of the object pinned at `path`: how a restarted agent takes its maps and
+/// links over.
 pub fn obj_get(path: &std::path::Path) -> io::Result<OwnedFd> {
     let path = c_path(path)?;
     let mut attr = Attr::new();

@@ -37,7 +37,8 @@ fn text_round_trips_as_the_kernel_prints_it() {
     assert_eq!(parse("10-5"), Err(BadEntry("10-5".into())));
     assert_eq!(parse("1,x,2"), Err(BadEntry("x".into())));
     assert_eq!(parse("70000"), Err(BadEntry("70000".into())));
-    // Where a cut read used to end: a range with its last port cut short runs backwards.
+    // A read cut short ends inside an entry: a range whose last port lost digits runs
+    // backwards, so it is refused rather than read as a shorter range.
     assert_eq!(
         parse("30000-32767,33000-33009,34000-34"),
         Err(BadEntry("34000-34".into()))

@@ -50,17 +50,20 @@ async fn remove_nodes(client: &Client, group: &str, count: usize) {
 
 fn create_following_pool(kubeconfig: &Path, pool: &str, group: &str) {
     let selector = format!("{LABEL}={group}");
-    let run = cli::run_with(kubeconfig, &[
-        "pool",
-        "create",
-        pool,
-        "--range",
-        RANGE,
-        "--follow-nodes",
-        "--node-selector",
-        &selector,
-        "--allow-overlap",
-    ]);
+    let run = cli::run_with(
+        kubeconfig,
+        &[
+            "pool",
+            "create",
+            pool,
+            "--range",
+            RANGE,
+            "--follow-nodes",
+            "--node-selector",
+            &selector,
+            "--allow-overlap",
+        ],
+    );
     assert!(run.ok(), "{run}");
     assert!(run.stdout.contains("its copies follow the nodes"), "{run}");
 }

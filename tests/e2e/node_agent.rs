@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
+use portalloc::ledger::node_report::NODE_AGENT_NAMESPACE;
 use portalloc::node::reserved_ports;
 
 use crate::support::agent_node::{AgentNode, script};
@@ -100,6 +101,7 @@ async fn the_agent_reserves_pool_ports_and_lets_only_holders_bind_them() {
     assert!(run.ok(), "{run}");
     crate::support::create_namespace(&client, "team").await;
     crate::support::create_namespace(&client, "portalloc-system").await;
+    crate::support::create_namespace(&client, NODE_AGENT_NAMESPACE).await;
     let manifest = crate::support::simple_allocation("srv", "guarded", "web", 2, &["http"]);
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), manifest).unwrap();
@@ -545,15 +547,16 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
     );
     // The Lease's namespace does not exist yet: said once when it starts, however many
     // rounds (100 ms) and retries (every --report-every, 1 s) pass, and once when it ends.
-    let lease_fails = "renewing the node agent's Lease in namespace portalloc-system";
+    let lease_fails =
+        format!("renewing the node agent's Lease in namespace {NODE_AGENT_NAMESPACE}");
     eventually(
         Duration::from_secs(15),
         "the missing Lease namespace said",
-        || log().contains(lease_fails),
+        || log().contains(&lease_fails),
         log,
     );
     std::thread::sleep(Duration::from_secs(3));
-    crate::support::create_namespace(&client, "portalloc-system").await;
+    crate::support::create_namespace(&client, NODE_AGENT_NAMESPACE).await;
     eventually(
         Duration::from_secs(15),
         "the Lease renewed once its namespace exists",
@@ -562,7 +565,7 @@ async fn without_cgroup_v2_the_agent_reserves_and_reports_listeners_on_pool_port
     );
     let said = log();
     assert_eq!(
-        said.matches(lease_fails).count(),
+        said.matches(lease_fails.as_str()).count(),
         2,
         "once as a warning, once in the line that it ended:\n{said}"
     );

@@ -5,7 +5,7 @@
 //! Lease with the agent's own code and is refused, with the policy's message, on node B's Lease,
 //! on the watcher's leader Lease `portalloc-watcher` and on a Lease that names another node.
 //! Then `pool describe` reads reports only from `--node-agent-namespace` (default
-//! portalloc-system), and only a Lease under its node's name.
+//! portalloc-node-agent, the agent's own namespace), and only a Lease under its node's name.
 //!
 //! A control plane of its own: the policy is cluster-wide, and the Nodes this test makes would
 //! be seen by the tests that schedule.
@@ -24,12 +24,14 @@ use serde::Deserialize;
 
 use portalloc::api::GuardMode;
 use portalloc::k8s::node_agent::publish;
-use portalloc::ledger::node_report::{NODE_AGENT_LABEL, NodeReport, lease_name};
+use portalloc::ledger::node_report::{
+    NODE_AGENT_LABEL, NODE_AGENT_NAMESPACE, NodeReport, lease_name,
+};
 
 use crate::support::private_cluster::{PrivateCluster, client_from};
 use crate::support::{apply, repo_root};
 
-const NAMESPACE: &str = "portalloc-system";
+const NAMESPACE: &str = NODE_AGENT_NAMESPACE;
 const AGENT: &str = "portalloc-node-agent";
 const LEASE_FOR: Duration = Duration::from_secs(90);
 
@@ -457,7 +459,7 @@ async fn an_agent_reports_events_only_as_its_own_node() {
         ),
         "{refused}"
     );
-    // As its own node, as the agent reports (src/k8s/node_agent/report.rs): written, twice (the
+    // As its own node, as the agent reports (src/k8s/node_agent/bind_events.rs): written, twice (the
     // second an update of the first's series).
     for round in 0..2 {
         assert_eq!(

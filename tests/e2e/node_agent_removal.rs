@@ -18,7 +18,7 @@ use portalloc::node::reserved_ports::parse;
 use crate::support::agent_node::AgentNode;
 use crate::support::private_cluster::PrivateCluster;
 
-const NAMESPACE: &str = "portalloc-system";
+const NAMESPACE: &str = portalloc::ledger::node_report::NODE_AGENT_NAMESPACE;
 const DAEMONSET: &str = "portalloc-node-agent";
 const POD: &str = "portalloc-node-agent-x7k2p";
 const HOLD: &str = "portalloc.dev/e2e-hold";

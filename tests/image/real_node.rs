@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use portalloc::ledger::node_report::NODE_AGENT_NAMESPACE as AGENT_NAMESPACE;
 use serde_json::Value;
 
 use super::agent_node::apiserver_port;
@@ -185,7 +186,7 @@ fn wait_for<T>(
 
 /// The running agent pod's name and uid, once it is Ready.
 fn ready_agent(kubeconfig: &Path) -> Option<(String, String)> {
-    let pods = get_json(kubeconfig, &["pods", "-n", "portalloc-system"]);
+    let pods = get_json(kubeconfig, &["pods", "-n", AGENT_NAMESPACE]);
     pods["items"].as_array()?.iter().find_map(|p| {
         let ready = p["status"]["conditions"]
             .as_array()?
@@ -203,7 +204,7 @@ fn ready_agent(kubeconfig: &Path) -> Option<(String, String)> {
 }
 
 fn no_agent_pod(kubeconfig: &Path) -> bool {
-    get_json(kubeconfig, &["pods", "-n", "portalloc-system"])["items"]
+    get_json(kubeconfig, &["pods", "-n", AGENT_NAMESPACE])["items"]
         .as_array()
         .is_some_and(|a| a.is_empty())
 }
@@ -475,7 +476,7 @@ fn a_real_kubelet_runs_the_agent_whose_guard_refuses_intruders_but_never_holders
             "patch",
             "daemonset",
             "-n",
-            "portalloc-system",
+            AGENT_NAMESPACE,
             "portalloc-node-agent",
             "-p",
             r#"{"spec":{"template":{"spec":{"nodeSelector":{"portalloc.test/nowhere":"x"}}}}}"#,
@@ -512,7 +513,7 @@ fn a_real_kubelet_runs_the_agent_whose_guard_refuses_intruders_but_never_holders
             "patch",
             "daemonset",
             "-n",
-            "portalloc-system",
+            AGENT_NAMESPACE,
             "portalloc-node-agent",
             "--type",
             "json",
@@ -547,10 +548,7 @@ fn a_real_kubelet_runs_the_agent_whose_guard_refuses_intruders_but_never_holders
         why,
         || ready_agent(&kubeconfig).filter(|(name, _)| *name != returned_agent),
     );
-    let pod = get_json(
-        &kubeconfig,
-        &["pod", "-n", "portalloc-system", &second_agent],
-    );
+    let pod = get_json(&kubeconfig, &["pod", "-n", AGENT_NAMESPACE, &second_agent]);
     assert_eq!(
         pod["spec"]["containers"][0]["image"],
         format!("{AGENT_IMAGE}:{next}")

@@ -9,11 +9,11 @@
 //! was down all come right on the next round.
 
 mod attachment;
+mod bind_events;
 mod conditions;
 mod holdings;
 mod lease;
 mod removal;
-mod report;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -39,11 +39,11 @@ use crate::node::bind_program::{
 };
 use crate::node::cgroups::{self, CgroupDriver, PodCgroups};
 use crate::node::reserved_ports::ReservedPorts;
+use bind_events::BindEvents;
+pub use bind_events::{BindEvent, BindVerdict};
 use conditions::{Conditions, Transition};
 pub use lease::{node_reports, publish};
 pub use removal::{NodeFootprint, remove_from_node};
-use report::Reports;
-pub use report::{BindReport, BindVerdict};
 
 /// How a node agent runs.
 #[derive(Clone, Debug)]
@@ -86,13 +86,24 @@ const READS_AT_ONCE: usize = 16;
 /// A mirror pod names its static pod's cgroup UID here.
 const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
+/// Why the node agent stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeAgentError {
+    /// The watch of the PortPools or of the node's pods ended before its first list.
+    #[error(transparent)]
+    Watch(#[from] kube::runtime::reflector::store::WriterDropped),
+    /// Its DaemonSet gone, the agent could not take what it put on the node off it.
+    #[error("{reason}; run `kubectl portalloc node-agent --detach` on node {node}")]
+    Removal { node: String, reason: String },
+}
+
 /// Run until `stop` resolves.
 pub async fn run_node_agent(
     client: kube::Client,
     options: NodeAgentOptions,
     (readiness, metrics): (Readiness, Metrics),
     stop: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), NodeAgentError> {
     let node = options.node_name.clone();
     let pools = watch_store(
         Api::<PortPool>::all(client.clone()),
@@ -105,7 +116,7 @@ pub async fn run_node_agent(
     let mut agent = Agent {
         client: client.clone(),
         shards: ShardStore::new(client.clone()),
-        reports: Reports::new(client, &node),
+        bind_events: BindEvents::new(client, &node),
         reserved_ports: ReservedPorts::at(&options.reserved_ports_file, &options.state_dir),
         options,
         guard: None,
@@ -140,7 +151,7 @@ pub async fn run_node_agent(
         agent.note(
             "round",
             "the guard's round works again",
-            round.map_err(|e| format!("node agent round: {e:#}")),
+            round.map_err(|e| format!("node agent round: {e}")),
         );
     }
     removal::on_stop(&agent.client, own.as_ref(), &agent.options).await
@@ -165,7 +176,7 @@ where
 struct Agent {
     client: kube::Client,
     shards: ShardStore,
-    reports: Reports,
+    bind_events: BindEvents,
     reserved_ports: ReservedPorts,
     options: NodeAgentOptions,
     guard: Option<BindGuard>,
@@ -212,7 +223,7 @@ impl Agent {
         &mut self,
         pools: &[std::sync::Arc<PortPool>],
         pods: &[std::sync::Arc<Pod>],
-    ) -> anyhow::Result<()> {
+    ) -> std::io::Result<()> {
         let pools: BTreeMap<String, PortPool> = pools
             .iter()
             .map(|p| (p.name_any(), (**p).clone()))
@@ -281,7 +292,7 @@ impl Agent {
     /// written: judged by empty maps, the first pod to bind a port would claim it, its holder's
     /// bind after that refused. And never before the QoS directories are marked, or a
     /// Burstable or BestEffort pod's bind would claim the port for its whole class.
-    fn set_modes(&mut self, plan: &NodePlan) -> anyhow::Result<bool> {
+    fn set_modes(&mut self, plan: &NodePlan) -> std::io::Result<bool> {
         let Some(guard) = &self.guard else {
             return Ok(false);
         };
@@ -298,12 +309,12 @@ impl Agent {
         Ok(true)
     }
 
-    /// The guard's pods and owners brought up to date, then what it saw, reported.
+    /// The guard's pods and owners brought up to date, then what it saw, as Events.
     async fn guard_round(
         &mut self,
         pods: &[std::sync::Arc<Pod>],
         pools: &BTreeMap<String, PortPool>,
-    ) -> anyhow::Result<()> {
+    ) -> std::io::Result<()> {
         let kubepods = self.kubepods();
         let found = cgroups::scan(&kubepods, self.driver())?;
         let by_uid = pods_by_cgroup_uid(pods);
@@ -313,7 +324,7 @@ impl Agent {
             self.set_modes(&plan)?;
         }
         self.finish_upgrade();
-        self.report(&found, &by_uid).await
+        self.publish_bind_events(&found, &by_uid).await
     }
 
     /// How long each of a round's three waits on the API server (the pods' records, the
@@ -435,7 +446,7 @@ impl Agent {
         &mut self,
         found: &PodCgroups,
         by_uid: &BTreeMap<String, std::sync::Arc<Pod>>,
-    ) -> anyhow::Result<()> {
+    ) -> std::io::Result<()> {
         let guard = self.guard.as_ref().expect("attached");
         let mut pods: BTreeMap<u64, u32> = found.qos_dirs.iter().map(|&id| (id, QOS_DIR)).collect();
         let mut holders = Vec::new();
@@ -470,17 +481,17 @@ impl Agent {
     }
 
     /// Claims settled and verdicts counted since the last round, as Events on the pods.
-    async fn report(
+    async fn publish_bind_events(
         &mut self,
         found: &PodCgroups,
         by_uid: &BTreeMap<String, std::sync::Arc<Pod>>,
-    ) -> anyhow::Result<()> {
+    ) -> std::io::Result<()> {
         let guard = self.guard.as_ref().expect("attached");
         let uid_of: BTreeMap<u64, &String> =
             found.pods.iter().map(|(uid, &id)| (id, uid)).collect();
         let owners = self.written_owners.clone().unwrap_or_default();
         let mut settled = BTreeSet::new();
-        let mut reports = Vec::new();
+        let mut binds = Vec::new();
         for (slot, claimant) in guard.claims()? {
             match uid_of.get(&claimant) {
                 None => {
@@ -489,7 +500,7 @@ impl Agent {
                 Some(uid) if self.is_seen(uid) => {
                     settled.insert(slot);
                     if owners.get(&slot) != Some(&claimant) {
-                        reports.push((claimant, slot, BindVerdict::TakenBeforeSeen, 1));
+                        binds.push((claimant, slot, BindVerdict::TakenBeforeSeen, 1));
                     }
                 }
                 Some(_) => {}
@@ -503,7 +514,7 @@ impl Agent {
                 VERDICT_CLAIMED => continue,
                 _ => continue,
             };
-            reports.push((key.cgroup, key.slot, verdict, count));
+            binds.push((key.cgroup, key.slot, verdict, count));
         }
         let plan = self.plan.clone().unwrap_or_default();
         let events_until = Instant::now() + self.api_budget();
@@ -513,14 +524,14 @@ impl Agent {
             let holding = self.holdings.get(*uid)?.as_ref()?;
             Some((holding.pod.clone(), holding.owner.clone()))
         };
-        for (cgroup, slot, verdict, count) in reports {
+        for (cgroup, slot, verdict, count) in binds {
             let pool = plan.pool_of_slot.get(&slot).cloned().unwrap_or_default();
             let mode = plan
                 .modes
                 .get(&slot)
                 .copied()
                 .unwrap_or(GuardMode::Disabled);
-            let report = BindReport {
+            let bind = BindEvent {
                 verdict,
                 slot,
                 count,
@@ -538,11 +549,11 @@ impl Agent {
                 cgroup,
                 verdict = verdict.label(),
                 "{}",
-                report.message()
+                bind.message()
             );
             let left = events_until.saturating_duration_since(Instant::now());
             if let Some(pod) = pod
-                && tokio::time::timeout(left, self.reports.bind(pod, &report))
+                && tokio::time::timeout(left, self.bind_events.publish(pod, &bind))
                     .await
                     .is_err()
             {

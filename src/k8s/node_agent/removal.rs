@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
-use super::NodeAgentOptions;
+use super::{NodeAgentError, NodeAgentOptions};
 use crate::node::bind_guard::BindGuard;
 use crate::node::cgroups::{self, CgroupDriver};
 use crate::node::guard_pins;
@@ -183,7 +183,7 @@ pub async fn on_stop(
     client: &kube::Client,
     own: Option<&OwnDaemonSet>,
     options: &NodeAgentOptions,
-) -> anyhow::Result<()> {
+) -> Result<(), NodeAgentError> {
     let node = &options.node_name;
     let removed = match own {
         Some(own) => removed_because(client, own).await,
@@ -201,9 +201,10 @@ pub async fn on_stop(
             }
             Ok(())
         }
-        Err(e) => Err(anyhow::anyhow!(
-            "{e}; run `kubectl portalloc node-agent --detach` on node {node}"
-        )),
+        Err(reason) => Err(NodeAgentError::Removal {
+            node: node.clone(),
+            reason,
+        }),
     }
 }
 
@@ -215,5 +216,23 @@ fn footprint(options: &NodeAgentOptions) -> NodeFootprint<'_> {
         bpf_dir: &options.bpf_dir,
         reserved_ports_file: &options.reserved_ports_file,
         state_dir: &options.state_dir,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_removal_says_how_to_finish_it_by_hand() {
+        let error = NodeAgentError::Removal {
+            node: "gpu-1".into(),
+            reason: "cannot detach the guard: Permission denied".into(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "cannot detach the guard: Permission denied; run `kubectl portalloc node-agent \
+             --detach` on node gpu-1"
+        );
     }
 }

@@ -153,8 +153,8 @@ pub async fn list_pools_matching(
 }
 
 /// A pool spec fit to be written: its ports, and no guard the kernel cannot apply. Pools
-/// already stored are read with [`pool_ports`] alone, so an SCTP pool guarded before this
-/// check still hands out its ports.
+/// already stored are read with [`pool_ports`] alone, so an SCTP pool stored with a guard (one
+/// this refuses) still hands out its ports.
 pub(super) fn pool_ports_to_write(pool: &PortPool) -> Result<PortSet, PoolError> {
     pool.spec
         .check_guard()

@@ -63,7 +63,7 @@ use crate::k8s::process::Readiness;
 use crate::k8s::process::{Metrics, SyncResult};
 use crate::k8s::repair::Repairer;
 use crate::ledger::leader_lease::LeaseTiming;
-use crate::ledger::{CONDITION_READY, owner_of};
+use crate::ledger::{is_current, owner_of};
 
 /// How the watcher runs.
 #[derive(Clone, Debug)]
@@ -478,18 +478,6 @@ fn configmap_outcome(
 fn error_policy(pa: Arc<PortAllocation>, error: &Retriable, _: Arc<Context>) -> Action {
     tracing::warn!(allocation = %owner_of(&pa), "sync failed, retrying in 5s: {}", error_chain(error));
     Action::requeue(Duration::from_secs(5))
-}
-
-/// Ready for the generation it describes: nothing for a sync to do. (A pool recreated under it
-/// is repair's business, as for the CLI.)
-pub(crate) fn is_current(pa: &PortAllocation) -> bool {
-    pa.status.as_ref().is_some_and(|status| {
-        status.observed_generation == pa.metadata.generation
-            && status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == CONDITION_READY && c.status == "True")
-    })
 }
 
 fn watcher(

@@ -20,7 +20,7 @@ use crate::k8s::allocate::{AllocateError, Allocator};
 use crate::k8s::error::KubeError;
 use crate::k8s::process::Metrics;
 use crate::k8s::resources::ALLOCATIONS;
-use crate::k8s::watch::is_current;
+use crate::ledger::is_current;
 use crate::ledger::owner_of;
 
 /// Answers AdmissionReviews for pods.

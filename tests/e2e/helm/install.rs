@@ -26,6 +26,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use portalloc::api::PortAllocation;
+use portalloc::ledger::node_report::NODE_AGENT_NAMESPACE;
 
 use super::{NAMESPACE, RELEASE, chart, documents, helm, show};
 use crate::support::cli::BIN;
@@ -265,10 +266,11 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_and_its_watcher_serves(
     let admin = cluster.kubeconfig.clone();
     let client = cluster.client().await;
     let dir = tempfile::tempdir().unwrap();
-    for ns in [NAMESPACE, "apps", "other", "argocd"] {
+    // A dry run needs the namespaces it does not create, the node agent's among them (the
+    // chart renders it, but a dry run creates nothing for the objects after it).
+    for ns in [NAMESPACE, NODE_AGENT_NAMESPACE, "apps", "other", "argocd"] {
         support::create_namespace(&client, ns).await;
     }
-    // A dry run needs the namespaces it does not create.
     dry_runs(&admin, dir.path());
 
     // helm install: the CRDs from the chart's crds/, then the rest. The ports are values, set

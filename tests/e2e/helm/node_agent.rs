@@ -2,6 +2,8 @@
 
 use serde_json::Value;
 
+use portalloc::ledger::node_report::NODE_AGENT_NAMESPACE as AGENT_NAMESPACE;
+
 use super::{NAMESPACE, get, strings, template};
 
 /// The node agent: nothing of it by default; on, a DaemonSet with exactly what docs/node-agent.md
@@ -117,16 +119,42 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
         bpf_dir.starts_with(&format!("{}/", bpffs_mount["mountPath"].as_str().unwrap())),
         "{bpf_dir} is on the mounted bpffs"
     );
-    // Its pods are admitted only at Pod Security's privileged level.
-    let namespace = get(&objects, "Namespace", NAMESPACE);
+    // Its pods are admitted only at Pod Security's privileged level, in a namespace of their
+    // own: the release's namespace, the watcher's and webhook's, stays restricted.
+    let own = get(&objects, "Namespace", AGENT_NAMESPACE);
     assert_eq!(
-        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        own["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
         "privileged"
     );
-    let restricted = template(&["createNamespace=true"]);
+    assert_eq!(daemonset["metadata"]["namespace"], AGENT_NAMESPACE);
+    let enforced = |objects: &[Value], name: &str| {
+        get(objects, "Namespace", name)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+            .clone()
+    };
+    assert_eq!(enforced(&objects, NAMESPACE), "restricted");
     assert_eq!(
-        get(&restricted, "Namespace", NAMESPACE)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        enforced(&template(&["createNamespace=true"]), NAMESPACE),
         "restricted"
+    );
+    let existing = template(&["nodeAgent.enabled=true", "nodeAgent.createNamespace=false"]);
+    assert!(
+        !existing.iter().any(|o| o["kind"] == "Namespace"),
+        "a namespace that exists is not rendered"
+    );
+    // Set to the release's namespace: that one is privileged, as it must be for the agent.
+    let shared = template(&[
+        "nodeAgent.enabled=true",
+        "nodeAgent.namespace=",
+        "createNamespace=true",
+    ]);
+    assert_eq!(enforced(&shared, NAMESPACE), "privileged");
+    assert_eq!(
+        get(&shared, "DaemonSet", "portalloc-node-agent")["metadata"]["namespace"],
+        NAMESPACE
+    );
+    assert_eq!(
+        shared.iter().filter(|o| o["kind"] == "Namespace").count(),
+        1
     );
 
     // Its rights: read pools, shards, PortAllocations by name and pods; Events; its Lease and
@@ -171,7 +199,7 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
         ]
     );
     let role = get(&objects, "Role", "portalloc-node-agent");
-    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(role["metadata"]["namespace"], AGENT_NAMESPACE);
     assert_eq!(
         rules(role),
         [
@@ -187,7 +215,7 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
     for kind in ["ClusterRoleBinding", "RoleBinding"] {
         let binding = get(&objects, kind, "portalloc-node-agent");
         assert_eq!(binding["subjects"][0]["name"], "portalloc-node-agent");
-        assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+        assert_eq!(binding["subjects"][0]["namespace"], AGENT_NAMESPACE);
     }
     // Its Lease only, and Events as its node (tests/e2e/node_agent_lease.rs runs both
     // policies): each matches the release's agent and denies.
@@ -196,7 +224,7 @@ fn the_node_agent_only_when_enabled_with_what_it_needs_on_the_node() {
         assert_eq!(
             policy["spec"]["matchConditions"][0]["expression"],
             format!(
-                "request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:portalloc-node-agent'"
+                "request.userInfo.username == 'system:serviceaccount:{AGENT_NAMESPACE}:portalloc-node-agent'"
             ),
             "{name}"
         );

@@ -21,20 +21,20 @@
 //! holdings are restored there; whether an entry's owner is alive is
 //! asked of every copy alike.
 //!
-//! [`plan_repair`]: super::plan_repair
+//! [`plan_repair`]: crate::ledger::plan_repair
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use kube::ResourceExt;
 
-use super::allocation_status::{recorded_copy_set, recorded_holdings_in};
-use super::copy_record::{CopyRecord, ShardWrite, load_shard, new_shard};
-use super::holdings_across_shards::ShardAnomaly;
-use super::pool_record::PoolRecord;
 use super::repair_outcome::{Change, Finding, RepairPlan, RepairScope, Restored};
 use super::repair_plan::plan_repair_scoped;
-use super::windows::{ShardKey, shard_name, window, window_of};
 use crate::api::{PortAllocation, PortPoolShard};
+use crate::ledger::allocation_status::{recorded_copy_set, recorded_holdings_in};
+use crate::ledger::record::copy_record::{CopyRecord, ShardWrite, load_shard, new_shard};
+use crate::ledger::record::holdings_across_shards::ShardAnomaly;
+use crate::ledger::record::pool_record::PoolRecord;
+use crate::ledger::record::windows::{ShardKey, shard_name, window, window_of};
 
 /// A shard object left by an earlier pool object of the same name: deleted before the writes
 /// (with its UID as precondition). A garbage collector would have deleted it with its pool; the

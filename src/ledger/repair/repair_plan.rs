@@ -49,8 +49,8 @@ use kube::ResourceExt;
 
 use super::repair_outcome::{Change, Finding, FreeReason, RepairPlan, RepairScope, Restored};
 use super::repair_restore::{creation_order, restore_lost};
-use super::window_record::{Anomaly, HolderEntry, WindowRecord};
 use crate::api::{PoolHolder, PortAllocation, PortPoolShardStatus};
+use crate::ledger::record::window_record::{Anomaly, HolderEntry, WindowRecord};
 
 /// The diff for one shard. `allocations` is every PortAllocation in the cluster, listed *after*
 /// the shard was (see the module docs for why that order matters). Pure.

@@ -10,8 +10,8 @@
 //! generation a sync served (a new spec is a new series), and for a refusal its reason too (a
 //! pool full that then disappears is two series).
 
-use super::refusal::{Reason, Refusal};
-use super::repair_outcome::{Change, FreeReason, RepairPlan};
+use crate::ledger::refusal::{Reason, Refusal};
+use crate::ledger::repair::repair_outcome::{Change, FreeReason, RepairPlan};
 
 /// The most an Event's note may hold (events.k8s.io/v1: 1 kB).
 pub const NOTE_LIMIT: usize = 1024;

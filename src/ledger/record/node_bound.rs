@@ -7,7 +7,7 @@
 //! in order, so conservatively every port is held in every copy in use: a holder placed in
 //! copy c has h = max(c, highest copy in use) other holders of each of its ports.
 //!
-//! - `nodeReuse: N` (fixed): copies 0..N, as ever; the cost is the user's to judge.
+//! - `nodeReuse: N` (fixed): copies 0..N, whatever the nodes; the cost is the user's to judge.
 //! - `followNodes`: a holder whose largest pod has k ports may go to copy c only while
 //!   `max(k, k_max) x max(c, highest copy in use) < nodes`, k_max being the largest pod of the
 //!   holders already in the pool (they must stay schedulable too) and `nodes` those counted

@@ -9,9 +9,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::api::GuardMode;
+use crate::ledger::record::windows::fnv1a;
 
 /// The label on every node agent's Lease.
 pub const NODE_AGENT_LABEL: &str = "portalloc.dev/node-agent";
+/// The namespace the chart and deploy/node-agent run the agents in (a namespace of their own,
+/// the only one labelled for Pod Security's privileged level): their Leases there are the
+/// reports `pool describe` reads.
+pub const NODE_AGENT_NAMESPACE: &str = "portalloc-node-agent";
 const NODE: &str = "portalloc.dev/node";
 const GUARD: &str = "portalloc.dev/guard";
 const POOLS: &str = "portalloc.dev/guarded-pools";
@@ -28,7 +33,7 @@ pub fn lease_name(node: &str) -> String {
     format!(
         "portalloc-node-{}-{:016x}",
         &node[..200],
-        super::fnv1a(node.as_bytes())
+        fnv1a(node.as_bytes())
     )
 }
 

@@ -5,10 +5,10 @@ use clap::Args;
 use kube::{Client, ResourceExt};
 use tabled::Tabled;
 
-use super::output::{
+use crate::api::PortPool;
+use crate::cli::output::{
     OutputFormat, age, print_last_rows_without, print_names, print_objects, print_rows_without,
 };
-use crate::api::PortPool;
 use crate::k8s::{self, PoolView, get_pool};
 
 /// List PortPools with their usage.

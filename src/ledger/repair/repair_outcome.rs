@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::window_record::WindowRecord;
 use crate::api::PortPoolShardStatus;
 use crate::core::{PortBlock, PortRange};
+use crate::ledger::record::window_record::WindowRecord;
 
 /// Why an entry is freed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

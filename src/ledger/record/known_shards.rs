@@ -19,8 +19,8 @@ use std::collections::BTreeSet;
 use crate::api::PortAllocationStatus;
 use crate::core::PortDemand;
 
-use super::decision::Operation;
 use super::windows::{ShardKey, WindowLayout, window_of};
+use crate::ledger::decision::Operation;
 
 /// The shards where the owner `namespace/name` may have entries, by the rule above.
 pub fn known_shards(

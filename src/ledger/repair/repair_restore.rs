@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 
 use kube::ResourceExt;
 
-use super::allocation_status::{recorded_holdings, recorded_holdings_in};
-use super::owner_of;
 use super::repair_outcome::{Change, Finding, RepairScope, Restored, describe_ports};
-use super::window_record::WindowRecord;
 use crate::api::{PoolHolder, PortAllocation, PortAllocationStatus, SpecError};
 use crate::core::{Holdings, PortBlock, SlotKey, desired_slots};
+use crate::ledger::allocation_status::{recorded_holdings, recorded_holdings_in};
+use crate::ledger::owner_of;
+use crate::ledger::record::window_record::WindowRecord;
 
 /// Oldest first, then by namespace and name: a deterministic order of PortAllocations.
 pub(super) fn creation_order(pa: &PortAllocation) -> impl Ord + use<> {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::output::bar;
+use crate::cli::output::bar;
 use crate::k8s::{NodesView, PoolView};
 use crate::ledger::NodeCount;
 

@@ -144,7 +144,7 @@ pub struct ShardWrite {
 }
 
 /// One copy of the pool's ports and the shards that record it, ready for planning. A pool
-/// without reuse is this one record (copy 0); [`super::PoolRecord`] holds every copy.
+/// without reuse is this one record (copy 0); [`crate::ledger::PoolRecord`] holds every copy.
 #[derive(Clone, Debug)]
 pub struct CopyRecord {
     /// The newest snapshot of the pool: the one read, or a newer one a shard carries.

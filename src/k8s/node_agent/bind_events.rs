@@ -13,7 +13,7 @@ use crate::ledger::node_guard::port_of_slot;
 pub enum BindVerdict {
     /// Refused with EPERM (`Enforce`).
     Refused,
-    /// Allowed and reported (`Audit`).
+    /// Allowed, with an Event (`Audit`).
     Audited,
     /// Allowed to a pod the agent had not seen yet, which turned out not to hold the port.
     TakenBeforeSeen,
@@ -29,8 +29,8 @@ impl BindVerdict {
     }
 }
 
-/// One bind to report.
-pub struct BindReport<'a> {
+/// One bind, as the Event on its pod tells it.
+pub struct BindEvent<'a> {
     pub verdict: BindVerdict,
     pub slot: u32,
     pub count: u64,
@@ -41,7 +41,7 @@ pub struct BindReport<'a> {
     pub holder: Option<(String, String)>,
 }
 
-impl BindReport<'_> {
+impl BindEvent<'_> {
     pub fn reason(&self) -> &'static str {
         match self.verdict {
             BindVerdict::Refused => "PortBindRefused",
@@ -81,13 +81,13 @@ impl BindReport<'_> {
     }
 }
 
-/// Publishes the agent's Events.
+/// Publishes the agent's Events about binds.
 #[derive(Clone)]
-pub struct Reports {
+pub struct BindEvents {
     recorder: Recorder,
 }
 
-impl Reports {
+impl BindEvents {
     pub fn new(client: kube::Client, node: &str) -> Self {
         let reporter = Reporter {
             controller: "portalloc-node-agent".into(),
@@ -98,11 +98,11 @@ impl Reports {
         }
     }
 
-    pub async fn bind(&self, pod: &Pod, report: &BindReport<'_>) {
+    pub async fn publish(&self, pod: &Pod, bind: &BindEvent<'_>) {
         let event = Event {
             type_: EventType::Warning,
-            reason: report.reason().into(),
-            note: Some(report.message()),
+            reason: bind.reason().into(),
+            note: Some(bind.message()),
             action: "Bind".into(),
             secondary: None,
         };
@@ -121,7 +121,7 @@ mod tests {
 
     #[test]
     fn a_refusal_names_the_port_the_pool_and_the_holder() {
-        let report = BindReport {
+        let bind = BindEvent {
             verdict: BindVerdict::Refused,
             slot: slot(Protocol::Tcp, 30001),
             count: 1,
@@ -131,7 +131,7 @@ mod tests {
             holder: Some(("team-a/decode-0".into(), "team-a/sglang".into())),
         };
         assert_eq!(
-            report.message(),
+            bind.message(),
             "bind of port 30001/TCP was refused with EPERM: the port is in PortPool llm (guard \
              Enforce), held on node gpu-1 by pod team-a/decode-0 (PortAllocation team-a/sglang). \
              Use the ports the pod webhook gives the pod (its env), or allocate this port to its \
