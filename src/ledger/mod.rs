@@ -37,24 +37,19 @@
 //! The Kubernetes layer ([`crate::k8s`]) reads, calls these, and writes what they return.
 
 mod allocation_status;
-mod block_end;
 mod decision;
 #[cfg(test)]
 pub(crate) mod fixtures;
-mod free_runs;
-mod home_fit;
 mod node;
+mod placement;
 mod pod_ports;
 mod pools;
 mod preview;
 mod record;
 mod refusal;
 mod repair;
-mod shard_choice;
 mod spec_change;
-mod spread;
 mod watcher;
-mod window_choice;
 
 pub(crate) use allocation_status::is_current;
 pub use allocation_status::{
@@ -95,11 +90,11 @@ pub use spec_change::{spec_differences, stranded_holders};
 
 pub use node::{node_guard, node_report};
 pub use record::node_bound;
-// Placement (shard_choice and its siblings, spread, window_choice, free_runs, home_fit,
-// block_end) names the record's modules as the ledger's own (`super::copy_record`).
-use record::{
-    copy_record, holdings_across_shards, known_shards, pool_record, window_record, windows,
-};
+// Tests and the preview name these as the ledger's own (`crate::ledger::copy_record`).
+use placement::{home_fit, shard_choice, spread};
+#[cfg(test)]
+use record::{copy_record, known_shards};
+use record::{holdings_across_shards, pool_record, windows};
 pub use watcher::{event_notice, leader_lease};
 
 use kube::ResourceExt;

@@ -1,0 +1,20 @@
+//! Placement: which window and which copy of a pool an owner's new ports go to, and where in
+//! them. [`shard_choice`] decides a batch of owners over the pool's record; [`home_fit`] and
+//! [`window_choice`] say when an owner leaves its home window and where it goes instead;
+//! [`block_end`] sorts blocks by length toward the pool's two ends; [`free_runs`] measures the
+//! runs a block would cut across window edges; [`spread`] places pods over the copies of a pool
+//! whose ports serve several nodes. Pure.
+
+pub(super) mod block_end;
+pub(super) mod free_runs;
+pub(super) mod home_fit;
+pub(super) mod shard_choice;
+pub(super) mod spread;
+pub(super) mod window_choice;
+
+// The ledger's modules these files name as siblings (`super::decision`, `super::copy_record`).
+use super::record::{
+    copy_record, holdings_across_shards, known_shards, node_bound, pool_record, window_record,
+    windows,
+};
+use super::{decision, record, refusal};
