@@ -29,8 +29,9 @@
 //! - [`leader_lease`]: one worker among the watcher's replicas, elected through a Lease.
 //! - [`event_notice`]: what the watcher says on the objects it acts on (Kubernetes Events).
 //!
-//! Folders: `record/` (the record: windows, shards, copies, `node_bound`), `repair/`,
-//! `node/` (the node agent's guard and report) and `watcher/` (its Lease and Events). The
+//! Folders: `record/` (the record: windows, shards, copies, `node_bound`), `placement/` (which
+//! window and copy new ports go to, and where in them), `repair/`, `node/` (the node agent's
+//! guard and report) and `watcher/` (its Lease and Events). The
 //! ledger re-exports what callers use (`ledger::PoolRecord`, `ledger::node_guard`), so their
 //! paths do not name the folders.
 //!
