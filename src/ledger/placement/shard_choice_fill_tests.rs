@@ -16,7 +16,8 @@ use crate::core::PortSet;
 use crate::ledger::fixtures::{holders, pool_of, shard_of, sharded};
 use crate::ledger::{Operation, home_shard, owner_of, preview};
 
-/// The issue's random mix: 1-12 single ports and 0-3 blocks of 8, 16, 32 or 64.
+/// A mix of small owners as workloads ask: 1-12 single ports and 0-3 blocks of 8, 16, 32 or
+/// 64.
 fn random_mix(rng: &mut StdRng, name: &str) -> PortAllocation {
     let port = |name: String, count: u32| PortRequest {
         env: name.to_uppercase(),
@@ -115,7 +116,7 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// The issue's random mix into an empty 4,096-port pool (17 windows, KEP-3668 bands) until
+    /// That small mix into an empty 4,096-port pool (17 windows, KEP-3668 bands) until
     /// the first refusal, then again after deleting a random half. After the refill the
     /// windows keep more leftovers (deleted objects leave holes inside windows, which do not
     /// join across an edge): `cargo bench --bench placement` puts its floor near 84 %.
@@ -240,8 +241,8 @@ proptest! {
     })]
 
     /// Blocks of 16-256 ports into an empty 4,096-port pool until the first refusal: it comes
-    /// at 90 % or later (issue 44), as long blocks are placed toward the high end and short
-    /// ones toward the low end. Placed by fit alone, some seeds stopped at 87 %.
+    /// at 90 % or later, as long blocks are placed toward the high end and short ones toward
+    /// the low end (placed by fit alone, some seeds stop at 87 %).
     #[test]
     fn one_block_objects_fill_a_sharded_pool_to_ninety_percent(seed in any::<u64>(), pow2 in any::<bool>()) {
         let mut rng = StdRng::seed_from_u64(seed);
