@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use kube::api::Api;
 use portalloc::api::PortAllocation;
-use portalloc::ledger::{Anomaly, PoolRecord, recorded_holdings};
+use portalloc::ledger::{Anomaly, PoolRecord, recorded_copies, recorded_holdings};
 use rand::Rng;
 
 use crate::support::cli::BIN;
@@ -186,15 +186,22 @@ async fn status_duplicates(client: &Client) -> Vec<String> {
             pa.metadata.namespace.as_deref().unwrap_or_default(),
             pa.metadata.name.as_deref().unwrap_or_default()
         );
-        let held = pa
-            .status
-            .as_ref()
-            .map(recorded_holdings)
-            .unwrap_or_default();
-        for port in held.ports() {
-            let key = (pa.spec.pool.clone(), pa.pool_copy(), port);
-            if let Some(other) = seen.insert(key, owner.clone()) {
-                duplicates.push(format!("{}:{port} {other} and {owner}", pa.spec.pool));
+        let Some(status) = pa.status.as_ref() else {
+            continue;
+        };
+        // Each pod's ports in the copy it was given: a workload spread over copies holds the
+        // same port in several, once in each.
+        let copies = recorded_copies(status);
+        for (slot, block) in recorded_holdings(status).iter() {
+            let copy = copies.get(slot).copied().unwrap_or_else(|| pa.pool_copy());
+            for port in block.ports() {
+                let key = (pa.spec.pool.clone(), copy, port);
+                if let Some(other) = seen.insert(key, owner.clone()) {
+                    duplicates.push(format!(
+                        "{}:{port} (copy {copy}) {other} and {owner}",
+                        pa.spec.pool
+                    ));
+                }
             }
         }
     }
