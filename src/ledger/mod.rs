@@ -58,7 +58,10 @@ pub use allocation_status::{
     allocation_status, recorded_copies, recorded_holdings, set_slot_copies,
 };
 pub use decision::{Decision, Operation, decide, precheck};
-pub use home_fit::loose_in_window;
+pub use placement::home_fit::loose_in_window;
+pub use placement::shard_choice::{
+    BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place,
+};
 pub use pod_ports::{
     Mismatch, PodPortInShard, PodPortsError, PortHolder, RecordDenial, pod_port_shards, pod_ports,
     unheld_ports,
@@ -86,16 +89,10 @@ pub use refusal::{Reason, Refusal};
 pub use repair::pool_repair::{PoolRepairPlan, StaleShard, plan_pool_repair};
 pub use repair::repair_outcome::{Change, Finding, FreeReason, RepairPlan, Restored};
 pub use repair::repair_plan::plan_repair;
-pub use shard_choice::{BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place};
 pub use spec_change::{spec_differences, stranded_holders};
 
 pub use node::{node_guard, node_report};
 pub use record::node_bound;
-// Tests and the preview name these as the ledger's own (`crate::ledger::copy_record`).
-use placement::{home_fit, shard_choice, spread};
-#[cfg(test)]
-use record::{copy_record, known_shards};
-use record::{holdings_across_shards, pool_record, windows};
 pub use watcher::{event_notice, leader_lease};
 
 use kube::ResourceExt;

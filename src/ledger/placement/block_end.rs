@@ -14,8 +14,8 @@
 
 use crate::core::{Holdings, Lean, PortBlock};
 
-use super::decision::Operation;
-use super::record::pool_snapshot::PoolSnapshot;
+use crate::ledger::decision::Operation;
+use crate::ledger::record::pool_snapshot::PoolSnapshot;
 
 /// Blocks this long or longer are placed toward the pool's high end.
 pub const LONG_FROM: u32 = 128;

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use crate::core::Holdings;
 
-use super::copy_record::CopyRecord;
-use super::windows::window_of;
+use crate::ledger::record::copy_record::CopyRecord;
+use crate::ledger::record::windows::window_of;
 
 /// Free runs, ascending, as (first port, length).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

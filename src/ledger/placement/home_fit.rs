@@ -15,8 +15,8 @@
 use crate::core::{Holdings, PoolState};
 
 use super::block_end::{by_size, has_long_new_block};
-use super::decision::Decision;
-use super::window_record::WindowRecord;
+use crate::ledger::decision::Decision;
+use crate::ledger::record::window_record::WindowRecord;
 
 /// Blocks this long or longer are placed by fit; shorter ones stay in the known window.
 pub const LOOSE_FROM: u32 = 16;

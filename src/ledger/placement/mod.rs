@@ -11,10 +11,3 @@ pub(super) mod home_fit;
 pub(super) mod shard_choice;
 pub(super) mod spread;
 pub(super) mod window_choice;
-
-// The ledger's modules these files name as siblings (`super::decision`, `super::copy_record`).
-use super::record::{
-    copy_record, holdings_across_shards, known_shards, node_bound, pool_record, window_record,
-    windows,
-};
-use super::{decision, record, refusal};

@@ -25,17 +25,17 @@ use rand::Rng;
 
 use crate::core::{Holdings, SlotKey};
 
-use super::copy_record::{CopyRecord, ShardWrite};
-use super::decision::{Decision, Operation, decide};
-use super::holdings_across_shards::split_by_shard;
 use super::home_fit::loose_in_window;
-use super::known_shards::single_shard;
-use super::pool_record::PoolRecord;
-use super::refusal::Refusal;
 use super::spread;
 use super::window_choice::elsewhere;
-use super::window_record::WindowRecord;
-use super::windows::ShardKey;
+use crate::ledger::decision::{Decision, Operation, decide};
+use crate::ledger::record::copy_record::{CopyRecord, ShardWrite};
+use crate::ledger::record::holdings_across_shards::split_by_shard;
+use crate::ledger::record::known_shards::single_shard;
+use crate::ledger::record::pool_record::PoolRecord;
+use crate::ledger::record::window_record::WindowRecord;
+use crate::ledger::record::windows::ShardKey;
+use crate::ledger::refusal::Refusal;
 use spread_choice::{decide_spread, may_spread};
 
 /// One owner's part of a batch.

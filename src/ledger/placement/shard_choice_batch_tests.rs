@@ -8,8 +8,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::*;
-use crate::ledger::copy_record::new_shard;
 use crate::ledger::fixtures::{allocation, pool_of, sharded};
+use crate::ledger::record::copy_record::new_shard;
 use crate::ledger::{Operation, known_shards, owner_of};
 
 /// `writes` as the API server would return them: each shard at a new version.

@@ -9,11 +9,11 @@ use rand::Rng;
 use super::{BatchItem, ItemOutcome, Pass, Seen, refused, remove_everywhere, touched_by};
 use crate::core::{Holdings, SlotKey, Want, desired_slots, plan_slots};
 use crate::ledger::decision::Operation;
-use crate::ledger::holdings_across_shards::split_by_shard;
-use crate::ledger::pool_record::PoolRecord;
+use crate::ledger::placement::spread;
+use crate::ledger::record::holdings_across_shards::split_by_shard;
+use crate::ledger::record::pool_record::PoolRecord;
+use crate::ledger::record::windows::ShardKey;
 use crate::ledger::refusal::Refusal;
-use crate::ledger::spread;
-use crate::ledger::windows::ShardKey;
 
 /// Whether a workload no copy takes whole may have its pods spread over the copies: a pool
 /// with reuse, a sync, a refusal for room or a held port, and entries in one copy at most.

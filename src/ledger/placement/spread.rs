@@ -18,12 +18,12 @@ use rand::Rng;
 
 use crate::core::{Holdings, SlotKey, Want};
 
-use super::copy_record::CopyRecord;
-use super::decision::{Decision, Operation};
-use super::node_bound::{CopyBound, CopyRefusal};
-use super::pool_record::PoolRecord;
-use super::refusal::Refusal;
 use super::window_choice::elsewhere;
+use crate::ledger::decision::{Decision, Operation};
+use crate::ledger::record::copy_record::CopyRecord;
+use crate::ledger::record::node_bound::{CopyBound, CopyRefusal};
+use crate::ledger::record::pool_record::PoolRecord;
+use crate::ledger::refusal::Refusal;
 
 /// The slots one copy is asked to hold for the owner.
 type Part = BTreeMap<SlotKey, Want>;

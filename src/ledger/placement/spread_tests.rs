@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use crate::api::{PortAllocation, PortRequest, PortScope};
 use crate::core::SlotKey;
 use crate::ledger::fixtures::{allocation, pool_record, pool_reused};
-use crate::ledger::shard_choice::{BatchItem, ItemOutcome};
+use crate::ledger::placement::shard_choice::{BatchItem, ItemOutcome};
 use crate::ledger::{Operation, PoolRecord, Reason, ShardKey, owner_of, preview};
 
 /// `name` with one role `engine` of `pods` pods, each with `ports` PodScoped ports.
@@ -302,7 +302,7 @@ fn a_pool_that_follows_its_nodes_spreads_a_workload_only_over_the_copies_its_pod
 
 mod follow_nodes_property {
     use super::*;
-    use crate::ledger::node_bound::CopyBound;
+    use crate::ledger::record::node_bound::CopyBound;
     use proptest::prelude::*;
 
     fn record_with_nodes(nodes: u32) -> PoolRecord {

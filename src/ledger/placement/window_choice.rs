@@ -20,11 +20,11 @@ use rand::Rng;
 use crate::core::{Band, Holdings, Lean};
 
 use super::block_end::{by_size, distance, end_of};
-use super::copy_record::CopyRecord;
-use super::decision::{Decision, Operation, decide};
 use super::free_runs::FreeRuns;
-use super::refusal::Refusal;
-use super::window_record::WindowRecord;
+use crate::ledger::decision::{Decision, Operation, decide};
+use crate::ledger::record::copy_record::CopyRecord;
+use crate::ledger::record::window_record::WindowRecord;
+use crate::ledger::refusal::Refusal;
 
 /// The decision for an owner its known shard cannot serve alone: whole in the best window or
 /// pair of neighbouring windows that takes it (see [`best_place`]), else on as few shards as it
