@@ -4,7 +4,9 @@ use crate::api::{
     PoolHolder, PortAllocation, PortAllocationSpec, PortPool, PortPoolShard, PortPoolShardStatus,
     PortPoolSpec, PortRequest, PortScope, Role, StaticBandSetting,
 };
+use crate::core::{PortDemand, Scope};
 
+use super::decision::Operation;
 use super::record::copy_record::new_shard;
 use super::record::pool_record::PoolRecord;
 use super::record::pool_snapshot::PoolSnapshot;
@@ -124,4 +126,17 @@ pub fn allocation(name: &str, replicas: i32, fixed: Option<i32>) -> PortAllocati
     pa.metadata.namespace = Some("ns".into());
     pa.metadata.uid = Some(name.into());
     pa
+}
+
+/// A sync asking one RoleScoped block of each of `counts` ports (one replica).
+pub fn blocks(counts: &[u32]) -> Operation {
+    let demand = |(i, &count): (usize, &u32)| PortDemand {
+        role: "r".into(),
+        port: format!("p{i}"),
+        scope: Scope::RoleScoped,
+        replicas: 1,
+        requested: None,
+        count,
+    };
+    Operation::Sync(counts.iter().enumerate().map(demand).collect())
 }

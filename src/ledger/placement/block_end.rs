@@ -66,19 +66,7 @@ pub fn has_long_new_block(before: &Holdings, after: &Holdings) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{PortDemand, Scope};
-
-    fn sync(counts: &[u32]) -> Operation {
-        let demand = |(i, &count): (usize, &u32)| PortDemand {
-            role: "r".into(),
-            port: format!("p{i}"),
-            scope: Scope::RoleScoped,
-            replicas: 1,
-            requested: None,
-            count,
-        };
-        Operation::Sync(counts.iter().enumerate().map(demand).collect())
-    }
+    use crate::ledger::fixtures::blocks as sync;
 
     #[test]
     fn an_owner_with_a_long_block_goes_high_and_any_other_low() {

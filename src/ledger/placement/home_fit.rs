@@ -73,21 +73,8 @@ mod tests {
     use rand::rngs::StdRng;
 
     use super::*;
-    use crate::core::{PortDemand, Scope};
-    use crate::ledger::decision::{Operation, decide};
-    use crate::ledger::fixtures::{holders, pool_of, whole_record};
-
-    fn blocks(counts: &[u32]) -> Operation {
-        let demand = |(i, &count): (usize, &u32)| PortDemand {
-            role: "r".into(),
-            port: format!("p{i}"),
-            scope: Scope::RoleScoped,
-            replicas: 1,
-            requested: None,
-            count,
-        };
-        Operation::Sync(counts.iter().enumerate().map(demand).collect())
-    }
+    use crate::ledger::decision::decide;
+    use crate::ledger::fixtures::{blocks, holders, pool_of, whole_record};
 
     /// Whether owner `new` asking for `counts` is loose in window 118 (30208-30463) holding
     /// `held`.

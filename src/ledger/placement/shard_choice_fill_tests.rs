@@ -213,9 +213,7 @@ proptest! {
     #[test]
     fn blocks_are_refused_only_when_no_free_run_holds_them(seed in any::<u64>(), pow2 in any::<bool>()) {
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut pool = pool_of(&["30000-34095"], &[]);
-        pool.spec.static_band = StaticBandSetting::Auto;
-        let mut record = sharded(&pool, vec![]);
+        let mut record = empty_block_pool();
         let (mut live, mut next) = (Vec::new(), 0);
         let first = fill_blocks(&mut record, &mut rng, &mut live, &mut next, pow2)?;
         prop_assert!(first >= 0.90, "first refused at {first:.3}");
@@ -246,13 +244,18 @@ proptest! {
     #[test]
     fn one_block_objects_fill_a_sharded_pool_to_ninety_percent(seed in any::<u64>(), pow2 in any::<bool>()) {
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut pool = pool_of(&["30000-34095"], &[]);
-        pool.spec.static_band = StaticBandSetting::Auto;
-        let mut record = sharded(&pool, vec![]);
+        let mut record = empty_block_pool();
         let (mut live, mut next) = (Vec::new(), 0);
         let first = fill_blocks(&mut record, &mut rng, &mut live, &mut next, pow2)?;
         prop_assert!(first >= 0.90, "first refused at {first:.3}");
     }
+}
+
+/// The block tests' pool: 4,096 ports (17 windows, KEP-3668 bands), empty.
+fn empty_block_pool() -> PoolRecord {
+    let mut pool = pool_of(&["30000-34095"], &[]);
+    pool.spec.static_band = StaticBandSetting::Auto;
+    sharded(&pool, vec![])
 }
 
 /// An owner `<name>` asking for one block of `count`, whose home is window 118 of `record`.
