@@ -7,6 +7,8 @@ use clap::Parser;
 // through these names, as `crate::api`, `crate::k8s` and so on.
 use portalloc::{api, core, k8s, ledger, node};
 
+#[cfg(target_os = "linux")]
+mod allocator;
 mod cli;
 
 use cli::{Cli, exit_for};
