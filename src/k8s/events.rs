@@ -1,7 +1,12 @@
 //! Kubernetes Events on what the watcher does (`kubectl describe palloc`, `kubectl events`),
-//! published through kube-runtime's recorder (events.k8s.io/v1): the words are
-//! [`crate::ledger::event_notice`]'s, and so is why a notice repeated at every resync stays one
-//! Event whose series count grows (the recorder patches it rather than creating another).
+//! events.k8s.io/v1: the words are [`crate::ledger::event_notice`]'s.
+//!
+//! Warnings (refusals) repeat at every resync: they go through kube-runtime's recorder, which
+//! keeps each one for six minutes and patches its series count rather than creating another.
+//! Everything else (ports allocated or released, entries freed, repairs) happens once per
+//! change, so it is created as it is and remembered nowhere: the recorder's cache, swept in
+//! full at every publish, held 11.8 MB of 110 MB at the heap's peak for 4,500 PortAllocations
+//! synced from empty, and would grow with every one of 15,000.
 //!
 //! Best effort: an Event that cannot be written never fails what it reports. An identity that
 //! may not write Events (a user running the plugin, a watcher bound to an older ClusterRole) is
@@ -13,7 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::Api;
+use k8s_openapi::api::events::v1::Event as EventObject;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 
@@ -33,6 +41,7 @@ const POOL_UID_TTL: Duration = Duration::from_secs(300);
 #[derive(Clone)]
 pub struct Events {
     recorder: Recorder,
+    reporter: Reporter,
     client: Client,
     /// Pools get Events too (they are cluster-scoped: theirs go to namespace `default`).
     on_pools: bool,
@@ -48,7 +57,8 @@ impl Events {
             instance: Some(instance.to_string()),
         };
         Events {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            reporter,
             client,
             on_pools,
             pool_uids: Arc::default(),
@@ -132,7 +142,17 @@ impl Events {
                 _ => kind.to_string(),
             }
         };
-        match self.recorder.publish(&event, regarding).await {
+        let published = if notice.warning {
+            self.recorder.publish(&event, regarding).await
+        } else {
+            let namespace = regarding.namespace.as_deref().unwrap_or("default");
+            let once = once_event(&event, regarding, &self.reporter, Timestamp::now());
+            Api::<EventObject>::namespaced(self.client.clone(), namespace)
+                .create(&PostParams::default(), &once)
+                .await
+                .map(drop)
+        };
+        match published {
             Ok(()) => {}
             Err(kube::Error::Api(status)) if status.is_forbidden() => tracing::debug!(
                 "no Event {} on {}: this identity may not create events.k8s.io Events there \
@@ -185,6 +205,45 @@ impl Events {
             }
         };
         Some(pool_ref(pool, &uid))
+    }
+}
+
+/// An Event created once: named and stamped as kube-runtime's recorder names a new one
+/// (`<object>.<nanoseconds in hex>`), with no series.
+fn once_event(
+    event: &Event,
+    regarding: &ObjectReference,
+    reporter: &Reporter,
+    now: Timestamp,
+) -> EventObject {
+    let object = regarding.name.as_deref().unwrap_or(&reporter.controller);
+    EventObject {
+        metadata: ObjectMeta {
+            name: Some(format!("{object}.{:x}", now.as_nanosecond())),
+            namespace: regarding.namespace.clone(),
+            ..ObjectMeta::default()
+        },
+        action: Some(event.action.clone()),
+        reason: Some(event.reason.clone()),
+        note: event.note.clone(),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(regarding.clone()),
+        related: event.secondary.clone(),
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(
+            reporter
+                .instance
+                .clone()
+                .unwrap_or_else(|| reporter.controller.clone()),
+        ),
+        type_: Some(
+            match event.type_ {
+                EventType::Normal => "Normal",
+                EventType::Warning => "Warning",
+            }
+            .into(),
+        ),
+        ..EventObject::default()
     }
 }
 
@@ -242,5 +301,45 @@ mod tests {
         assert_eq!(reference.kind.as_deref(), Some("PortAllocation"));
         assert_eq!(reference.namespace.as_deref(), Some("apps"));
         assert_eq!(reference.resource_version, None);
+    }
+
+    #[test]
+    fn an_event_said_once_is_named_and_stamped_as_the_recorder_names_a_new_one() {
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "Allocated".into(),
+            note: Some("50 ports allocated".into()),
+            action: "Allocate".into(),
+            secondary: None,
+        };
+        let reporter = Reporter {
+            controller: REPORTING_CONTROLLER.into(),
+            instance: Some("watcher-0".into()),
+        };
+        let regarding = allocation_ref(&{
+            let mut pa = PortAllocation::new("web", Default::default());
+            pa.metadata.namespace = Some("apps".into());
+            pa.metadata.uid = Some("u-3".into());
+            pa
+        });
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let once = once_event(&event, &regarding, &reporter, now);
+        assert_eq!(
+            once.metadata.name.as_deref(),
+            Some(format!("web.{:x}", now.as_nanosecond()).as_str())
+        );
+        assert_eq!(once.metadata.namespace.as_deref(), Some("apps"));
+        assert_eq!(once.type_.as_deref(), Some("Normal"));
+        assert_eq!(once.reason.as_deref(), Some("Allocated"));
+        assert_eq!(once.action.as_deref(), Some("Allocate"));
+        assert_eq!(once.note.as_deref(), Some("50 ports allocated"));
+        assert_eq!(
+            once.reporting_controller.as_deref(),
+            Some("portalloc-watcher")
+        );
+        assert_eq!(once.reporting_instance.as_deref(), Some("watcher-0"));
+        assert_eq!(once.regarding.and_then(|r| r.uid).as_deref(), Some("u-3"));
+        assert_eq!(once.event_time, Some(MicroTime(now)));
+        assert!(once.series.is_none());
     }
 }
