@@ -13,7 +13,7 @@
 //! joins the pieces again; [`split_by_shard`] cuts them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
 use crate::core::{Holdings, Lean, PoolState, PortSet, StaticBand};
@@ -154,7 +154,9 @@ pub struct CopyRecord {
     /// Which copy this is (0 without reuse).
     pub copy: u16,
     /// By window index, ascending.
-    pub shards: BTreeMap<u16, ShardRecord>,
+    /// Shared between clones of the record: a decision works on a clone of the whole record
+    /// and changes a few shards, and only those are copied (`Arc::make_mut`).
+    pub shards: BTreeMap<u16, Arc<ShardRecord>>,
     pub anomalies: Vec<ShardAnomaly>,
     /// The most ports one pod of any holder here has (`Holdings::ports_per_pod`), worked out
     /// when first asked and raised by each [`CopyRecord::set`] after: never lowered before the
@@ -184,7 +186,7 @@ impl CopyRecord {
     ) -> CopyRecord {
         let pool_name = pool.name.clone();
         let mut anomalies = Vec::new();
-        let mut loaded: BTreeMap<u16, ShardRecord> = BTreeMap::new();
+        let mut loaded: BTreeMap<u16, Arc<ShardRecord>> = BTreeMap::new();
         let mut sorted = shards;
         // Deterministic choice when two objects claim one window: the one named as we name
         // shards (`<pool>-<k>`), else the lower name. A rival object (created by hand under
@@ -229,7 +231,10 @@ impl CopyRecord {
                 continue;
             }
             let record = load_shard(pool, layout, index, shard);
-            loaded.insert(index, ShardRecord::new(ShardKey::new(copy, index), record));
+            loaded.insert(
+                index,
+                Arc::new(ShardRecord::new(ShardKey::new(copy, index), record)),
+            );
         }
         anomalies.extend(cross_shard_anomalies(
             ports,
@@ -292,10 +297,11 @@ impl CopyRecord {
             if !self.shards.contains_key(&index) {
                 let record = load_shard(&self.pool, &self.layout, index, self.new_shard(index));
                 let key = ShardKey::new(self.copy, index);
-                self.shards.insert(index, ShardRecord::new(key, record));
+                self.shards
+                    .insert(index, Arc::new(ShardRecord::new(key, record)));
             }
             if let Some(shard) = self.shards.get_mut(&index) {
-                shard.set(uid, owner, &part);
+                Arc::make_mut(shard).set(uid, owner, &part);
             }
         }
     }
@@ -411,7 +417,8 @@ impl CopyRecord {
         }
         let record = load_shard(&self.pool, &self.layout, index, written);
         let key = ShardKey::new(self.copy, index);
-        self.shards.insert(index, ShardRecord::new(key, record));
+        self.shards
+            .insert(index, Arc::new(ShardRecord::new(key, record)));
         self.largest_pod = OnceLock::new();
     }
 
