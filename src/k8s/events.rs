@@ -65,21 +65,10 @@ impl Events {
         }
     }
 
-    /// A sync that took or gave back ports (nothing when it changed none).
-    pub async fn synced(&self, pa: &PortAllocation, report: &SyncReport) {
-        let held = report.holdings.port_count() as usize;
-        let desired = pa.spec.desired_port_count();
-        let generation = report.allocation.metadata.generation;
-        let regarding = allocation_ref(pa);
-        if report.allocated > 0 {
-            let notice =
-                event_notice::allocated(&report.pool, generation, report.allocated, held, desired);
-            self.publish(&notice, &regarding, None).await;
-        }
-        if report.released > 0 {
-            let notice =
-                event_notice::released(&report.pool, generation, report.released, held, desired);
-            self.publish(&notice, &regarding, None).await;
+    /// A sync that took or gave back ports (see [`SyncNotices`]).
+    pub async fn synced(&self, said: SyncNotices) {
+        for notice in &said.notices {
+            self.publish(notice, &said.regarding, None).await;
         }
     }
 
@@ -205,6 +194,41 @@ impl Events {
             }
         };
         Some(pool_ref(pool, &uid))
+    }
+}
+
+/// What a sync that took or gave back ports says on its PortAllocation: worked out when the sync
+/// ends, so an Event waiting its turn to be sent holds these words, not the object and its
+/// holdings.
+pub struct SyncNotices {
+    regarding: ObjectReference,
+    notices: Vec<Notice>,
+}
+
+impl SyncNotices {
+    /// `None` when the sync changed no port.
+    pub fn of(pa: &PortAllocation, report: &SyncReport) -> Option<SyncNotices> {
+        let held = report.holdings.port_count() as usize;
+        let desired = pa.spec.desired_port_count();
+        let generation = report.allocation.metadata.generation;
+        let pool = &report.pool;
+        let mut notices = Vec::new();
+        if report.allocated > 0 {
+            let allocated = report.allocated;
+            notices.push(event_notice::allocated(
+                pool, generation, allocated, held, desired,
+            ));
+        }
+        if report.released > 0 {
+            let released = report.released;
+            notices.push(event_notice::released(
+                pool, generation, released, held, desired,
+            ));
+        }
+        (!notices.is_empty()).then(|| SyncNotices {
+            regarding: allocation_ref(pa),
+            notices,
+        })
     }
 }
 

@@ -5,6 +5,11 @@
 //! their own result. Nobody waits for a batch to fill: a lone caller is a batch of one, so a
 //! quiet watcher syncs with no added latency. At most `concurrency` pools run a batch at once;
 //! a leader waiting its turn keeps gathering its pool's callers.
+//!
+//! Up to a thousand callers wait at once (the watcher's reconciles in flight), so what each
+//! waiting one holds counts: its object is shared with the watcher's cache (an `Arc`, cloned
+//! only into the batch that syncs it), and the batch it may lead, or the sync it may run alone,
+//! is boxed, so a waiting caller's future stays small rather than sized for a whole batch.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +25,7 @@ type Reply = oneshot::Sender<Result<SyncReport, AllocateError>>;
 
 #[derive(Default)]
 struct Queue {
-    waiting: Vec<(PortAllocation, Reply)>,
+    waiting: Vec<(Arc<PortAllocation>, Reply)>,
     leader: bool,
 }
 
@@ -44,7 +49,10 @@ impl GroupCommit {
 
     /// [`Allocator::sync_or_record`], committed together with whatever else is queued for the
     /// same pool.
-    pub async fn sync_or_record(&self, pa: PortAllocation) -> Result<SyncReport, AllocateError> {
+    pub async fn sync_or_record(
+        &self,
+        pa: Arc<PortAllocation>,
+    ) -> Result<SyncReport, AllocateError> {
         let pool = pa.spec.pool.clone();
         let (reply, answer) = oneshot::channel();
         let lead = {
@@ -59,12 +67,15 @@ impl GroupCommit {
                 pool: &pool,
                 handed_back: AtomicBool::new(false),
             };
-            guard.drain().await;
+            Box::pin(guard.drain()).await;
         }
         match answer.await {
             Ok(result) => result,
             // The leader was cancelled (shutdown) before it answered: go alone.
-            Err(_) => self.allocator.sync_or_record(pa).await,
+            Err(_) => {
+                let pa = Arc::unwrap_or_clone(pa);
+                Box::pin(self.allocator.sync_or_record(pa)).await
+            }
         }
     }
 
@@ -99,7 +110,10 @@ impl Leader<'_> {
                     }
                 }
             };
-            let (pas, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let (pas, replies): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .map(|(pa, reply)| (Arc::unwrap_or_clone(pa), reply))
+                .unzip();
             let results = self.group_commit.allocator.sync_many(pas).await;
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);

@@ -57,7 +57,7 @@ use tokio::task::JoinHandle;
 use super::allocate::{AllocateError, Allocator, GroupCommit};
 use super::allocate::{ConfigMapChange, ConfigMapError, EnvConfigMap};
 use crate::api::PortAllocation;
-use crate::k8s::events::Events;
+use crate::k8s::events::{Events, SyncNotices};
 use crate::k8s::leader::{LeaderElection, LeaseRef, default_identity};
 use crate::k8s::process::Readiness;
 use crate::k8s::process::{Metrics, SyncResult};
@@ -380,7 +380,9 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
         // The ports need nothing, the ConfigMap may (deleted or edited by hand, or an earlier
         // write failed): one read, and a write only if it differs.
         let _permit = ctx.requests.acquire().await;
-        let outcome = ctx.allocator.keep_configmap(&pa).await;
+        // Boxed: a reconcile's future is as large as its largest step, and a thousand of them
+        // wait in their pools' group commits.
+        let outcome = Box::pin(ctx.allocator.keep_configmap(&pa)).await;
         return configmap_outcome(&owner, outcome, requeue);
     }
     if ctx.synced_lately.holds(&pa) {
@@ -389,7 +391,7 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
         return Ok(Action::requeue(SYNCED_LATELY));
     }
     let started = Instant::now();
-    let synced = ctx.group_commit.sync_or_record((*pa).clone()).await;
+    let synced = ctx.group_commit.sync_or_record(pa.clone()).await;
     let (result, conflicts, attempts) = match &synced {
         Ok(report) if report.allocated + report.released > 0 => {
             (SyncResult::Changed, report.conflicts, report.attempts)
@@ -420,9 +422,9 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
                 "synced"
             );
             let configmap = report.configmap.take();
-            publish_aside(&ctx, move |events| async move {
-                events.synced(&pa, &report).await
-            });
+            if let Some(said) = SyncNotices::of(&pa, &report) {
+                publish_aside(&ctx, move |events| async move { events.synced(said).await });
+            }
             configmap_outcome(&owner, configmap, requeue)
         }
         Err(AllocateError::Refused(refusal)) => {
