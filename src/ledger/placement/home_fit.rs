@@ -8,11 +8,13 @@
 //! have held it exactly. Blocks of 16-256 ports decided that way filled a 4,096-port pool only
 //! to three quarters, in some seeds, before a long block found no run. So a new block of
 //! [`LOOSE_FROM`] ports or more is placed in the known window alone only when it fills the free
-//! run it lands in (as the window sees it) but for fewer than [`SLACK`] ports; otherwise the
+//! run it lands in (as the window sees it) but for fewer than [`SLACK`] ports, and takes no
+//! static-band port (a window whose dynamic part is full falls back to its static ports, while
+//! the pool's dynamic band may still hold the block: KEP-3668); otherwise the
 //! whole copy decides, best fit across windows (`window_choice`). Single ports and small
 //! blocks fit any gap, and stay home.
 
-use crate::core::{Holdings, PoolState};
+use crate::core::{Band, Holdings, PoolState};
 
 use super::block_end::{by_size, has_long_new_block};
 use crate::ledger::decision::Decision;
@@ -26,8 +28,9 @@ pub const LOOSE_FROM: u32 = 16;
 pub const SLACK: u32 = 16;
 
 /// Whether `decision`, made in `record` (one window, as read), puts a new block of
-/// [`LOOSE_FROM`] ports or more into a free run at least [`SLACK`] ports longer than the block:
-/// a place the whole copy may beat. `before`: what the owner holds there now.
+/// [`LOOSE_FROM`] ports or more where the whole copy may place it better: into a free run at
+/// least [`SLACK`] ports longer than the block, or into static-band ports (the pool's dynamic
+/// band, which the window cannot see, may hold it). `before`: what the owner holds there now.
 pub fn loose_in_window(record: &WindowRecord, before: &Holdings, decision: &Decision) -> bool {
     let Decision::Write { holdings, .. } = decision else {
         return false;
@@ -35,13 +38,17 @@ pub fn loose_in_window(record: &WindowRecord, before: &Holdings, decision: &Deci
     if has_long_new_block(before, holdings) && by_size(&record.pool) {
         return true;
     }
+    let state = &record.state;
     holdings
         .iter()
         .filter(|&(slot, block)| before.block(slot) != Some(block))
         .filter(|(_, block)| u32::from(block.count) >= LOOSE_FROM)
         .any(|(_, block)| {
-            let run = run_around(&record.state, before, block.first);
+            let run = run_around(state, before, block.first);
             run >= u32::from(block.count) + SLACK
+                || block
+                    .ports()
+                    .any(|p| state.band_of(p) == Some(Band::Static))
         })
 }
 
@@ -73,8 +80,9 @@ mod tests {
     use rand::rngs::StdRng;
 
     use super::*;
+    use crate::api::StaticBandSetting;
     use crate::ledger::decision::decide;
-    use crate::ledger::fixtures::{blocks, holders, pool_of, whole_record};
+    use crate::ledger::fixtures::{blocks, holders, pool_of, shard_of, sharded, whole_record};
 
     /// Whether owner `new` asking for `counts` is loose in window 118 (30208-30463) holding
     /// `held`.
@@ -105,6 +113,43 @@ mod tests {
         assert!(loose(&most, &[16]));
         assert!(!loose(&most, &[64]));
         assert!(!loose(&most, &[64 - SLACK + 1]));
+    }
+
+    /// Whether owner `new` asking for `counts` is loose in window 117 (30000-30207) of a pool
+    /// over `ranges` holding `held` there: the window's own record, as the one-shard path reads
+    /// it.
+    fn loose_in_117(
+        ranges: &[&str],
+        auto_band: bool,
+        held: &[(&str, &str)],
+        counts: &[u32],
+    ) -> bool {
+        let mut pool = pool_of(ranges, &[]);
+        if auto_band {
+            pool.spec.static_band = StaticBandSetting::Auto;
+        }
+        let sharded = sharded(&pool, vec![shard_of(&pool, 117, holders(held))]);
+        let record = sharded.first().shard_record(117);
+        let before = record.holdings_of("new");
+        let mut rng = StdRng::seed_from_u64(1);
+        let decision = decide(&record, "new", "ns/new", &blocks(counts), &mut rng).unwrap();
+        loose_in_window(&record, &before, &decision)
+    }
+
+    #[test]
+    fn a_block_in_static_band_ports_is_loose() {
+        // 30000-34095 with the KEP-3668 band: 30000-30127 static, in window 117 (30000-30207).
+        // Its dynamic part full, a block of 120 fits the static run of 128 within the slack;
+        // the pool's dynamic band, which this window cannot see, may take it.
+        let dynamic_full = [("a", "r.p=30128-30207")];
+        assert!(loose_in_117(&["30000-34095"], true, &dynamic_full, &[120]));
+        // The same window without a band: a tight run, kept.
+        assert!(!loose_in_117(
+            &["30000-30207"],
+            false,
+            &dynamic_full,
+            &[120]
+        ));
     }
 
     #[test]

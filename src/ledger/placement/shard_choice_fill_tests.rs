@@ -12,7 +12,7 @@ use super::*;
 use crate::api::{
     PortAllocation, PortAllocationSpec, PortRequest, PortScope as ApiScope, Role, StaticBandSetting,
 };
-use crate::core::PortSet;
+use crate::core::{Band, PortSet};
 use crate::ledger::fixtures::{holders, pool_of, shard_of, sharded};
 use crate::ledger::{Operation, home_shard, owner_of, preview};
 
@@ -382,4 +382,75 @@ fn a_pool_of_one_window_places_a_long_block_as_its_window_does() {
     let item = block_owner_homed_in(&record, 118, 128);
     let placed = place(&record, &item, &mut StdRng::seed_from_u64(2));
     assert_eq!(placed.outcome.holdings().ports().next(), Some(30208));
+}
+
+/// The block pool with window 117's dynamic part (30128-30207) held, its static band
+/// (30000-30127) free, and every port of windows 118-133 held but `free` (first, length).
+fn static_band_free_and_runs(free: &[(u16, u16)]) -> PoolRecord {
+    let mut pool = pool_of(&["30000-34095"], &[]);
+    pool.spec.static_band = StaticBandSetting::Auto;
+    let is_free = |port: u16| {
+        free.iter()
+            .any(|&(first, len)| (first..first.saturating_add(len)).contains(&port))
+    };
+    let mut shards = vec![shard_of(&pool, 117, holders(&[("x", "r.p=30128-30207")]))];
+    for window in 118u16..=133 {
+        let (low, high) = (window * 256, (window * 256 + 255).min(34095));
+        let mut blocks = Vec::new();
+        let mut port = low;
+        while port <= high {
+            let start = port;
+            while port <= high && !is_free(port) {
+                port += 1;
+            }
+            if port > start {
+                blocks.push(format!("r.p{}={start}-{}", blocks.len(), port - 1));
+            }
+            while port <= high && is_free(port) {
+                port += 1;
+            }
+        }
+        let (uid, entry) = (format!("y{window}"), blocks.join(" "));
+        let held: Vec<(&str, &str)> = if entry.is_empty() {
+            Vec::new()
+        } else {
+            vec![(uid.as_str(), entry.as_str())]
+        };
+        shards.push(shard_of(&pool, window, holders(&held)));
+    }
+    sharded(&pool, shards)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(117),
+        ..ProptestConfig::default()
+    })]
+
+    /// A block of 16-128 ports for an owner homed in window 117, whose dynamic part is full
+    /// while its static band (a run of 128) is free: it takes static-band ports only when no
+    /// run of the pool's dynamic band holds it (KEP-3668), however tightly the static run
+    /// would fit it. Deciding in the home window alone, it took the static run whenever the
+    /// block filled it but for fewer than 16 ports.
+    #[test]
+    fn a_block_takes_static_band_ports_only_when_the_dynamic_band_has_no_run_for_it(
+        count in 16i32..=128,
+        free in proptest::collection::vec((30208u16..34000, 16u16..=256), 1..4),
+        seed in any::<u64>(),
+    ) {
+        let record = static_band_free_and_runs(&free);
+        let mut item = block_owner_homed_in(&record, 117, count);
+        item.known = BTreeSet::from([ShardKey::first(117)]);
+        let dynamic = record.first().union_record().state.largest_free_run(Band::Dynamic);
+        let placed = place(&record, &item, &mut StdRng::seed_from_u64(seed));
+        let ports: Vec<u16> = placed.outcome.holdings().ports().collect();
+        prop_assert_eq!(ports.len(), count as usize, "placed whole");
+        let statics = ports.iter().any(|&p| p < 30128);
+        prop_assert!(
+            !statics || dynamic < count as u32,
+            "{} ports took static-band ports {:?}..{:?} while the dynamic band had a run of {}",
+            count, ports.first(), ports.last(), dynamic
+        );
+    }
 }
