@@ -67,7 +67,6 @@ fn main() -> ExitCode {
 fn runtime(serves: bool) -> Option<tokio::runtime::Runtime> {
     let mut builder = if serves {
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-        limit_malloc_arenas(workers);
         let mut builder = tokio::runtime::Builder::new_multi_thread();
         builder.worker_threads(workers);
         builder
@@ -82,21 +81,6 @@ fn runtime(serves: bool) -> Option<tokio::runtime::Runtime> {
         }
     }
 }
-
-/// glibc gives each thread that allocates an arena of its own (up to 8 per core), and memory
-/// freed in one arena serves only that arena. A watcher decodes a whole pool's record (hundreds
-/// of MiB for 750,000 holdings) on whichever thread is free, so each arena came to hold a
-/// record's worth: 1,286 MiB at peak where one thread had needed 722. As many arenas as
-/// workers keep the peak near one record per worker.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn limit_malloc_arenas(workers: usize) {
-    let arenas = i32::try_from(workers).unwrap_or(i32::MAX);
-    // SAFETY: mallopt only sets a tunable of the allocator; called before the runtime starts.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn limit_malloc_arenas(_workers: usize) {}
 
 /// A write to stdout failed because the reader left: an `io::Error` of its own, not one inside a
 /// Kubernetes client error (a broken connection to the API server).
