@@ -4,8 +4,7 @@
 //! strings and maps, then dropped. glibc's malloc keeps what such churn frees: after 4,500
 //! PortAllocations synced from empty, `malloc_stats` said 254 MB taken from the system for 54 MB
 //! in use, and the peak (VmHWM) was 259-266 MiB. jemalloc returning dirty pages at once
-//! (`dirty_decay_ms:0`) peaked at 143-174 MiB in the same run, in less time (docs/running.md,
-//! "Memory").
+//! (`dirty_decay_ms:0`) peaked at 171-183 MiB in the same run (docs/running.md, "Memory").
 //!
 //! Capping glibc's arenas at one per worker (`mallopt(M_ARENA_MAX)`) had brought the envelope's
 //! peak from 1,286 to 825-1,001 MiB; jemalloc makes that cap moot. `_RJEM_MALLOC_CONF` in the
