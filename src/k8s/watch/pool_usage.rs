@@ -58,7 +58,10 @@ pub async fn count_pools(client: &Client) -> Result<Count, kube::Error> {
     };
     for pool in listed.items {
         match pool_view(client, pool.clone()).await {
-            Ok(Ok(view)) => count.pools.push(CountedPool { pool, view }),
+            Ok(Ok(view)) => count.pools.push(CountedPool {
+                pool,
+                view: view.into_port_states(),
+            }),
             Ok(Err(error)) => {
                 tracing::debug!("counting PortPool {}: {error}", pool.name_any());
                 count.unreadable += 1;

@@ -196,6 +196,18 @@ impl WindowRecord {
         self.shard.metadata.resource_version.clone()
     }
 
+    /// Keep the ports' state (what is held, what is free) and drop who holds them: the holders
+    /// decoded, the entries as read and the anomalies. For readers that only count; such a
+    /// record must never be written back.
+    pub fn keep_port_state_only(&mut self) {
+        self.holders = BTreeMap::new();
+        self.opaque = BTreeMap::new();
+        self.anomalies = Vec::new();
+        if let Some(status) = self.shard.status.as_mut() {
+            status.holders = Vec::new();
+        }
+    }
+
     /// Every entry as read, verbatim.
     pub fn entries(&self) -> &[PoolHolder] {
         self.shard
@@ -347,6 +359,24 @@ mod tests {
                 .map(|(uid, _, slot)| (uid, slot.to_string())),
             Some(("a", "web.http[0]".to_string()))
         );
+    }
+
+    #[test]
+    fn a_record_kept_for_counting_has_the_same_ports_held_and_free_and_no_holders() {
+        let mut record = record(vec![
+            holder("a", "web.http=100,101"),
+            holder("b", "db.sql=103"),
+            holder("c", "not valid text"),
+        ]);
+        let (held, free) = (record.state.held_count(), record.state.free_count());
+        record.keep_port_state_only();
+        assert_eq!(
+            (record.state.held_count(), record.state.free_count()),
+            (held, free)
+        );
+        assert_eq!(held, 3);
+        assert!(record.holders.is_empty() && record.opaque.is_empty());
+        assert!(record.entries().is_empty() && record.anomalies.is_empty());
     }
 
     #[test]
