@@ -28,9 +28,10 @@ use super::windows::{ShardKey, WindowLayout, shard_name, window, window_of};
 /// One loaded shard, and what the decisions made since the read changed in it.
 ///
 /// `record.state` and `record.holders` follow every [`ShardRecord::set`]; `record.entries()`
-/// stays as read (what repair plans against). The entries to write are kept apart, verbatim
-/// where untouched: other holders' text is never rewritten, which the tenancy policy would
-/// rightly refuse.
+/// stays as read (what repair plans against). The entries decided since are kept apart, and
+/// the rest are written verbatim: other holders' text is never rewritten, which the tenancy
+/// policy would rightly refuse. Only the changes are kept, not a second copy of every entry: a
+/// watcher's round holds the whole record of the pool (150,000 entries at the envelope).
 #[derive(Clone, Debug)]
 pub struct ShardRecord {
     /// The window.
@@ -40,22 +41,18 @@ pub struct ShardRecord {
     /// The shard's metadata (name, resourceVersion: the CAS) and status, the pool's spec, and
     /// the shard's ports.
     pub record: WindowRecord,
-    entries: BTreeMap<String, PoolHolder>,
+    /// The entries decided since the read, by UID (`None`: removed).
+    changes: BTreeMap<String, Option<PoolHolder>>,
     changed: bool,
 }
 
 impl ShardRecord {
     pub fn new(key: ShardKey, record: WindowRecord) -> ShardRecord {
-        let entries = record
-            .entries()
-            .iter()
-            .map(|e| (e.uid.clone(), e.clone()))
-            .collect();
         ShardRecord {
             index: key.window,
             copy: key.copy,
             record,
-            entries,
+            changes: BTreeMap::new(),
             changed: false,
         }
     }
@@ -79,7 +76,7 @@ impl ShardRecord {
             let _ = self.record.state.mark_held(port);
         }
         if after.is_empty() {
-            self.entries.remove(uid);
+            self.changes.insert(uid.to_string(), None);
             self.record.holders.remove(uid);
         } else {
             let entry = PoolHolder {
@@ -87,7 +84,7 @@ impl ShardRecord {
                 owner: owner.to_string(),
                 ports: after.encode(),
             };
-            self.entries.insert(uid.to_string(), entry);
+            self.changes.insert(uid.to_string(), Some(entry));
             self.record.holders.insert(
                 uid.to_string(),
                 super::window_record::HolderEntry {
@@ -119,7 +116,20 @@ impl ShardRecord {
     /// none yet) it carries `pool`'s instead. Only pool administrators may change a shard's
     /// copy (rbac/portalloc-tenancy-policy.yaml), so ordinary allocations never touch it.
     pub fn write(&self, pool: &PoolSnapshot, carry: bool) -> ShardWrite {
-        let holders = self.entries.values().cloned().collect();
+        // By UID, as read (the last of two entries of one UID wins), then the changes.
+        let mut entries: BTreeMap<&str, &PoolHolder> = self
+            .record
+            .entries()
+            .iter()
+            .map(|e| (e.uid.as_str(), e))
+            .collect();
+        for (uid, change) in &self.changes {
+            match change {
+                Some(entry) => entries.insert(uid, entry),
+                None => entries.remove(uid.as_str()),
+            };
+        }
+        let holders = entries.into_values().cloned().collect();
         let copy = match PoolSnapshot::of_shard(&self.record.shard) {
             Some(own) if !carry => own,
             _ => pool.clone(),
