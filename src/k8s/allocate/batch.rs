@@ -385,6 +385,7 @@ impl Allocator {
         allocations(&self.client, &pa)
             .replace_status(&name, &crate::k8s::client::write_params(), &updated)
             .await
+            .map(crate::k8s::client::lean)
             .map_err(|e| {
                 let namespace = pa.namespace();
                 (
@@ -439,7 +440,7 @@ impl Allocator {
                 )
                 .await
             {
-                Ok(written) => report(written, true),
+                Ok(written) => report(crate::k8s::client::lean(written), true),
                 Err(e) => {
                     tracing::info!(
                         "{}: status write failed ({}); syncing it on its own",

@@ -230,7 +230,7 @@ impl Allocator {
                 .await
             {
                 Ok(written) => {
-                    let report = report(written, &attempts, true);
+                    let report = report(crate::k8s::client::lean(written), &attempts, true);
                     return Ok(self.with_configmap(report, is_release).await);
                 }
                 Err(e) => {

@@ -9,6 +9,7 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use crate::api::PortPoolShard;
+use crate::k8s::client::lean;
 use crate::k8s::error::{KubeError, Target};
 use crate::k8s::resources::{SHARD_STATUS, SHARDS};
 use crate::ledger::{PoolSnapshot, ShardWrite, new_shard};
@@ -34,7 +35,7 @@ impl ShardStore {
         self.api
             .list(&params)
             .await
-            .map(|list| list.items)
+            .map(|list| list.items.into_iter().map(lean).collect())
             .map_err(|e| (e, SHARDS.all("list", None)))
     }
 
@@ -54,7 +55,7 @@ impl ShardStore {
             .await
             .map(|list| {
                 let complete = list.metadata.continue_.is_none_or(|token| token.is_empty());
-                (list.items, complete)
+                (list.items.into_iter().map(lean).collect(), complete)
             })
             .map_err(|e| (e, SHARDS.all("list", None)))
     }
@@ -64,6 +65,7 @@ impl ShardStore {
         self.api
             .get_opt(name)
             .await
+            .map(|shard| shard.map(lean))
             .map_err(|e| (e, SHARDS.on("get", name, None)))
     }
 
@@ -96,6 +98,7 @@ impl ShardStore {
         self.api
             .replace_status(&write.name, &crate::k8s::client::write_params(), &shard)
             .await
+            .map(lean)
             .map_err(|e| (e, SHARD_STATUS.on("update", &write.name, None)))
     }
 
