@@ -12,7 +12,7 @@ mod shards;
 pub use cache::{ObjectCache, PoolCache, ShardCache, cluster_cache_dir};
 pub use listing::{Listing, ListingCache};
 pub use pool_change::{PoolPlan, apply_pool, plan_pool};
-pub use pool_view::{NodesView, PoolView, pool_view};
+pub use pool_view::{NodesView, PoolView, pool_port_states, pool_view};
 pub(crate) use pools::read_pool;
 pub use pools::{
     Applied, DeletedPool, PoolError, carry_spec, create_or_keep_pool, create_pool, delete_pool,

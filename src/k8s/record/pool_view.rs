@@ -63,20 +63,6 @@ impl PoolView {
         self.record.state.size() * u32::from(self.reuse)
     }
 
-    /// Only what is held and free, copy by copy: the holders, their entries as read and any
-    /// anomalies dropped. Counting every pool for the gauges and the usage summaries keeps each
-    /// pool's view until all are counted; a pool of 750,000 holdings decodes to more than a
-    /// hundred MB of holders that a count never reads.
-    pub fn into_port_states(mut self) -> PoolView {
-        for record in
-            std::iter::once(&mut self.record).chain(self.reused.iter_mut().map(|(_, r)| r))
-        {
-            record.keep_port_state_only();
-        }
-        self.warnings = Vec::new();
-        self
-    }
-
     /// Holders in all copies together.
     pub fn holders(&self) -> usize {
         self.copies()
@@ -104,6 +90,26 @@ pub async fn pool_view(
     client: &Client,
     pool: PortPool,
 ) -> Result<Result<PoolView, SpecError>, KubeError> {
+    read_view(client, pool, |record| view_of(&record)).await
+}
+
+/// [`pool_view`] for a count (the gauges, the pools' usage summaries): each copy keeps only
+/// what is held and free, no holders, entries, anomalies or warnings. A pool of 750,000
+/// holdings decodes to more than a hundred MB of holders; joined copy by copy beside the
+/// record, as `pool describe` shows them, they took as much again, so here each copy is cut
+/// down as soon as it is joined and its shards are dropped with it.
+pub async fn pool_port_states(
+    client: &Client,
+    pool: PortPool,
+) -> Result<Result<PoolView, SpecError>, KubeError> {
+    read_view(client, pool, port_states_of).await
+}
+
+async fn read_view(
+    client: &Client,
+    pool: PortPool,
+    make: fn(PoolRecord) -> PoolView,
+) -> Result<Result<PoolView, SpecError>, KubeError> {
     let shards = ShardStore::new(client.clone())
         .list(&pool.name_any())
         .await
@@ -115,7 +121,7 @@ pub async fn pool_view(
         .as_ref()
         .and_then(|s| s.nodes_counted_at.clone());
     // Every holding of the pool decoded and counted: seconds for the largest pools.
-    let loaded = cpu_bound(|| PoolRecord::load(snapshot, shards).map(|record| view_of(&record)));
+    let loaded = cpu_bound(|| PoolRecord::load(snapshot, shards).map(make));
     Ok(loaded.map(|mut view| {
         if let Some(nodes) = &mut view.nodes {
             nodes.counted_at = counted_at;
@@ -152,21 +158,97 @@ fn nodes_of(record: &PoolRecord) -> Option<NodesView> {
 pub fn view_of(record: &PoolRecord) -> PoolView {
     PoolView {
         record: record.first().union_record(),
-        reused: (1..record.reuse())
-            .chain(record.copies.keys().copied())
-            .collect::<std::collections::BTreeSet<u16>>()
+        reused: shown_copies(record)
             .into_iter()
-            .filter(|&copy| copy > 0)
             .map(|copy| (copy, record.copy_or_empty(copy).union_record()))
             .collect(),
-        reuse: match record.copy_bound() {
-            CopyBound::Fixed(reuse) => reuse,
-            bound => bound
-                .copies_allowed(record.largest_pod(), record.in_use())
-                .max(1),
-        },
+        reuse: usable_copies(record),
         nodes: nodes_of(record),
         shards: record.shard_count(),
         warnings: record_warnings(record),
+    }
+}
+
+/// [`view_of`] with port states only, each copy's shards dropped once it is joined.
+fn port_states_of(mut record: PoolRecord) -> PoolView {
+    let (reuse, nodes, shards) = (
+        usable_copies(&record),
+        nodes_of(&record),
+        record.shard_count(),
+    );
+    let reused_copies = shown_copies(&record);
+    let mut states_of = |copy: u16| {
+        let mut joined = record.copy_or_empty(copy).union_record();
+        joined.keep_port_state_only();
+        record.copies.remove(&copy);
+        joined
+    };
+    PoolView {
+        record: states_of(0),
+        reused: reused_copies
+            .into_iter()
+            .map(|copy| (copy, states_of(copy)))
+            .collect(),
+        reuse,
+        nodes,
+        shards,
+        warnings: Vec::new(),
+    }
+}
+
+/// The copies past the first a view shows: every one below `nodeReuse` and any with shards.
+fn shown_copies(record: &PoolRecord) -> std::collections::BTreeSet<u16> {
+    (1..record.reuse())
+        .chain(record.copies.keys().copied())
+        .filter(|&copy| copy > 0)
+        .collect()
+}
+
+/// The copies new holders may use (see [`PoolView::reuse`]).
+fn usable_copies(record: &PoolRecord) -> u16 {
+    match record.copy_bound() {
+        CopyBound::Fixed(reuse) => reuse,
+        bound => bound
+            .copies_allowed(record.largest_pod(), record.in_use())
+            .max(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PoolView, port_states_of, view_of};
+    use crate::ledger::ShardKey;
+    use crate::ledger::fixtures::{holders, pool_record, pool_reused, shard_in};
+
+    #[test]
+    fn a_count_has_the_port_states_of_the_view_copy_by_copy_and_no_holders() {
+        let pool = pool_reused(&["20000-20599"], 3);
+        let shards = vec![
+            shard_in(
+                &pool,
+                ShardKey::new(0, 0),
+                holders(&[("a", "w.p=20001,20002")]),
+            ),
+            shard_in(
+                &pool,
+                ShardKey::new(0, 1),
+                holders(&[("a", "w.p=-,-,20300"), ("b", "w.p=20301")]),
+            ),
+            shard_in(&pool, ShardKey::new(2, 2), holders(&[("c", "w.p=20590")])),
+        ];
+        let record = pool_record(&pool, shards);
+        let view = view_of(&record);
+        let counted = port_states_of(record);
+        let states = |v: &PoolView| {
+            v.copies()
+                .map(|(copy, r)| (copy, r.state.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(states(&counted), states(&view));
+        assert_eq!(counted.copies().count(), 3);
+        assert_eq!((counted.held(), view.held()), (5, 5));
+        assert_eq!((counted.reuse, counted.shards), (view.reuse, view.shards));
+        assert_eq!(view.holders(), 3);
+        assert_eq!(counted.holders(), 0);
     }
 }

@@ -22,7 +22,7 @@ use kube::{Client, ResourceExt};
 use crate::api::{PortPool, PortPoolStatus, PortPoolUsage};
 use crate::core::Band;
 use crate::k8s::error::KubeError;
-use crate::k8s::record::{PoolView, pool_view};
+use crate::k8s::record::{PoolView, pool_port_states};
 use crate::k8s::resources::POOL_STATUS;
 use crate::ledger::{SharedPorts, all_overlaps};
 
@@ -57,11 +57,8 @@ pub async fn count_pools(client: &Client) -> Result<Count, kube::Error> {
         overlaps: all_overlaps(&listed.items),
     };
     for pool in listed.items {
-        match pool_view(client, pool.clone()).await {
-            Ok(Ok(view)) => count.pools.push(CountedPool {
-                pool,
-                view: view.into_port_states(),
-            }),
+        match pool_port_states(client, pool.clone()).await {
+            Ok(Ok(view)) => count.pools.push(CountedPool { pool, view }),
             Ok(Err(error)) => {
                 tracing::debug!("counting PortPool {}: {error}", pool.name_any());
                 count.unreadable += 1;
