@@ -7,6 +7,8 @@ use kube::api::{Api, ListParams};
 use kube::core::Resource;
 use serde::de::DeserializeOwned;
 
+use crate::k8s::client::lean;
+
 /// Objects per page. A list of 25,000 PortAllocations in one response held the whole body and
 /// every decoded object at once (640 MB).
 pub const PAGE: u32 = 500;
@@ -50,18 +52,14 @@ where
     }
 }
 
-/// Every object `params` selects, without `managedFields` (a third of an object's size; nothing
-/// here reads them, and a write that omits them leaves the stored ones as they are).
+/// Every object `params` selects, without `managedFields` ([`lean`]).
 pub async fn list_all<K>(api: &Api<K>, params: &ListParams) -> Result<Vec<K>, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     let mut items = Vec::new();
     for_each_page(api, params, |paged| match paged {
-        Paged::Object(mut object) => {
-            object.meta_mut().managed_fields = None;
-            items.push(object);
-        }
+        Paged::Object(object) => items.push(lean(object)),
         Paged::Restart => items.clear(),
     })
     .await?;
