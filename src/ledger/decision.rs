@@ -57,6 +57,16 @@ impl Operation {
         by_role.into_values().max().unwrap_or(0)
     }
 
+    /// Whether it names a port of its own (`port:`) anywhere: only then can a record too
+    /// small for it answer with something other than "no room" (the port is held).
+    pub fn requests_ports(&self) -> bool {
+        match self {
+            Operation::Sync(demands) => demands.iter().any(|d| d.requested.is_some()),
+            Operation::Slots(slots) => slots.values().any(|want| want.requested.is_some()),
+            Operation::Release { .. } | Operation::Remove => false,
+        }
+    }
+
     /// Whether it asks for a block of contiguous ports.
     pub fn asks_for_blocks(&self) -> bool {
         match self {

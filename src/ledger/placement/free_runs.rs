@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::core::Holdings;
+use crate::core::{Holdings, PoolState};
 
 use crate::ledger::record::copy_record::CopyRecord;
 use crate::ledger::record::windows::window_of;
@@ -23,10 +23,20 @@ impl FreeRuns {
     /// The free runs of `copy`: a port is free when it is a pool port that its window's shard
     /// does not hold (a window without a shard is all free).
     pub fn of(copy: &CopyRecord) -> FreeRuns {
-        let held = |port: u16| {
-            copy.shards
-                .get(&window_of(port))
-                .is_some_and(|shard| shard.record.state.is_held(port))
+        // The shard of the window last looked at: ports come in order, so it changes once
+        // per window rather than being looked up for each port.
+        let mut current: Option<(u16, Option<&PoolState>)> = None;
+        let mut held = |port: u16| {
+            let window = window_of(port);
+            let state = match current {
+                Some((seen, state)) if seen == window => state,
+                _ => {
+                    let state = copy.shards.get(&window).map(|shard| &shard.record.state);
+                    current = Some((window, state));
+                    state
+                }
+            };
+            state.is_some_and(|state| state.is_held(port))
         };
         let mut runs = Vec::new();
         for range in copy.ports.ranges() {

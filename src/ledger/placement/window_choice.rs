@@ -13,6 +13,7 @@
 //! `benches/placement.rs`.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::collections::BTreeSet;
 
 use rand::Rng;
@@ -38,8 +39,14 @@ pub(super) fn elsewhere(
     rng: &mut impl Rng,
 ) -> Result<Decision, Refusal> {
     let order = work.layout.home_order(owner);
+    // An owner with nothing in this copy that names no port of its own needs as many free
+    // ports as it asks for: a record with fewer would refuse it for room, so none is built or
+    // tried (in a filling pool, most windows; trying them was most of a batch's decision).
+    let needs =
+        (present.is_empty() && !operation.requests_ports()).then(|| operation.ports_asked());
+    let roomy = |free: u32| needs.is_none_or(|needed| free >= needed);
     if present.len() <= 1 {
-        let runs = FreeRuns::of(work);
+        let runs = OnceCell::new();
         let before = work.holdings_of(uid);
         let candidates: Vec<u16> = match present.first() {
             Some(&only) => vec![only],
@@ -47,6 +54,7 @@ pub(super) fn elsewhere(
         };
         let windows = candidates
             .iter()
+            .filter(|&&index| roomy(work.window_free(index)))
             .map(|&index| match work.shards.get(&index) {
                 Some(shard) => Cow::Borrowed(&shard.record),
                 None => Cow::Owned(work.shard_record(index)),
@@ -58,6 +66,7 @@ pub(super) fn elsewhere(
         // building a pair's record is the dear part of placing an owner in a full pool.
         let pairs = neighbours(work, present.first().copied())
             .filter(|_| operation.asks_for_blocks())
+            .filter(|pair| roomy(pair.iter().map(|&index| work.window_free(index)).sum()))
             .map(|pair| Cow::Owned(work.pair_record(&pair)));
         // The whole copy as one record: its best fit may lie across a window edge that no
         // pair joins, or at the end of a run where a window's own best fit would cut it.
@@ -70,6 +79,7 @@ pub(super) fn elsewhere(
         });
         let places = windows.chain(pairs).chain(whole);
         let fit = Fit {
+            copy: work,
             runs: &runs,
             before: &before,
             end,
@@ -95,6 +105,10 @@ pub(super) fn elsewhere(
             .chain(order.iter().take(take))
             .copied()
             .collect();
+        if !roomy(windows.iter().map(|&index| work.window_free(index)).sum()) {
+            take *= 2;
+            continue;
+        }
         match decide(&work.union_record_of(&windows), uid, owner, operation, rng) {
             Err(Refusal::Core { .. }) => take *= 2,
             other => return other,
@@ -120,7 +134,9 @@ type PlaceKey = (usize, u32, u32, u32, u32);
 /// What [`best_place`] ranks places by: the copy's free runs, what the owner holds, and the
 /// end of the pool it is placed toward (`block_end`; `None`: no end preferred).
 struct Fit<'a> {
-    runs: &'a FreeRuns,
+    copy: &'a CopyRecord,
+    /// The copy's free runs, worked out for the first place that takes the owner.
+    runs: &'a OnceCell<FreeRuns>,
     before: &'a Holdings,
     end: Option<Lean>,
 }
@@ -155,11 +171,12 @@ fn best_place<'a>(
             .filter(|&port| state.band_of(port) == Some(Band::Static))
             .count();
         let after = decision.holdings();
+        let runs = fit.runs.get_or_init(|| FreeRuns::of(fit.copy));
         let key = (
             statics,
-            fit.runs.fit(fit.before, after),
+            runs.fit(fit.before, after),
             fit.end.map_or(0, |end| distance(end, fit.before, after)),
-            fit.runs.splits(fit.before, after),
+            runs.splits(fit.before, after),
             state.free_count(),
         );
         if best.as_ref().is_none_or(|(best_key, _)| key < *best_key) {

@@ -467,6 +467,14 @@ impl CopyRecord {
         new_shard(&self.pool, ShardKey::new(self.copy, index))
     }
 
+    /// How many ports of window `index` no entry holds (all of them when it has no shard).
+    pub fn window_free(&self, index: u16) -> u32 {
+        match self.shards.get(&index) {
+            Some(shard) => shard.record.state.free_count(),
+            None => self.layout.get(index).map_or(0, |span| span.ports.len()),
+        }
+    }
+
     /// How many of this copy's ports no entry holds.
     pub fn free_ports(&self) -> u32 {
         self.layout
