@@ -41,13 +41,14 @@ use crate::ledger::{
 
 type ItemResult = Result<SyncReport, AllocateError>;
 
-/// Shard writes (and widening status writes) in flight at once.
+/// Shard writes in flight at once.
 const WRITES_AT_ONCE: usize = 8;
 
-/// A batch's final status writes in flight at once, for `sync --all` and the watcher's group
-/// commit alike: they are most of a large batch's time (15,000 new PortAllocations in one
-/// pool: 58 of `sync --all`'s 162 s), and with 4 in flight a round of ~1,000 spent longer
-/// writing statuses than deciding and writing shards together.
+/// A batch's status writes in flight at once (the widening ones and the final ones), for
+/// `sync --all` and the watcher's group commit alike: they are most of a large batch's time
+/// (15,000 new PortAllocations in one pool: 58 of `sync --all`'s 162 s), and with 4 in flight
+/// a round of ~1,000 spent longer writing statuses than deciding and writing shards together.
+/// A widening write is as small as a final one, so it goes as many at once.
 const STATUS_WRITES_AT_ONCE: usize = 16;
 
 /// An item decided and committed, waiting for its status write.
@@ -285,7 +286,7 @@ impl Allocator {
             })
             .collect();
         let widened = stream::iter(widens)
-            .buffer_unordered(WRITES_AT_ONCE)
+            .buffer_unordered(STATUS_WRITES_AT_ONCE)
             .collect::<Vec<_>>()
             .await;
         let mut widen_failed = None;
