@@ -37,7 +37,7 @@ use crate::envelope_shape::{
 };
 use crate::envelope_sync_log::{Phases, sync_all};
 use crate::webhook::{Log, WebhookCommand};
-use crate::{Row, cli, dash, envelope_burst, metrics, workload, yes_no};
+use crate::{Row, cli, dash, envelope_burst, metrics, scale, workload, yes_no};
 
 struct Size {
     owners: usize,
@@ -216,6 +216,17 @@ async fn sync_all_rows(
         met: dash(),
     });
 
+    rows.push(
+        floor_row(
+            clients,
+            admin,
+            ns_a,
+            phases.status_write_count(),
+            size.owners,
+        )
+        .await?,
+    );
+
     let (shards, bytes, held) = stored(admin, pool_a, ns_a).await?;
     rows.push(Row {
         id: "2s",
@@ -236,6 +247,42 @@ async fn sync_all_rows(
     });
 
     Ok(rows)
+}
+
+/// The floor beside the sync: the same number of status writes as it made, bare (each object
+/// as synced, `observedGeneration` changed so each is a real write) by as many at once as the
+/// sync writes statuses (16): every object once, then as many again as there were widening
+/// writes.
+async fn floor_row(
+    clients: &[Client],
+    admin: &Client,
+    ns: &str,
+    writes: usize,
+    owners: usize,
+) -> anyhow::Result<Row> {
+    let mut took = Duration::ZERO;
+    let mut left = writes;
+    while left > 0 {
+        let now = left.min(owners);
+        took += scale::status_floor(clients, admin, ns, 16, Some(now)).await?;
+        left -= now;
+    }
+    Ok(Row {
+        id: "2s",
+        what: format!(
+            "… the floor beside it: {writes} bare status writes (as many as the sync made), \
+             16 at once"
+        ),
+        ours: format!(
+            "{:.1} s ({:.0} writes/s)",
+            took.as_secs_f64(),
+            writes as f64 / took.as_secs_f64().max(1e-9)
+        ),
+        anchor: dash(),
+        ratio: dash(),
+        target: dash(),
+        met: dash(),
+    })
 }
 
 /// `pool describe` and `get -A` with set A's record in place.

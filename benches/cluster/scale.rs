@@ -192,7 +192,10 @@ pub async fn sync_all_at_scale(
         group_commit::ensure_allocated(admin, &ns, count).await?;
         let mut floors = Vec::new();
         for writers in [16, 64] {
-            floors.push((writers, status_floor(&clients, admin, &ns, writers).await?));
+            floors.push((
+                writers,
+                status_floor(&clients, admin, &ns, writers, None).await?,
+            ));
         }
         let floor = floors
             .iter()
@@ -226,16 +229,19 @@ pub async fn sync_all_at_scale(
     Ok(rows)
 }
 
-/// The time `writers` clients take to write every PortAllocation's status in `ns` once more,
-/// with nothing else to do: what the API server gives for the sync's last step.
-async fn status_floor(
+/// The time `writers` clients take to write every PortAllocation's status in `ns` once more
+/// (the first `limit` of them, when given), with nothing else to do: what the API server gives
+/// for the sync's last step.
+pub async fn status_floor(
     clients: &[Client],
     admin: &Client,
     ns: &str,
     writers: usize,
+    limit: Option<usize>,
 ) -> anyhow::Result<Duration> {
     let api: Api<PortAllocation> = Api::namespaced(admin.clone(), ns);
-    let objects = workload::list_all(&api).await?;
+    let mut objects = workload::list_all(&api).await?;
+    objects.truncate(limit.unwrap_or(objects.len()));
     let count = objects.len();
     let objects = Arc::new(Mutex::new(objects));
     let apis: Arc<Vec<Api<PortAllocation>>> = Arc::new(
