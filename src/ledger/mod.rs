@@ -60,7 +60,8 @@ pub use allocation_status::{
 pub use decision::{Decision, Operation, decide, precheck};
 pub use placement::home_fit::loose_in_window;
 pub use placement::shard_choice::{
-    BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, place,
+    BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, decide_pool_batch_telling,
+    place,
 };
 pub use pod_ports::{
     Mismatch, PodPortInShard, PodPortsError, PortHolder, RecordDenial, pod_port_shards, pod_ports,

@@ -28,11 +28,12 @@ use super::allocator::{AllocateError, Allocator, allocations, exhausted_error};
 use super::commit::blocked_shard;
 use super::configmaps::keep_env_configmap;
 use super::sync::SyncReport;
+use super::widening::has_unloaded_shard;
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::core::SlotKey;
 use crate::k8s::process::cpu_bound;
 use crate::k8s::record::{ShardStore, read_pool};
-use crate::k8s::resources::{ALLOCATION_STATUS, POOLS};
+use crate::k8s::resources::POOLS;
 use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{
     BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolRecord, PoolSnapshot, Refusal, ShardKey,
@@ -262,8 +263,12 @@ impl Allocator {
         attempts: &mut Attempts,
         label: &str,
     ) -> Round {
-        let batch =
-            cpu_bound(|| decide_pool_batch(sharded, rest, Pass::Anywhere, false, &mut rand::rng()));
+        // Statuses first: no entry outside an owner's known shards before its status names
+        // them. Each widening is written as soon as it is decided (`widening`).
+        let owners = (&*pas, second);
+        let (batch, early) = self
+            .decide_widening(sharded, rest, owners, STATUS_WRITES_AT_ONCE)
+            .await;
         if let Some((shard, reason)) = blocked_shard(sharded, &batch.writes) {
             let error = AllocateError::BlockedShard {
                 owner: String::new(),
@@ -273,26 +278,15 @@ impl Allocator {
             };
             return Round::Stop(StopAll::Error(error));
         }
-        // Statuses first: no entry outside an owner's known shards before its status names them.
-        // Owned inputs, collected first: a lazily mapped stream of borrows trips the compiler's
-        // Send check of the watcher's future (a higher-ranked closure lifetime).
-        let widens: Vec<_> = batch
-            .widen
-            .iter()
-            .map(|(n, shards)| {
-                let i = second[*n];
-                let (pa, shards) = (pas[i].clone(), shards.clone());
-                async move { (i, self.widen(pa, &shards).await) }
-            })
-            .collect();
-        let widened = stream::iter(widens)
-            .buffer_unordered(STATUS_WRITES_AT_ONCE)
-            .collect::<Vec<_>>()
-            .await;
+        let widened = if has_unloaded_shard(sharded) {
+            self.widen_all(&batch, owners, STATUS_WRITES_AT_ONCE).await
+        } else {
+            early
+        };
         let mut widen_failed = None;
-        for (i, result) in widened {
+        for (n, result) in widened {
             match result {
-                Ok(pa) => pas[i] = pa,
+                Ok(pa) => pas[second[n]] = pa,
                 Err(e) => widen_failed = Some(e),
             }
         }
@@ -370,30 +364,6 @@ impl Allocator {
             );
         }
         results
-    }
-
-    /// Write `status.shards = shards` before entries outside the known shards are written.
-    async fn widen(
-        &self,
-        pa: PortAllocation,
-        shards: &BTreeSet<ShardKey>,
-    ) -> Result<PortAllocation, (kube::Error, crate::k8s::error::Target)> {
-        let mut updated = pa.clone();
-        let mut status = updated.status.take().unwrap_or_default();
-        status.shards = crate::ledger::status_shards(shards);
-        updated.status = Some(status);
-        let name = pa.name_any();
-        allocations(&self.client, &pa)
-            .replace_status(&name, &crate::k8s::client::write_params(), &updated)
-            .await
-            .map(crate::k8s::client::lean)
-            .map_err(|e| {
-                let namespace = pa.namespace();
-                (
-                    e,
-                    ALLOCATION_STATUS.on("update", &name, namespace.as_deref()),
-                )
-            })
     }
 
     /// Write one committed item's status. A status write that fails goes the single way,

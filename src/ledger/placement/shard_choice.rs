@@ -114,6 +114,19 @@ pub fn decide_pool_batch(
     propagate: bool,
     rng: &mut impl Rng,
 ) -> PoolBatch {
+    decide_pool_batch_telling(sharded, items, pass, propagate, rng, |_, _| {})
+}
+
+/// [`decide_pool_batch`], telling `widened` each item's widening (its index, the shards) as
+/// soon as it is decided, so that its status write can go while the rest are decided.
+pub fn decide_pool_batch_telling(
+    sharded: &PoolRecord,
+    items: &[BatchItem],
+    pass: Pass,
+    propagate: bool,
+    rng: &mut impl Rng,
+    mut widened: impl FnMut(usize, &BTreeSet<ShardKey>),
+) -> PoolBatch {
     let mut work = sharded.clone();
     let mut batch = PoolBatch {
         outcomes: Vec::with_capacity(items.len()),
@@ -124,8 +137,9 @@ pub fn decide_pool_batch(
     };
     for (i, item) in items.iter().enumerate() {
         let decided = decide_item(&mut work, item, pass, rng);
-        if let Some((_, Some(widened))) = &decided {
-            batch.widen.push((i, widened.clone()));
+        if let Some((_, Some(shards))) = &decided {
+            widened(i, shards);
+            batch.widen.push((i, shards.clone()));
         }
         batch.shards.push(work.shards_of(&item.uid));
         batch.copies.push(work.spread_copies(&item.uid));

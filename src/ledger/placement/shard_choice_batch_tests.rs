@@ -70,7 +70,18 @@ fn filling_a_pool_to_its_last_port_writes_each_shard_at_most_once_per_pass() {
         "no home overflowed: the test does not reach pass 2"
     );
 
-    let second = decide_pool_batch(&record, &left, Pass::Anywhere, false, &mut rng);
+    // The widenings are told as each owner is decided (the caller writes them meanwhile):
+    // the same ones, in the same order, as the batch lists at the end.
+    let mut told = Vec::new();
+    let second = decide_pool_batch_telling(
+        &record,
+        &left,
+        Pass::Anywhere,
+        false,
+        &mut rng,
+        |n, shards| told.push((n, shards.clone())),
+    );
+    assert_eq!(told, second.widen);
     assert!(
         second.writes.len() <= windows,
         "pass 2: {} writes",
