@@ -61,6 +61,9 @@ pub struct Phases {
     /// after it they are the final ones.
     status_writes: Vec<f64>,
     pub conflicts: usize,
+    /// Pass 2's decision, when it ran beside its widening writes: when it ended, how long it
+    /// took (the `-v 1` line that says so).
+    decided: Option<(f64, f64)>,
 }
 
 impl Phases {
@@ -73,7 +76,9 @@ impl Phases {
                 .iter()
                 .position(|w| ["GET", "PUT", "POST"].contains(w))
             else {
-                if line.contains("shard writes") {
+                if let Some(took) = decision_time(line) {
+                    p.decided = Some((at, took));
+                } else if line.contains("shard writes") {
                     p.passes
                         .push((at, line.trim_start_matches(" INFO ").trim().to_string()));
                 }
@@ -127,18 +132,27 @@ impl Phases {
         let mut pass2_shards = pass2_creates.clone();
         pass2_shards.extend(&pass2_writes);
         pass2_shards.sort_by(f64::total_cmp);
+        let decision = match self.decided {
+            Some((at, took)) => format!(
+                "pass 2 decided on its own thread by {at:.1} s (**{took:.1} s** of decision), its \
+                 widening status writes going meanwhile"
+            ),
+            None => format!(
+                "pass 2 decided by {pass2_start:.1} s (**{:.1} s** of decision, one thread)",
+                pass2_start - pass1_end
+            ),
+        };
         format!(
             "LIST of the PortAllocations done at {:.1} s; pool and shards read at {:.1} s ({} \
              read{} in all); pass 1 \
-             ({} shard writes) done at {pass1_end:.1} s; pass 2 decided by {pass2_start:.1} s \
-             (**{:.1} s** of decision, one thread); {} widening status writes {}; pass 2's shard \
+             ({} shard writes) done at {pass1_end:.1} s; {decision}; {} widening status writes \
+             {}; pass 2's shard \
              writes ({} creates, {} writes) {}; **{} final status writes {}**; exit {:.1} s{}",
             self.listed,
             self.read,
             self.reads,
             if self.reads == 1 { "" } else { "s" },
             self.shard_writes.len() - pass2_writes.len(),
-            pass2_start - pass1_end,
             widen.len(),
             span(&widen),
             pass2_creates.len(),
@@ -155,4 +169,12 @@ impl Phases {
             }
         )
     }
+}
+
+/// The seconds of pass 2's decision, from the line `sync` logs when it ends
+/// (`...: pass 2 decided for N in S s, ...`).
+fn decision_time(line: &str) -> Option<f64> {
+    let (_, after) = line.split_once("pass 2 decided for ")?;
+    let (_, after) = after.split_once(" in ")?;
+    after.split_once(" s")?.0.parse().ok()
 }

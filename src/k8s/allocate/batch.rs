@@ -267,7 +267,7 @@ impl Allocator {
         // them. Each widening is written as soon as it is decided (`widening`).
         let owners = (&*pas, second);
         let (batch, early) = self
-            .decide_widening(sharded, rest, owners, STATUS_WRITES_AT_ONCE)
+            .decide_widening(sharded, rest, owners, STATUS_WRITES_AT_ONCE, label)
             .await;
         if let Some((shard, reason)) = blocked_shard(sharded, &batch.writes) {
             let error = AllocateError::BlockedShard {

@@ -38,13 +38,15 @@ impl Allocator {
         rest: &[BatchItem],
         (pas, second): (&[PortAllocation], &[usize]),
         at_once: usize,
+        label: &str,
     ) -> (PoolBatch, Vec<(usize, Widened)>) {
         let early = !has_unloaded_shard(sharded);
+        let started = std::time::Instant::now();
         let (tell, heard) = futures::channel::mpsc::unbounded::<(usize, BTreeSet<ShardKey>)>();
         let deciding = {
             let (record, items) = (sharded.clone(), rest.to_vec());
             tokio::task::spawn_blocking(move || {
-                decide_pool_batch_telling(
+                let batch = decide_pool_batch_telling(
                     &record,
                     &items,
                     Pass::Anywhere,
@@ -56,7 +58,8 @@ impl Allocator {
                             let _ = tell.unbounded_send((n, shards.clone()));
                         }
                     },
-                )
+                );
+                (batch, started.elapsed())
             })
         };
         let writes = heard
@@ -67,7 +70,13 @@ impl Allocator {
             .buffer_unordered(at_once)
             .collect::<Vec<_>>();
         let (widened, decided) = futures::join!(writes, deciding);
-        let batch = decided.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        let (batch, took) = decided.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        tracing::info!(
+            "{label}: pass 2 decided for {} in {:.1} s, {} status widenings written meanwhile",
+            rest.len(),
+            took.as_secs_f64(),
+            widened.len()
+        );
         (batch, widened)
     }
 
