@@ -61,9 +61,9 @@ pub struct Phases {
     /// after it they are the final ones.
     status_writes: Vec<f64>,
     pub conflicts: usize,
-    /// Pass 2's decision, when it ran beside its widening writes: when it ended, how long it
-    /// took (the `-v 1` line that says so).
-    decided: Option<(f64, f64)>,
+    /// Pass 2's decision, when it ran beside its widening writes: how long it took (the `-v 1`
+    /// line that says so).
+    decided: Option<f64>,
 }
 
 impl Phases {
@@ -77,7 +77,7 @@ impl Phases {
                 .position(|w| ["GET", "PUT", "POST"].contains(w))
             else {
                 if let Some(took) = decision_time(line) {
-                    p.decided = Some((at, took));
+                    p.decided = Some(took);
                 } else if line.contains("shard writes") {
                     p.passes
                         .push((at, line.trim_start_matches(" INFO ").trim().to_string()));
@@ -133,9 +133,11 @@ impl Phases {
         pass2_shards.extend(&pass2_writes);
         pass2_shards.sort_by(f64::total_cmp);
         let decision = match self.decided {
-            Some((at, took)) => format!(
-                "pass 2 decided on its own thread by {at:.1} s (**{took:.1} s** of decision), its \
-                 widening status writes going meanwhile"
+            // Logged once the widenings are written too: its time of arrival says nothing of
+            // when the decision ended.
+            Some(took) => format!(
+                "pass 2 decided on its own thread (**{took:.1} s** of decision) while its \
+                 widening status writes went"
             ),
             None => format!(
                 "pass 2 decided by {pass2_start:.1} s (**{:.1} s** of decision, one thread)",

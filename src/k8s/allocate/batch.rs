@@ -7,7 +7,8 @@
 //!    one write per changed shard, all at once;
 //! 2. the rest (homes without room, owners spanning shards), against the shards as pass 1 left
 //!    them: first their statuses are widened to name the new shards (the rule that makes a
-//!    kill safe), then one write per changed shard.
+//!    kill safe; each written as soon as its owner is decided, see `widening`), then one write
+//!    per changed shard.
 //!
 //! Each shard is written at most once per pass, by one task, starting from the version the
 //! round read or pass 1 wrote, so a batch never conflicts with itself; every write carries at
