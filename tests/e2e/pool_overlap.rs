@@ -58,6 +58,21 @@ async fn refused_once_active(pools: &Api<PortPool>, pool: &PortPool) -> String {
     }
 }
 
+/// Create `pool` until the API server accepts it: a param the policy reads (another pool)
+/// reaches the admission plugin through an informer, a moment after it was written, so a pool
+/// that an edit just made allowable may still be refused for a moment (30 s at most).
+async fn accepted_once_seen(pools: &Api<PortPool>, pool: &PortPool) {
+    let started = Instant::now();
+    let name = pool.metadata.name.clone().unwrap();
+    while let Err(message) = create(pools, pool).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the API server still refuses PortPool {name}: {message}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// The `Overlap` condition's message on pool `name` once the watcher wrote `wanted` there.
 async fn condition_until(pools: &Api<PortPool>, name: &str, wanted: Option<&str>) {
     let started = Instant::now();
@@ -196,9 +211,7 @@ async fn the_api_server_refuses_overlapping_pools_and_earlier_overlaps_are_repor
         .replace("a", &PostParams::default(), &a)
         .await
         .unwrap();
-    create(&pools, &pool("shared", &["49000-49004"], "TCP", true))
-        .await
-        .unwrap();
+    accepted_once_seen(&pools, &pool("shared", &["49000-49004"], "TCP", true)).await;
 
     // pool create keeps its own refusal, before the API server's.
     let run = cluster.run(&["pool", "create", "e", "--range", "49008-49012"]);
