@@ -97,6 +97,24 @@ pub struct PortPoolShardStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Atomic)]
     pub holders: Vec<PoolHolder>,
+    /// PortAllocations whose home window this is (in copy 0) and whose ports a group commit
+    /// (`sync --all`, the watcher) is placing in other shards before their status can name
+    /// them: their next sync reads every shard of the pool instead of this one alone. Written
+    /// before those entries; an entry goes once its PortAllocation's status names its shards.
+    /// Atomic, as `holders` is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Atomic)]
+    pub elsewhere: Vec<PlacedElsewhere>,
+}
+
+/// A PortAllocation placed outside its home shard by a group commit (see `status.elsewhere`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacedElsewhere {
+    /// The PortAllocation's UID: a recreated object with the same name is not it.
+    pub uid: String,
+    /// `namespace/name` of the PortAllocation, for humans and for the tenancy policy.
+    pub owner: String,
 }
 
 /// One PortAllocation's holdings in one shard.

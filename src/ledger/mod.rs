@@ -74,6 +74,7 @@ pub use preview::{PortChanges, Previewed, preview};
 pub use record::copy_record::{
     CopyRecord, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
 };
+pub use record::elsewhere::{marking_writes, rebased, unmarking_write, with_marks};
 pub use record::holdings_across_shards::{ShardAnomaly, split_by_shard};
 pub use record::known_shards::{
     home_shard, known_shards, listed_shards, single_shard, status_copy, status_shards,

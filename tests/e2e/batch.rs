@@ -115,11 +115,12 @@ async fn sync_all_commits_each_pool_once_and_keeps_refusals_to_themselves() {
             .contains("3 of 207 PortAllocations could not be synced"),
         "{run}"
     );
-    // Each shard once per pass at most: within the owners' homes, then the overflow. "big"
-    // (20000-20999) is windows 78-82; "tiny" lies in window 82 alone.
+    // Each shard once per pass at most: within the owners' homes (naming there the owners
+    // placed elsewhere), then the overflow, and once more to stop naming them once their
+    // statuses do. "big" (20000-20999) is windows 78-82; "tiny" lies in window 82 alone.
     let big_writes = shard_writes(&run.stderr, "big");
     assert!(
-        big_writes.len() <= 5 && big_writes.values().all(|&n| n <= 2),
+        big_writes.len() <= 5 && big_writes.values().all(|&n| n <= 3),
         "{big_writes:?}"
     );
     assert_eq!(

@@ -4,8 +4,13 @@
 //! part written before the kill. Without it, the next sync decides in the home window alone
 //! once that window has room, and the part stays behind: a slot held in two shards.
 //!
-//! The kill is staged: the test decides the owner as the allocator does (`ledger::place`),
-//! makes the writes the allocator makes up to the instant of the kill, and stops.
+//! A group commit (`sync --all`, the watcher) names a new owner in its home shard
+//! (`status.elsewhere`) instead of widening its status; the second test shows that name doing
+//! the widening's work.
+//!
+//! The kill is staged: the test decides the owner as the allocator does (`ledger::place`, or a
+//! batch's pass 2), makes the writes the allocator makes up to the instant of the kill, and
+//! stops.
 
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -13,8 +18,9 @@ use portalloc::api::{PortAllocation, PortPool};
 use portalloc::core::Holdings;
 use portalloc::k8s::ShardStore;
 use portalloc::ledger::{
-    BatchItem, ItemOutcome, Operation, PoolRecord, PoolSnapshot, ShardKey, home_shard, place,
-    recorded_holdings, status_shards, window_of,
+    BatchItem, ItemOutcome, Operation, Pass, PoolRecord, PoolSnapshot, ShardKey,
+    decide_pool_batch_telling, home_shard, marking_writes, place, rebased, recorded_holdings,
+    status_shards, window_of,
 };
 
 use crate::shard_repair::{create_allocation, holdings_in_shards, place as place_holdings, web};
@@ -105,4 +111,103 @@ async fn a_client_killed_between_its_shard_writes_leaves_parts_the_next_sync_com
     for (slot, block) in written.iter() {
         assert_eq!(mine.block(slot), Some(block), "{slot} moved");
     }
+}
+
+#[tokio::test]
+async fn a_batch_killed_after_naming_an_owner_in_its_home_leaves_parts_the_next_sync_keeps() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "killed-batch").await;
+    let pool = support::unique_name("killed-batch");
+    support::create_pool(&pool, RANGE);
+    let object = Api::<PortPool>::all(client.clone())
+        .get(&pool)
+        .await
+        .unwrap();
+    let layout = PoolSnapshot::of_pool(&object).layout().unwrap();
+    let name = (0..)
+        .map(|i| format!("o{i}"))
+        .find(|name| home_shard(&layout, &format!("{ns}/{name}")) == Some(187))
+        .unwrap();
+    // 56 ports free in its home (187), 76 in 186: its 60 go to 186 alone.
+    let high = create_allocation(&client, &ns, "high", &pool, 200).await;
+    let high_ports: Vec<u16> = (47872..48072).collect();
+    place_holdings(&client, &pool, &high, &web(&high_ports)).await;
+    let low = create_allocation(&client, &ns, "low", &pool, 180).await;
+    let low_ports: Vec<u16> = (47616..47796).collect();
+    place_holdings(&client, &pool, &low, &web(&low_ports)).await;
+    let owner = create_allocation(&client, &ns, &name, &pool, 60).await;
+
+    // A batch's pass 2, up to the kill: the owner named in its home shard, then its entries
+    // written in 186, and no status write at all.
+    let store = ShardStore::new(client.clone());
+    let record = PoolRecord::load(
+        PoolSnapshot::of_pool(&object),
+        store.list(&pool).await.unwrap(),
+    )
+    .unwrap();
+    let home = ShardKey::first(187);
+    let item = BatchItem {
+        uid: owner.uid().unwrap(),
+        owner: format!("{ns}/{name}"),
+        operation: Operation::sync_of(&owner),
+        known: [home].into(),
+    };
+    let batch = decide_pool_batch_telling(
+        &record,
+        std::slice::from_ref(&item),
+        (Pass::Anywhere, &[Some(home)]),
+        false,
+        &mut rand::rng(),
+        |_, _| panic!("no status is widened"),
+    );
+    assert_eq!(batch.marked, [(0, home)]);
+    let ItemOutcome::Changed { holdings, .. } = batch.outcomes[0].clone().unwrap() else {
+        panic!("{:?}", batch.outcomes[0]);
+    };
+    assert!(holdings.iter().all(|(_, b)| window_of(b.first) == 186));
+    let marking = marking_writes(&record, [(item.uid.as_str(), item.owner.as_str(), home)]);
+    let mut after = record.clone();
+    for write in &marking {
+        after.replace(
+            store
+                .commit(&record.pool, write)
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap(),
+        );
+    }
+    let writes = rebased(&batch.writes, &marking, &after);
+    assert_eq!(writes.len(), 1, "the entries' write alone: {writes:?}");
+    store
+        .commit(&record.pool, &writes[0])
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+
+    // Its home gets room, then the owner is synced alone: its home names it, so the sync reads
+    // the whole pool and keeps what the batch wrote (read in its home alone, it would take 60
+    // ports there and hold 120).
+    let run = cli::run(&["delete", "high", "-n", &ns]);
+    assert!(run.ok(), "{run}");
+    let run = cli::run(&["sync", &name, "-n", &ns]);
+    assert!(run.ok(), "{run}");
+    let held = holdings_in_shards(&client, &pool).await;
+    let mine = &held[&owner.uid().unwrap()];
+    assert_eq!(mine, &holdings, "kept where the batch wrote it");
+    let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
+    let status = api.get(&name).await.unwrap().status.unwrap();
+    assert_eq!(&recorded_holdings(&status), mine);
+
+    // Its status names its shards now, so the name is not needed: repair removes it.
+    let named = |shards: Vec<portalloc::api::PortPoolShard>| {
+        shards
+            .iter()
+            .flat_map(|s| s.status.iter().flat_map(|st| st.elsewhere.clone()))
+            .count()
+    };
+    assert_eq!(named(store.list(&pool).await.unwrap()), 1);
+    let run = cli::run(&["repair", "--pool", &pool, "--apply"]);
+    assert!(run.ok(), "{run}");
+    assert!(run.stdout.contains("unmark"), "{run}");
+    assert_eq!(named(store.list(&pool).await.unwrap()), 0);
 }

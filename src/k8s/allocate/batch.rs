@@ -26,10 +26,9 @@ use futures::{StreamExt, stream};
 use kube::ResourceExt;
 
 use super::allocator::{AllocateError, Allocator, allocations, exhausted_error};
-use super::commit::blocked_shard;
 use super::configmaps::keep_env_configmap;
+use super::elsewhere::Marks;
 use super::sync::SyncReport;
-use super::widening::has_unloaded_shard;
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::core::SlotKey;
 use crate::k8s::process::cpu_bound;
@@ -38,7 +37,8 @@ use crate::k8s::resources::POOLS;
 use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{
     BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolRecord, PoolSnapshot, Refusal, ShardKey,
-    ShardWrite, allocation_status, decide_pool_batch, known_shards, owner_of, set_slot_copies,
+    ShardWrite, allocation_status, decide_pool_batch, known_shards, listed_shards, owner_of,
+    set_slot_copies, with_marks,
 };
 
 type ItemResult = Result<SyncReport, AllocateError>;
@@ -51,26 +51,34 @@ const WRITES_AT_ONCE: usize = 8;
 /// (15,000 new PortAllocations in one pool: 58 of `sync --all`'s 162 s), and with 4 in flight
 /// a round of ~1,000 spent longer writing statuses than deciding and writing shards together.
 /// A widening write is as small as a final one, so it goes as many at once.
-const STATUS_WRITES_AT_ONCE: usize = 16;
+pub(super) const STATUS_WRITES_AT_ONCE: usize = 16;
 
 /// An item decided and committed, waiting for its status write.
-struct Done {
-    outcome: ItemOutcome,
-    shards: BTreeSet<ShardKey>,
+pub(super) struct Done {
+    pub(super) outcome: ItemOutcome,
+    pub(super) shards: BTreeSet<ShardKey>,
     /// Where its pods are spread over copies, the copy of each slot (else empty).
-    copies: BTreeMap<SlotKey, u16>,
-    written: bool,
+    pub(super) copies: BTreeMap<SlotKey, u16>,
+    pub(super) written: bool,
+}
+
+/// What a pool's rounds keep for after them: the pool's spec last read, and the home shards
+/// that name owners of the batch (`elsewhere`).
+#[derive(Default)]
+struct Kept {
+    pool: Option<PoolSnapshot>,
+    marks: Marks,
 }
 
 /// How a round of one pool's batch ended.
-enum Round {
+pub(super) enum Round {
     /// Read again (conflicts, or a read that failed, already waited for).
     Again,
     /// No round can do more: every item still open gets this.
     Stop(StopAll),
 }
 
-enum StopAll {
+pub(super) enum StopAll {
     Refused(Refusal),
     Error(AllocateError),
 }
@@ -103,7 +111,7 @@ impl Allocator {
         let mut done: Vec<Option<Done>> = pas.iter().map(|_| None).collect();
         let mut attempts = Attempts::new(self.policy);
         let label = format!("{} PortAllocations in pool {pool:?}", pas.len());
-        let mut pool_uid = String::new();
+        let mut kept = Kept::default();
         let stop = loop {
             let open: Vec<usize> = (0..pas.len()).filter(|&i| done[i].is_none()).collect();
             if open.is_empty() {
@@ -115,7 +123,7 @@ impl Allocator {
                     &mut pas,
                     &open,
                     &mut done,
-                    &mut pool_uid,
+                    &mut kept,
                     &mut attempts,
                     &label,
                 )
@@ -126,7 +134,12 @@ impl Allocator {
             }
         };
         let (attempts, conflicts) = (attempts.attempts, attempts.conflicts);
-        stream::iter(pas.into_iter().zip(done))
+        let pool_uid = kept
+            .pool
+            .as_ref()
+            .map(|p| p.uid.clone())
+            .unwrap_or_default();
+        let results: Vec<ItemResult> = stream::iter(pas.into_iter().zip(done))
             .map(|(pa, done)| {
                 let stop = &stop;
                 let pool_uid = &pool_uid;
@@ -142,7 +155,18 @@ impl Allocator {
             })
             .buffered(STATUS_WRITES_AT_ONCE)
             .collect()
-            .await
+            .await;
+        // Home shards stop naming the owners whose statuses now name their shards.
+        if let Some(snapshot) = &kept.pool {
+            let named: BTreeSet<String> = results
+                .iter()
+                .flatten()
+                .filter(|r| !listed_shards(r.allocation.status.as_ref()).is_empty())
+                .filter_map(|r| r.allocation.uid())
+                .collect();
+            self.unmark(snapshot, kept.marks, &named, &label).await;
+        }
+        results
     }
 
     /// One read, two passes. Items committed (or refused) are set in `done`.
@@ -153,7 +177,7 @@ impl Allocator {
         pas: &mut [PortAllocation],
         open: &[usize],
         done: &mut [Option<Done>],
-        pool_uid: &mut String,
+        kept: &mut Kept,
         attempts: &mut Attempts,
         label: &str,
     ) -> Round {
@@ -162,14 +186,34 @@ impl Allocator {
             Err(round) => return round,
         };
         self.pools.remember(pool, &sharded.pool);
-        pool_uid.clone_from(&sharded.pool.uid);
+        kept.pool = Some(sharded.pool.clone());
         let items: Vec<BatchItem> = open.iter().map(|&i| item_of(&pas[i], &sharded)).collect();
+        kept.marks.add_found(&sharded, &items);
 
         // Pass 1: within known shards; the pool's spec goes to every shard that lacks it.
         let first = cpu_bound(|| {
             decide_pool_batch(&sharded, &items, Pass::WithinKnown, true, &mut rand::rng())
         });
-        let committed = self.write_all(&first.writes, &sharded, label).await;
+        let left: Vec<usize> = (0..items.len())
+            .filter(|&n| first.outcomes[n].is_none())
+            .collect();
+        let rest: Vec<BatchItem> = left.iter().map(|&n| items[n].clone()).collect();
+        let second: Vec<usize> = left.iter().map(|&n| open[n]).collect();
+        // Pass 2 is decided against the shards as pass 1's writes leave them, before those are
+        // written, so that the same writes name in their home shards the owners it places
+        // elsewhere (`elsewhere`); its own writes wait for them.
+        let decided = match rest.is_empty() {
+            true => None,
+            false => Some(
+                self.decide_second(&sharded, &first.writes, (&rest, &second), pas, label)
+                    .await,
+            ),
+        };
+        let writes = match &decided {
+            Some(decided) => with_marks(&first.writes, &decided.marking),
+            None => first.writes.clone(),
+        };
+        let committed = self.write_all(&writes, &sharded, label).await;
         let mut conflict = None;
         for result in committed {
             match result {
@@ -177,27 +221,24 @@ impl Allocator {
                 Err(e) => conflict = Some(e),
             }
         }
-        let failed: BTreeSet<ShardKey> = failed_shards(&first.writes, &sharded);
-        let mut second: Vec<usize> = Vec::new();
-        let decided = first
+        let failed: BTreeSet<ShardKey> = failed_shards(&writes, &sharded);
+        let outcomes = first
             .outcomes
             .into_iter()
             .zip(first.shards)
             .zip(first.copies);
-        for (n, ((outcome, shards), copies)) in decided.enumerate() {
-            let i = open[n];
+        for (n, ((outcome, shards), copies)) in outcomes.enumerate() {
             match outcome {
-                None => second.push(n),
                 Some(outcome) if shards.is_disjoint(&failed) || !changes(&outcome) => {
                     let written = changes(&outcome);
-                    done[i] = Some(Done {
+                    done[open[n]] = Some(Done {
                         outcome,
                         shards,
                         copies,
                         written,
                     });
                 }
-                Some(_) => {}
+                None | Some(_) => {}
             }
         }
         if let Some((e, target)) = conflict {
@@ -205,14 +246,21 @@ impl Allocator {
             // with pass 2, after a fresh read.
             return waited(attempts.backoff(e, target, label).await, pool);
         }
-        if second.is_empty() {
+        let Some(decided) = decided else {
             return Round::Again;
-        }
-
-        let rest: Vec<BatchItem> = second.iter().map(|&n| items[n].clone()).collect();
-        let second: Vec<usize> = second.iter().map(|&n| open[n]).collect();
-        self.second_pass(pool, pas, &second, &rest, done, &sharded, attempts, label)
-            .await
+        };
+        let round = (&sharded, writes.as_slice(), &mut kept.marks);
+        self.second_pass(
+            pool,
+            pas,
+            (&second, &rest),
+            done,
+            decided,
+            round,
+            attempts,
+            label,
+        )
+        .await
     }
 
     /// Read the pool and its shards once; a round's answer (`Err`) when that fails.
@@ -249,91 +297,8 @@ impl Allocator {
         })
     }
 
-    /// Pass 2: the items pass 1 left (`second`, indexes into `pas`; `rest`, their items),
-    /// against the shards as pass 1 left them: their statuses widened first, then one write per
-    /// changed shard.
-    #[allow(clippy::too_many_arguments)]
-    async fn second_pass(
-        &self,
-        pool: &str,
-        pas: &mut [PortAllocation],
-        second: &[usize],
-        rest: &[BatchItem],
-        done: &mut [Option<Done>],
-        sharded: &PoolRecord,
-        attempts: &mut Attempts,
-        label: &str,
-    ) -> Round {
-        // Statuses first: no entry outside an owner's known shards before its status names
-        // them. Each widening is written as soon as it is decided (`widening`).
-        let owners = (&*pas, second);
-        let (batch, early) = self
-            .decide_widening(sharded, rest, owners, STATUS_WRITES_AT_ONCE, label)
-            .await;
-        if let Some((shard, reason)) = blocked_shard(sharded, &batch.writes) {
-            let error = AllocateError::BlockedShard {
-                owner: String::new(),
-                pool: pool.into(),
-                shard,
-                reason,
-            };
-            return Round::Stop(StopAll::Error(error));
-        }
-        let widened = if has_unloaded_shard(sharded) {
-            self.widen_all(&batch, owners, STATUS_WRITES_AT_ONCE).await
-        } else {
-            early
-        };
-        let mut widen_failed = None;
-        for (n, result) in widened {
-            match result {
-                Ok(pa) => pas[second[n]] = pa,
-                Err(e) => widen_failed = Some(e),
-            }
-        }
-        if let Some((e, target)) = widen_failed {
-            // A PortAllocation changed meanwhile: decide pass 2 again from a fresh read.
-            return waited(attempts.backoff(e, target, label).await, pool);
-        }
-        let committed = self.write_all(&batch.writes, sharded, label).await;
-        let mut conflict = None;
-        // The writes that did not commit. (`sharded` is not updated with pass 2's writes, so
-        // `failed_shards` would take every one of them for failed, and their items would go
-        // round again: a whole read and decision more, each found unchanged.)
-        let mut failed = BTreeSet::new();
-        for (write, result) in batch.writes.iter().zip(committed) {
-            if let Err(e) = result {
-                self.shards.forget(&write.name);
-                failed.insert(write.key);
-                conflict = Some(e);
-            }
-        }
-        let decided = batch
-            .outcomes
-            .into_iter()
-            .zip(batch.shards)
-            .zip(batch.copies);
-        for (n, ((outcome, shards), copies)) in decided.enumerate() {
-            let Some(outcome) = outcome else { continue };
-            let touched: BTreeSet<ShardKey> = shards.union(&rest[n].known).copied().collect();
-            if touched.is_disjoint(&failed) || !changes(&outcome) {
-                let written = changes(&outcome);
-                done[second[n]] = Some(Done {
-                    outcome,
-                    shards,
-                    copies,
-                    written,
-                });
-            }
-        }
-        match conflict {
-            Some((e, target)) => waited(attempts.backoff(e, target, label).await, pool),
-            None => Round::Again,
-        }
-    }
-
     /// Commit `writes` (one per shard), several at once; one result per write, in order.
-    async fn write_all(
+    pub(super) async fn write_all(
         &self,
         writes: &[ShardWrite],
         sharded: &PoolRecord,
@@ -508,7 +473,7 @@ fn item_of(pa: &PortAllocation, sharded: &PoolRecord) -> BatchItem {
 }
 
 /// Whether an outcome changes entries (and so needs its shards committed).
-fn changes(outcome: &ItemOutcome) -> bool {
+pub(super) fn changes(outcome: &ItemOutcome) -> bool {
     matches!(outcome, ItemOutcome::Changed { .. })
 }
 
@@ -531,7 +496,7 @@ fn replace_shard(sharded: &mut PoolRecord, written: PortPoolShard) {
     sharded.replace(written);
 }
 
-fn waited(result: Result<(), Stop>, pool: &str) -> Round {
+pub(super) fn waited(result: Result<(), Stop>, pool: &str) -> Round {
     match result {
         Ok(()) => Round::Again,
         Err(Stop::Final(e)) => Round::Stop(StopAll::Error(AllocateError::Kube(e))),

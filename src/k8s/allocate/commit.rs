@@ -10,7 +10,9 @@
 //! an entry whose shards are unknown) reads the pool and every shard in one LIST and decides
 //! there ([`crate::ledger::place`]). Before any write outside the owner's known shards, its
 //! status is widened to name them, so a client killed between two shard writes leaves parts
-//! that the next sync finds, keeps and completes.
+//! that the next sync finds, keeps and completes. A group commit names such an owner in its
+//! home shard's `status.elsewhere` instead (`batch`); an owner known by its home alone that
+//! its home names so is decided over the whole pool.
 
 use std::collections::BTreeMap;
 
@@ -71,6 +73,7 @@ impl Allocator {
                 Some(pa) => Where::of(pa.status.as_ref()),
                 None => request.without_object.clone(),
             };
+            let home = matches!(known, Where::Home);
             let one = match known {
                 Where::Listed(listed) => single_shard(&listed, request.operation),
                 Where::Home => match self.pool_snapshot(request, attempts, false).await? {
@@ -87,7 +90,7 @@ impl Allocator {
                 Where::Anywhere => None,
             };
             if let Some(key) = one {
-                match self.one_shard(request, key, attempts).await? {
+                match self.one_shard(request, key, home, attempts).await? {
                     RoundEnd::Done(committed) => return Ok(committed),
                     RoundEnd::Again => continue,
                     RoundEnd::WholePool => {}
@@ -168,17 +171,24 @@ impl Allocator {
         }
     }
 
-    /// Decide against one shard (a remembered copy when there is one) and write it.
+    /// Decide against one shard (a remembered copy when there is one) and write it. `home`:
+    /// the shard is the owner's home, known as such because its status names no shards.
     async fn one_shard(
         &self,
         request: &Request<'_>,
         key: ShardKey,
+        home: bool,
         attempts: &mut Attempts,
     ) -> Result<RoundEnd, Failed> {
         let read = match self.read_one_shard(request, key, attempts).await? {
             Ok(read) => read,
             Err(step) => return Ok(step),
         };
+        if home && read.record.places_elsewhere(request.uid) {
+            // A group commit placed it in other shards and was stopped before its status
+            // could say where (or has not said so yet): only the whole pool shows them.
+            return Ok(RoundEnd::WholePool);
+        }
         let decision = decide(
             &read.record,
             request.uid,

@@ -11,6 +11,7 @@ mod allocator;
 mod batch;
 mod commit;
 mod configmaps;
+mod elsewhere;
 mod group_commit;
 mod precheck;
 mod preview;

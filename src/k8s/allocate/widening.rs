@@ -1,30 +1,176 @@
-//! Pass 2 of a batch round (`batch`): its decision and the status writes that widen owners'
-//! known shards, overlapped.
+//! Pass 2 of a batch round (`batch`): the owners pass 1 could not place within their known
+//! shards, decided against the shards as pass 1's writes leave them, and what must be written
+//! before their entries.
 //!
-//! An owner placed outside its known shards has its `status.shards` widened before any shard
-//! write (the rule that makes a killed client repairable, see `known_shards`). Each widening is
-//! known as soon as its owner is decided, and the decision of a large batch takes seconds of one
-//! thread (14,474 owners at the envelope), so the decision runs on a thread of its own and each
-//! widening's write starts as soon as it is decided, while the rest are decided. The shard writes
-//! still start only after every widening has been written.
+//! An owner placed outside its known shards must be findable before any of its entries is
+//! written (the rule that makes a killed client repairable, see `known_shards`). An owner whose
+//! status names no shards yet is named in its home shard (`elsewhere`), by the very writes of
+//! pass 1, so a batch of 15,000 new owners costs no write of its own for this; any other owner
+//! has its `status.shards` widened. The decision of a large batch takes seconds of one thread,
+//! so it runs on a thread of its own and each widening's write starts as soon as it is
+//! decided. Pass 2's shard writes start only after every widening and every name is written.
 
 use std::collections::BTreeSet;
 
 use futures::StreamExt;
 use kube::ResourceExt;
 
-use super::allocator::{Allocator, allocations};
+use super::allocator::{AllocateError, Allocator, allocations};
+use super::batch::{Done, Round, STATUS_WRITES_AT_ONCE, StopAll, changes, waited};
+use super::commit::blocked_shard;
+use super::elsewhere::{Marks, home_alone};
 use crate::api::PortAllocation;
 use crate::k8s::error::Target;
 use crate::k8s::resources::ALLOCATION_STATUS;
+use crate::k8s::retry::Attempts;
 use crate::ledger::{
-    BatchItem, Pass, PoolBatch, PoolRecord, ShardAnomaly, ShardKey, decide_pool_batch_telling,
+    BatchItem, Pass, PoolBatch, PoolRecord, ShardAnomaly, ShardKey, ShardWrite,
+    decide_pool_batch_telling, marking_writes, rebased,
 };
 
 /// A widening status write's result: the object as written, or the error and what it was.
 pub(super) type Widened = Result<PortAllocation, (kube::Error, Target)>;
 
+/// Pass 2 decided, before pass 1's writes.
+pub(super) struct SecondDecided {
+    batch: PoolBatch,
+    /// The widenings written while it was decided, by index into its items.
+    early: Vec<(usize, Widened)>,
+    /// Writes of the shards as pass 1 leaves them that name its owners in their homes: they
+    /// go with pass 1's (`with_marks`). Empty when pass 2 would create a shard it cannot.
+    pub(super) marking: Vec<ShardWrite>,
+    /// A shard pass 2 would create whose name another object holds: (name, why).
+    blocked: Option<(String, String)>,
+}
+
 impl Allocator {
+    /// Pass 2 for `rest` (`second`: their indexes into `pas`), decided against `sharded` as
+    /// `first` (pass 1's writes, not yet written) leaves it.
+    pub(super) async fn decide_second(
+        &self,
+        sharded: &PoolRecord,
+        first: &[ShardWrite],
+        (rest, second): (&[BatchItem], &[usize]),
+        pas: &[PortAllocation],
+        label: &str,
+    ) -> SecondDecided {
+        let after = sharded.after_writes(first);
+        let homes: Vec<Option<ShardKey>> = second
+            .iter()
+            .zip(rest)
+            .map(|(&i, item)| home_alone(&pas[i], item))
+            .collect();
+        let owners = (pas, second);
+        let (batch, early) = self
+            .decide_widening(&after, (rest, &homes), owners, STATUS_WRITES_AT_ONCE, label)
+            .await;
+        let blocked = blocked_shard(&after, &batch.writes);
+        let marking = match blocked {
+            Some(_) => Vec::new(),
+            None => {
+                let named = batch
+                    .marked
+                    .iter()
+                    .map(|&(n, home)| (rest[n].uid.as_str(), rest[n].owner.as_str(), home));
+                marking_writes(&after, named)
+            }
+        };
+        SecondDecided {
+            batch,
+            early,
+            marking,
+            blocked,
+        }
+    }
+
+    /// Pass 2's writes, once pass 1's (`written`, with the names `decided.marking` carried)
+    /// are committed in `sharded`: the widenings not written yet, then one write per changed
+    /// shard.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn second_pass(
+        &self,
+        pool: &str,
+        pas: &mut [PortAllocation],
+        (second, rest): (&[usize], &[BatchItem]),
+        done: &mut [Option<Done>],
+        decided: SecondDecided,
+        (sharded, written, marks): (&PoolRecord, &[ShardWrite], &mut Marks),
+        attempts: &mut Attempts,
+        label: &str,
+    ) -> Round {
+        let SecondDecided {
+            batch,
+            early,
+            blocked,
+            ..
+        } = decided;
+        if let Some((shard, reason)) = blocked {
+            let error = AllocateError::BlockedShard {
+                owner: String::new(),
+                pool: pool.into(),
+                shard,
+                reason,
+            };
+            return Round::Stop(StopAll::Error(error));
+        }
+        let owners = (&*pas, second);
+        let widened = if has_unloaded_shard(sharded) {
+            self.widen_all(&batch, owners, STATUS_WRITES_AT_ONCE).await
+        } else {
+            early
+        };
+        let mut widen_failed = None;
+        for (n, result) in widened {
+            match result {
+                Ok(pa) => pas[second[n]] = pa,
+                Err(e) => widen_failed = Some(e),
+            }
+        }
+        if let Some((e, target)) = widen_failed {
+            // A PortAllocation changed meanwhile: decide pass 2 again from a fresh read.
+            return waited(attempts.backoff(e, target, label).await, pool);
+        }
+        for &(n, home) in &batch.marked {
+            marks.add(home, &rest[n].uid);
+        }
+        let writes = rebased(&batch.writes, written, sharded);
+        let committed = self.write_all(&writes, sharded, label).await;
+        let mut conflict = None;
+        // The writes that did not commit. (`sharded` is not updated with pass 2's writes, so
+        // `failed_shards` would take every one of them for failed, and their items would go
+        // round again: a whole read and decision more, each found unchanged.)
+        let mut failed = BTreeSet::new();
+        for (write, result) in writes.iter().zip(committed) {
+            if let Err(e) = result {
+                self.shards.forget(&write.name);
+                failed.insert(write.key);
+                conflict = Some(e);
+            }
+        }
+        let decided = batch
+            .outcomes
+            .into_iter()
+            .zip(batch.shards)
+            .zip(batch.copies);
+        for (n, ((outcome, shards), copies)) in decided.enumerate() {
+            let Some(outcome) = outcome else { continue };
+            let touched: BTreeSet<ShardKey> = shards.union(&rest[n].known).copied().collect();
+            if touched.is_disjoint(&failed) || !changes(&outcome) {
+                let written = changes(&outcome);
+                done[second[n]] = Some(Done {
+                    outcome,
+                    shards,
+                    copies,
+                    written,
+                });
+            }
+        }
+        match conflict {
+            Some((e, target)) => waited(attempts.backoff(e, target, label).await, pool),
+            None => Round::Again,
+        }
+    }
+
     /// Decide pass 2 for `rest` against `sharded` and write the widenings it asks for,
     /// `at_once` at a time, each as soon as it is decided. `pas[second[n]]` is the
     /// PortAllocation of `rest[n]`. Returns the decision and each widening's result by index
@@ -32,10 +178,10 @@ impl Allocator {
     ///
     /// A record with a shard that could not be loaded decides first and widens nothing: the
     /// caller refuses a batch that would create such a shard, and then nothing is written.
-    pub(super) async fn decide_widening(
+    async fn decide_widening(
         &self,
         sharded: &PoolRecord,
-        rest: &[BatchItem],
+        (rest, homes): (&[BatchItem], &[Option<ShardKey>]),
         (pas, second): (&[PortAllocation], &[usize]),
         at_once: usize,
         label: &str,
@@ -44,12 +190,12 @@ impl Allocator {
         let started = std::time::Instant::now();
         let (tell, heard) = futures::channel::mpsc::unbounded::<(usize, BTreeSet<ShardKey>)>();
         let deciding = {
-            let (record, items) = (sharded.clone(), rest.to_vec());
+            let (record, items, homes) = (sharded.clone(), rest.to_vec(), homes.to_vec());
             tokio::task::spawn_blocking(move || {
                 let batch = decide_pool_batch_telling(
                     &record,
                     &items,
-                    Pass::Anywhere,
+                    (Pass::Anywhere, &homes),
                     false,
                     &mut rand::rng(),
                     |n, shards| {
@@ -72,17 +218,19 @@ impl Allocator {
         let (widened, decided) = futures::join!(writes, deciding);
         let (batch, took) = decided.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         tracing::info!(
-            "{label}: pass 2 decided for {} in {:.1} s, {} status widenings written meanwhile",
+            "{label}: pass 2 decided for {} in {:.1} s, {} status widenings written meanwhile, \
+             {} owners to name in their home shards",
             rest.len(),
             took.as_secs_f64(),
-            widened.len()
+            widened.len(),
+            batch.marked.len()
         );
         (batch, widened)
     }
 
     /// The widenings of a batch decided without writing them ([`Allocator::decide_widening`]
     /// on a record with a shard it could not load), `at_once` at a time.
-    pub(super) async fn widen_all(
+    async fn widen_all(
         &self,
         batch: &PoolBatch,
         (pas, second): (&[PortAllocation], &[usize]),

@@ -101,6 +101,9 @@ pub struct PoolBatch {
     pub copies: Vec<BTreeMap<SlotKey, u16>>,
     /// Items whose `status.shards` must be widened to these shards before any write.
     pub widen: Vec<(usize, BTreeSet<ShardKey>)>,
+    /// Items named instead in their home shard's `status.elsewhere` (see
+    /// [`decide_pool_batch_telling`]): that shard must be written so before any other write.
+    pub marked: Vec<(usize, ShardKey)>,
     /// One per changed shard, copy after copy, ascending by window.
     pub writes: Vec<ShardWrite>,
 }
@@ -114,15 +117,20 @@ pub fn decide_pool_batch(
     propagate: bool,
     rng: &mut impl Rng,
 ) -> PoolBatch {
-    decide_pool_batch_telling(sharded, items, pass, propagate, rng, |_, _| {})
+    decide_pool_batch_telling(sharded, items, (pass, &[]), propagate, rng, |_, _| {})
 }
 
 /// [`decide_pool_batch`], telling `widened` each item's widening (its index, the shards) as
 /// soon as it is decided, so that its status write can go while the rest are decided.
+///
+/// `homes[n]`, when given, is item `n`'s home shard, where it may be named
+/// (`status.elsewhere`) instead of widened: a whole batch then needs one write per home shard
+/// where it needed one status write per item. Only for an item known by its home alone (its
+/// status names no shards), whose next sync reads that shard first.
 pub fn decide_pool_batch_telling(
     sharded: &PoolRecord,
     items: &[BatchItem],
-    pass: Pass,
+    (pass, homes): (Pass, &[Option<ShardKey>]),
     propagate: bool,
     rng: &mut impl Rng,
     mut widened: impl FnMut(usize, &BTreeSet<ShardKey>),
@@ -133,13 +141,22 @@ pub fn decide_pool_batch_telling(
         shards: Vec::with_capacity(items.len()),
         copies: Vec::with_capacity(items.len()),
         widen: Vec::new(),
+        marked: Vec::new(),
         writes: Vec::new(),
     };
     for (i, item) in items.iter().enumerate() {
         let decided = decide_item(&mut work, item, pass, rng);
         if let Some((_, Some(shards))) = &decided {
-            widened(i, shards);
-            batch.widen.push((i, shards.clone()));
+            match homes.get(i).copied().flatten() {
+                Some(home) => {
+                    work.mark_elsewhere(home, &item.uid, &item.owner);
+                    batch.marked.push((i, home));
+                }
+                None => {
+                    widened(i, shards);
+                    batch.widen.push((i, shards.clone()));
+                }
+            }
         }
         batch.shards.push(work.shards_of(&item.uid));
         batch.copies.push(work.spread_copies(&item.uid));

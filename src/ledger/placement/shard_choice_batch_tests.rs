@@ -76,7 +76,7 @@ fn filling_a_pool_to_its_last_port_writes_each_shard_at_most_once_per_pass() {
     let second = decide_pool_batch_telling(
         &record,
         &left,
-        Pass::Anywhere,
+        (Pass::Anywhere, &[]),
         false,
         &mut rng,
         |n, shards| told.push((n, shards.clone())),
@@ -110,4 +110,67 @@ fn filling_a_pool_to_its_last_port_writes_each_shard_at_most_once_per_pass() {
     }
     assert_eq!(held.len(), 4096, "every port held once");
     assert_eq!(record.first().union_record().state.free_count(), 0);
+}
+
+#[test]
+fn owners_known_by_their_home_are_named_there_instead_of_widened() {
+    let pool = pool_of(&["20000-24095"], &[]);
+    let mut record = sharded(&pool, vec![]);
+    let windows = record.first().layout.shards().len();
+    let items = owners(4096, &record);
+    let mut rng = StdRng::seed_from_u64(34);
+    let mut version = 0;
+    let first = decide_pool_batch(&record, &items, Pass::WithinKnown, true, &mut rng);
+    commit(&mut record, &first.writes, &mut version);
+    let left: Vec<BatchItem> = items
+        .iter()
+        .zip(&first.outcomes)
+        .filter(|(_, outcome)| outcome.is_none())
+        .map(|(item, _)| item.clone())
+        .collect();
+    assert!(!left.is_empty(), "the test does not reach pass 2");
+    let homes: Vec<Option<ShardKey>> = left.iter().map(|i| i.known.first().copied()).collect();
+
+    let mut told = 0;
+    let second = decide_pool_batch_telling(
+        &record,
+        &left,
+        (Pass::Anywhere, &homes),
+        false,
+        &mut rng,
+        |_, _| told += 1,
+    );
+    assert_eq!((told, second.widen.len()), (0, 0), "no status is widened");
+    assert_eq!(second.marked.len(), left.len(), "each moved owner is named");
+    assert!(
+        second.writes.len() <= windows,
+        "{} writes",
+        second.writes.len()
+    );
+    for &(n, home) in &second.marked {
+        let item = &left[n];
+        assert_eq!(Some(&home), item.known.first());
+        let write = second
+            .writes
+            .iter()
+            .find(|w| w.key == home)
+            .expect("the home shard is written with the name");
+        assert!(
+            write
+                .status
+                .elsewhere
+                .iter()
+                .any(|e| e.uid == item.uid && e.owner == item.owner),
+            "{} not named in {home:?}",
+            item.owner
+        );
+        let placed = second.shards[n].iter().all(|&k| k != home);
+        assert!(placed, "{} was moved out of its full home", item.owner);
+    }
+    // Every other holder of a home shard written so keeps its entry.
+    commit(&mut record, &second.writes, &mut version);
+    let held = record.first().union_record().state.held_count();
+    assert_eq!(held, 4096);
+    let (n, home) = second.marked[0];
+    assert!(record.places_elsewhere(home, &left[n].uid));
 }

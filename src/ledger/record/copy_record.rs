@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 
-use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
+use crate::api::{PlacedElsewhere, PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
 use crate::core::{Holdings, Lean, PoolState, PortSet, StaticBand};
 
 use super::holdings_across_shards::{
@@ -43,6 +43,9 @@ pub struct ShardRecord {
     pub record: WindowRecord,
     /// The entries decided since the read, by UID (`None`: removed).
     changes: BTreeMap<String, Option<PoolHolder>>,
+    /// `status.elsewhere` changed since the read, by UID (`Some(owner)`: named, `None`: no
+    /// longer).
+    elsewhere_changes: BTreeMap<String, Option<String>>,
     changed: bool,
 }
 
@@ -53,8 +56,60 @@ impl ShardRecord {
             copy: key.copy,
             record,
             changes: BTreeMap::new(),
+            elsewhere_changes: BTreeMap::new(),
             changed: false,
         }
+    }
+
+    /// Name `uid` (`owner`) in `status.elsewhere`: its entries are being placed in other
+    /// shards before its status can say so.
+    pub fn mark_elsewhere(&mut self, uid: &str, owner: &str) {
+        if self.places_elsewhere(uid) {
+            return;
+        }
+        self.elsewhere_changes
+            .insert(uid.to_string(), Some(owner.to_string()));
+        self.changed = true;
+    }
+
+    /// No longer name `uid` in `status.elsewhere` (its status names its shards now).
+    pub fn unmark_elsewhere(&mut self, uid: &str) {
+        if !self.places_elsewhere(uid) {
+            return;
+        }
+        self.elsewhere_changes.insert(uid.to_string(), None);
+        self.changed = true;
+    }
+
+    /// Whether `status.elsewhere` names `uid`, as read and changed since.
+    pub fn places_elsewhere(&self, uid: &str) -> bool {
+        match self.elsewhere_changes.get(uid) {
+            Some(change) => change.is_some(),
+            None => self.record.places_elsewhere(uid),
+        }
+    }
+
+    /// `status.elsewhere` as read and changed since, by UID.
+    fn elsewhere_now(&self) -> Vec<PlacedElsewhere> {
+        let mut named: BTreeMap<&str, &str> = self
+            .record
+            .elsewhere()
+            .iter()
+            .map(|e| (e.uid.as_str(), e.owner.as_str()))
+            .collect();
+        for (uid, change) in &self.elsewhere_changes {
+            match change {
+                Some(owner) => named.insert(uid, owner),
+                None => named.remove(uid.as_str()),
+            };
+        }
+        named
+            .into_iter()
+            .map(|(uid, owner)| PlacedElsewhere {
+                uid: uid.to_string(),
+                owner: owner.to_string(),
+            })
+            .collect()
     }
 
     /// Make `uid`'s entry here exactly `after` (none when empty): the state changes by the
@@ -138,7 +193,10 @@ impl ShardRecord {
             key: self.key(),
             name: self.record.name().to_string(),
             resource_version: self.record.resource_version(),
-            status: super::window_record::counted_status(&copy, &self.record.state, holders),
+            status: PortPoolShardStatus {
+                elsewhere: self.elsewhere_now(),
+                ..super::window_record::counted_status(&copy, &self.record.state, holders)
+            },
         }
     }
 }
@@ -292,6 +350,17 @@ impl CopyRecord {
         Some(state)
     }
 
+    /// Shard `index` to change, loaded empty when it has no object yet (a write creates it).
+    pub fn shard_mut(&mut self, index: u16) -> &mut ShardRecord {
+        if !self.shards.contains_key(&index) {
+            let record = load_shard(&self.pool, &self.layout, index, self.new_shard(index));
+            let key = ShardKey::new(self.copy, index);
+            self.shards
+                .insert(index, Arc::new(ShardRecord::new(key, record)));
+        }
+        Arc::make_mut(self.shards.get_mut(&index).expect("inserted just above"))
+    }
+
     /// Make `uid`'s holdings exactly `decided`: each slot's block goes to the shard of its
     /// ports (a block across a window edge in pieces), and the owner's entries in shards where
     /// `decided` has nothing are dropped. A window without a shard gets a new, empty one.
@@ -304,15 +373,7 @@ impl CopyRecord {
             parts.entry(index).or_default();
         }
         for (index, part) in parts {
-            if !self.shards.contains_key(&index) {
-                let record = load_shard(&self.pool, &self.layout, index, self.new_shard(index));
-                let key = ShardKey::new(self.copy, index);
-                self.shards
-                    .insert(index, Arc::new(ShardRecord::new(key, record)));
-            }
-            if let Some(shard) = self.shards.get_mut(&index) {
-                Arc::make_mut(shard).set(uid, owner, &part);
-            }
+            self.shard_mut(index).set(uid, owner, &part);
         }
     }
 

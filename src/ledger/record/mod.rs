@@ -2,6 +2,7 @@
 //! writes that commit a decision. See the ledger's own page ([`crate::ledger`]) for each file.
 
 pub(super) mod copy_record;
+pub(super) mod elsewhere;
 pub(super) mod holdings_across_shards;
 pub(super) mod known_shards;
 pub mod node_bound;

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::api::{PortPoolShard, SpecError};
 use crate::core::{Holdings, PortSet, SlotKey};
 
-use super::copy_record::{CopyRecord, ShardWrite, newest_snapshot};
+use super::copy_record::{CopyRecord, ShardWrite, new_shard, newest_snapshot};
 use super::holdings_across_shards::ShardAnomaly;
 use super::node_bound::{CopyBound, CopyRefusal, InUse};
 use super::pool_snapshot::PoolSnapshot;
@@ -144,6 +144,38 @@ impl PoolRecord {
         self.copies
             .entry(copy)
             .or_insert_with(|| CopyRecord::load_copy(pool, ports, layout, copy, Vec::new()))
+    }
+
+    /// This record as `writes` leave it once committed, each shard still at the version read:
+    /// to decide what comes after them before they are written.
+    pub fn after_writes(&self, writes: &[ShardWrite]) -> PoolRecord {
+        let mut after = self.clone();
+        for write in writes {
+            let mut shard = self
+                .copy(write.key.copy)
+                .and_then(|c| c.shards.get(&write.key.window))
+                .map(|s| s.record.shard.clone())
+                .unwrap_or_else(|| new_shard(&self.pool, write.key));
+            shard.status = Some(write.status.clone());
+            shard.metadata.resource_version = write.resource_version.clone();
+            after.replace(shard);
+        }
+        after
+    }
+
+    /// Name `uid` (`owner`) in shard `key`'s `status.elsewhere` (see
+    /// [`crate::api::PortPoolShardStatus::elsewhere`]).
+    pub fn mark_elsewhere(&mut self, key: ShardKey, uid: &str, owner: &str) {
+        self.copy_mut(key.copy)
+            .shard_mut(key.window)
+            .mark_elsewhere(uid, owner);
+    }
+
+    /// Whether shard `key` names `uid` in its `status.elsewhere`.
+    pub fn places_elsewhere(&self, key: ShardKey, uid: &str) -> bool {
+        self.copy(key.copy)
+            .and_then(|c| c.shards.get(&key.window))
+            .is_some_and(|s| s.places_elsewhere(uid))
     }
 
     /// Copy `copy` as it is, or empty: to decide in without changing this record.

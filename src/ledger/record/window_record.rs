@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus};
+use crate::api::{PlacedElsewhere, PoolHolder, PortPoolShard, PortPoolShardStatus};
 use crate::core::{Holdings, PoolState, PortSet, SlotKey, StaticBand};
 
 use super::pool_snapshot::PoolSnapshot;
@@ -205,7 +205,24 @@ impl WindowRecord {
         self.anomalies = Vec::new();
         if let Some(status) = self.shard.status.as_mut() {
             status.holders = Vec::new();
+            status.elsewhere = Vec::new();
         }
+    }
+
+    /// The owners this shard names as placed in other shards by a group commit, as read
+    /// (`status.elsewhere`).
+    pub fn elsewhere(&self) -> &[PlacedElsewhere] {
+        self.shard
+            .status
+            .as_ref()
+            .map(|s| s.elsewhere.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// Whether this shard names `uid` as placed in other shards: its entries may be anywhere
+    /// in the pool, so no decision on this shard alone may be made for it.
+    pub fn places_elsewhere(&self, uid: &str) -> bool {
+        self.elsewhere().iter().any(|e| e.uid == uid)
     }
 
     /// Every entry as read, verbatim.
@@ -297,7 +314,9 @@ impl WindowRecord {
         state: &PoolState,
         holders: Vec<PoolHolder>,
     ) -> PortPoolShardStatus {
-        counted_status(&self.pool, state, holders)
+        let mut status = counted_status(&self.pool, state, holders);
+        status.elsewhere = self.elsewhere().to_vec();
+        status
     }
 }
 
@@ -315,6 +334,7 @@ pub fn counted_status(
         available: state.free_count() as i32,
         holder_count: holders.len() as i32,
         holders,
+        elsewhere: Vec::new(),
     }
 }
 

@@ -43,6 +43,14 @@ pub enum Change {
         ports: String,
         count: usize,
     },
+    /// Stop naming a PortAllocation in the shard's `status.elsewhere`: it is gone, or its
+    /// status names its shards, so no sync needs the mark any more.
+    #[serde(rename_all = "camelCase")]
+    Unmark {
+        uid: String,
+        owner: String,
+        reason: UnmarkReason,
+    },
     /// Delete a shard object left by an earlier pool object of the same name (it would block
     /// this pool's shard for its window; statuses restore what it held).
     #[serde(rename_all = "camelCase")]
@@ -59,6 +67,16 @@ pub enum Change {
         available: i32,
         holder_count: i32,
     },
+}
+
+/// Why a mark in `status.elsewhere` is no longer needed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum UnmarkReason {
+    /// No PortAllocation of this pool has the UID.
+    OwnerGone,
+    /// Its status names the shards its entries are in.
+    StatusNamesShards,
 }
 
 /// Something repair reports and leaves as it is.

@@ -47,9 +47,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube::ResourceExt;
 
-use super::repair_outcome::{Change, Finding, FreeReason, RepairPlan, RepairScope, Restored};
+use super::repair_outcome::{
+    Change, Finding, FreeReason, RepairPlan, RepairScope, Restored, UnmarkReason,
+};
 use super::repair_restore::{creation_order, restore_lost};
-use crate::api::{PoolHolder, PortAllocation, PortPoolShardStatus};
+use crate::api::{PlacedElsewhere, PoolHolder, PortAllocation, PortPoolShardStatus};
+use crate::ledger::record::known_shards::listed_shards;
 use crate::ledger::record::window_record::{Anomaly, HolderEntry, WindowRecord};
 
 /// The diff for one shard. `allocations` is every PortAllocation in the cluster, listed *after*
@@ -88,7 +91,44 @@ pub(crate) fn plan_repair_scoped(
         .cloned()
         .chain(restoring.added)
         .collect();
-    finish(record, holders, changes, findings, restoring.restored)
+    let (elsewhere, unmarks) = still_elsewhere(record, &by_uid);
+    changes.extend(unmarks);
+    finish(
+        record,
+        (holders, elsewhere),
+        changes,
+        findings,
+        restoring.restored,
+    )
+}
+
+/// The marks of `status.elsewhere` still needed (a live PortAllocation of this pool whose
+/// status names no shards: a group commit may have placed it anywhere), and the others' unmarks.
+/// As with entries, a UID the later list lacks is gone for good.
+fn still_elsewhere(
+    record: &WindowRecord,
+    by_uid: &BTreeMap<String, &PortAllocation>,
+) -> (Vec<PlacedElsewhere>, Vec<Change>) {
+    let mut kept = Vec::new();
+    let mut unmarks = Vec::new();
+    for mark in record.elsewhere() {
+        let reason = match by_uid.get(&mark.uid) {
+            Some(pa) if pa.spec.pool == record.pool_name() => {
+                if listed_shards(pa.status.as_ref()).is_empty() {
+                    kept.push(mark.clone());
+                    continue;
+                }
+                UnmarkReason::StatusNamesShards
+            }
+            _ => UnmarkReason::OwnerGone,
+        };
+        unmarks.push(Change::Unmark {
+            uid: mark.uid.clone(),
+            owner: mark.owner.clone(),
+            reason,
+        });
+    }
+    (kept, unmarks)
 }
 
 /// 1. Entries whose owner is gone, or is an object of another pool: their UIDs, and the frees.
@@ -188,7 +228,7 @@ fn kept_ports(
 /// 4. The plan: the status after the changes, counts recomputed from the resulting holders.
 fn finish(
     record: &WindowRecord,
-    mut holders: Vec<PoolHolder>,
+    (mut holders, elsewhere): (Vec<PoolHolder>, Vec<PlacedElsewhere>),
     mut changes: Vec<Change>,
     findings: Vec<Finding>,
     restored: Vec<Restored>,
@@ -198,6 +238,7 @@ fn finish(
     let recounted = record
         .after(PortPoolShardStatus {
             holders,
+            elsewhere,
             ..Default::default()
         })
         .current_status();

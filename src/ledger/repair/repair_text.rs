@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::repair_outcome::{Change, Finding, FreeReason};
+use super::repair_outcome::{Change, Finding, FreeReason, UnmarkReason};
 
 fn count_ports(n: usize) -> String {
     if n == 1 {
@@ -23,7 +23,8 @@ fn role_of(slot: &str) -> &str {
 }
 
 impl Change {
-    /// The first word of the change's line: `free`, `restore`, `respec`, `recount` or `remove`.
+    /// The first word of the change's line: `free`, `restore`, `respec`, `recount`, `remove`
+    /// or `unmark`.
     pub fn verb(&self) -> &'static str {
         match self {
             Change::Free { .. } => "free",
@@ -31,6 +32,7 @@ impl Change {
             Change::Respec { .. } => "respec",
             Change::Recount { .. } => "recount",
             Change::RemoveShard { .. } => "remove",
+            Change::Unmark { .. } => "unmark",
         }
     }
 }
@@ -90,6 +92,16 @@ impl fmt::Display for Change {
                 "{owner} (uid {uid})  {}: {ports}  (recorded in its status; the pool lost them)",
                 count_ports(*count)
             ),
+            Change::Unmark { uid, owner, reason } => {
+                let why = match reason {
+                    UnmarkReason::OwnerGone => "its PortAllocation no longer exists",
+                    UnmarkReason::StatusNamesShards => "its status names the shards it is in",
+                };
+                write!(
+                    f,
+                    "{owner} (uid {uid})  no longer marked as placed in other shards ({why})"
+                )
+            }
             Change::RemoveShard { shard, pool_uid } => write!(
                 f,
                 "shard {shard}: it is the record of an earlier pool object (UID {pool_uid}) and \
