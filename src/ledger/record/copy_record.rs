@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 
-use crate::api::{PlacedElsewhere, PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
+use crate::api::{PoolHolder, PortPoolShard, PortPoolShardStatus, SpecError};
 use crate::core::{Holdings, Lean, PoolState, PortSet, StaticBand};
 
 use super::holdings_across_shards::{
@@ -44,9 +44,9 @@ pub struct ShardRecord {
     /// The entries decided since the read, by UID (`None`: removed).
     changes: BTreeMap<String, Option<PoolHolder>>,
     /// `status.elsewhere` changed since the read, by UID (`Some(owner)`: named, `None`: no
-    /// longer).
-    elsewhere_changes: BTreeMap<String, Option<String>>,
-    changed: bool,
+    /// longer; see `elsewhere`).
+    pub(super) elsewhere_changes: BTreeMap<String, Option<String>>,
+    pub(super) changed: bool,
 }
 
 impl ShardRecord {
@@ -59,57 +59,6 @@ impl ShardRecord {
             elsewhere_changes: BTreeMap::new(),
             changed: false,
         }
-    }
-
-    /// Name `uid` (`owner`) in `status.elsewhere`: its entries are being placed in other
-    /// shards before its status can say so.
-    pub fn mark_elsewhere(&mut self, uid: &str, owner: &str) {
-        if self.places_elsewhere(uid) {
-            return;
-        }
-        self.elsewhere_changes
-            .insert(uid.to_string(), Some(owner.to_string()));
-        self.changed = true;
-    }
-
-    /// No longer name `uid` in `status.elsewhere` (its status names its shards now).
-    pub fn unmark_elsewhere(&mut self, uid: &str) {
-        if !self.places_elsewhere(uid) {
-            return;
-        }
-        self.elsewhere_changes.insert(uid.to_string(), None);
-        self.changed = true;
-    }
-
-    /// Whether `status.elsewhere` names `uid`, as read and changed since.
-    pub fn places_elsewhere(&self, uid: &str) -> bool {
-        match self.elsewhere_changes.get(uid) {
-            Some(change) => change.is_some(),
-            None => self.record.places_elsewhere(uid),
-        }
-    }
-
-    /// `status.elsewhere` as read and changed since, by UID.
-    fn elsewhere_now(&self) -> Vec<PlacedElsewhere> {
-        let mut named: BTreeMap<&str, &str> = self
-            .record
-            .elsewhere()
-            .iter()
-            .map(|e| (e.uid.as_str(), e.owner.as_str()))
-            .collect();
-        for (uid, change) in &self.elsewhere_changes {
-            match change {
-                Some(owner) => named.insert(uid, owner),
-                None => named.remove(uid.as_str()),
-            };
-        }
-        named
-            .into_iter()
-            .map(|(uid, owner)| PlacedElsewhere {
-                uid: uid.to_string(),
-                owner: owner.to_string(),
-            })
-            .collect()
     }
 
     /// Make `uid`'s entry here exactly `after` (none when empty): the state changes by the

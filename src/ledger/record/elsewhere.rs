@@ -8,14 +8,67 @@
 //! any of their entries, where it wrote each one's status before. Once an owner's status names
 //! its shards the name is not needed and goes. Pure.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::api::PortPoolShard;
+use crate::api::{PlacedElsewhere, PortPoolShard};
 
 use super::copy_record::{ShardRecord, ShardWrite, load_shard};
 use super::pool_record::PoolRecord;
 use super::pool_snapshot::PoolSnapshot;
 use super::windows::ShardKey;
+
+impl ShardRecord {
+    /// Name `uid` (`owner`) in `status.elsewhere`: its entries are being placed in other
+    /// shards before its status can say so.
+    pub fn mark_elsewhere(&mut self, uid: &str, owner: &str) {
+        if self.places_elsewhere(uid) {
+            return;
+        }
+        self.elsewhere_changes
+            .insert(uid.to_string(), Some(owner.to_string()));
+        self.changed = true;
+    }
+
+    /// No longer name `uid` in `status.elsewhere` (its status names its shards now).
+    pub fn unmark_elsewhere(&mut self, uid: &str) {
+        if !self.places_elsewhere(uid) {
+            return;
+        }
+        self.elsewhere_changes.insert(uid.to_string(), None);
+        self.changed = true;
+    }
+
+    /// Whether `status.elsewhere` names `uid`, as read and changed since.
+    pub fn places_elsewhere(&self, uid: &str) -> bool {
+        match self.elsewhere_changes.get(uid) {
+            Some(change) => change.is_some(),
+            None => self.record.places_elsewhere(uid),
+        }
+    }
+
+    /// `status.elsewhere` as read and changed since, by UID.
+    pub(super) fn elsewhere_now(&self) -> Vec<PlacedElsewhere> {
+        let mut named: BTreeMap<&str, &str> = self
+            .record
+            .elsewhere()
+            .iter()
+            .map(|e| (e.uid.as_str(), e.owner.as_str()))
+            .collect();
+        for (uid, change) in &self.elsewhere_changes {
+            match change {
+                Some(owner) => named.insert(uid, owner),
+                None => named.remove(uid.as_str()),
+            };
+        }
+        named
+            .into_iter()
+            .map(|(uid, owner)| PlacedElsewhere {
+                uid: uid.to_string(),
+                owner: owner.to_string(),
+            })
+            .collect()
+    }
+}
 
 /// The writes that name each of `marked` (`uid`, `owner`, home shard) in its home shard, every
 /// shard otherwise as `sharded` has it: what must be committed before any of their entries.
