@@ -57,12 +57,11 @@ pub struct Phases {
     /// Shard writes (PUT of a shard's status) and creates (POST), with their times.
     pub shard_writes: Vec<f64>,
     shard_creates: Vec<f64>,
-    /// PortAllocation status writes: before the last shard write they widen statuses (pass 2),
-    /// after it they are the final ones.
+    /// PortAllocation status writes: before pass 2's shard writes end they widen statuses,
+    /// after them they are the final ones.
     status_writes: Vec<f64>,
     pub conflicts: usize,
-    /// Pass 2's decision, when it ran beside its widening writes: how long it took (the `-v 1`
-    /// line that says so).
+    /// How long pass 2's decision took (the `-v 1` line that says so).
     decided: Option<f64>,
 }
 
@@ -111,57 +110,63 @@ impl Phases {
     }
 
     pub fn describe(&self, wall: Duration) -> String {
-        let last_shard = self.shard_writes.last().copied().unwrap_or(0.0);
-        let (widen, fin): (Vec<f64>, Vec<f64>) =
-            self.status_writes.iter().partition(|&&t| t < last_shard);
         let span = |times: &[f64]| match (times.first(), times.last()) {
             (Some(a), Some(b)) => format!("{a:.1}–{b:.1} s"),
             _ => "none".into(),
         };
+        // Each pass's shard writes end with a line that counts them; what comes after the
+        // last such line is the home shards' unnaming (`elsewhere`).
         let pass1_end = self.passes.first().map_or(self.read, |(t, _)| *t);
-        let later = |times: &[f64]| -> Vec<f64> {
-            times.iter().copied().filter(|&t| t > pass1_end).collect()
+        let pass2_end = self.passes.get(1).map_or(pass1_end, |(t, _)| *t);
+        let between = |times: &[f64], from: f64, to: f64| -> Vec<f64> {
+            times
+                .iter()
+                .copied()
+                .filter(|&t| t > from && t <= to)
+                .collect()
         };
-        let (pass2_writes, pass2_creates) = (later(&self.shard_writes), later(&self.shard_creates));
-        let pass2_start = widen
-            .first()
-            .copied()
-            .or(pass2_creates.first().copied())
-            .or(pass2_writes.first().copied())
-            .unwrap_or(pass1_end);
-        let mut pass2_shards = pass2_creates.clone();
-        pass2_shards.extend(&pass2_writes);
+        let mut pass2_shards = between(&self.shard_writes, pass1_end, pass2_end);
+        let pass2_creates = between(&self.shard_creates, pass1_end, pass2_end);
+        let pass2_writes = pass2_shards.len();
+        pass2_shards.extend(&pass2_creates);
         pass2_shards.sort_by(f64::total_cmp);
+        let pass1_writes = self.shard_writes.iter().filter(|&&t| t <= pass1_end).count();
+        let unnaming = between(&self.shard_writes, pass2_end, f64::MAX);
+        let (widen, fin): (Vec<f64>, Vec<f64>) =
+            self.status_writes.iter().partition(|&&t| t < pass2_end);
         let decision = match self.decided {
-            // Logged once the widenings are written too: its time of arrival says nothing of
-            // when the decision ended.
-            Some(took) => format!(
-                "pass 2 decided on its own thread (**{took:.1} s** of decision) while its \
-                 widening status writes went"
-            ),
-            None => format!(
-                "pass 2 decided by {pass2_start:.1} s (**{:.1} s** of decision, one thread)",
-                pass2_start - pass1_end
-            ),
+            Some(took) => format!("pass 2 decided in **{took:.1} s** (one thread)"),
+            None => {
+                let start = widen
+                    .first()
+                    .or(pass2_shards.first())
+                    .copied()
+                    .unwrap_or(pass1_end);
+                format!(
+                    "pass 2 decided by {start:.1} s (**{:.1} s** of decision, one thread)",
+                    start - pass1_end
+                )
+            }
         };
         format!(
             "LIST of the PortAllocations done at {:.1} s; pool and shards read at {:.1} s ({} \
-             read{} in all); pass 1 \
-             ({} shard writes) done at {pass1_end:.1} s; {decision}; {} widening status writes \
-             {}; pass 2's shard \
-             writes ({} creates, {} writes) {}; **{} final status writes {}**; exit {:.1} s{}",
+             read{} in all); {decision}; pass 1 ({pass1_writes} shard writes, with the names of \
+             the owners pass 2 moves, when the CLI writes them) done at {pass1_end:.1} s; {} \
+             widening status writes {}; pass 2's shard writes ({} creates, {} writes) {}; **{} \
+             final status writes {}**; {} home shards unnamed {}; exit {:.1} s{}",
             self.listed,
             self.read,
             self.reads,
             if self.reads == 1 { "" } else { "s" },
-            self.shard_writes.len() - pass2_writes.len(),
             widen.len(),
             span(&widen),
             pass2_creates.len(),
-            pass2_writes.len(),
+            pass2_writes,
             span(&pass2_shards),
             fin.len(),
             span(&fin),
+            unnaming.len(),
+            span(&unnaming),
             wall.as_secs_f64(),
             if self.passes.is_empty() {
                 String::new()
