@@ -130,7 +130,11 @@ impl Phases {
         let pass2_writes = pass2_shards.len();
         pass2_shards.extend(&pass2_creates);
         pass2_shards.sort_by(f64::total_cmp);
-        let pass1_writes = self.shard_writes.iter().filter(|&&t| t <= pass1_end).count();
+        let pass1_writes = self
+            .shard_writes
+            .iter()
+            .filter(|&&t| t <= pass1_end)
+            .count();
         let unnaming = between(&self.shard_writes, pass2_end, f64::MAX);
         let (widen, fin): (Vec<f64>, Vec<f64>) =
             self.status_writes.iter().partition(|&&t| t < pass2_end);

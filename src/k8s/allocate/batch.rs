@@ -19,14 +19,12 @@
 //! PortAllocations' statuses are derived from them afterwards, several at a time, so a kill in
 //! between leaves what a single `sync` leaves.
 
-use crate::k8s::error::error_chain;
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, stream};
 use kube::ResourceExt;
 
-use super::allocator::{AllocateError, Allocator, allocations, exhausted_error};
-use super::configmaps::keep_env_configmap;
+use super::allocator::{AllocateError, Allocator, exhausted_error};
 use super::elsewhere::Marks;
 use super::sync::SyncReport;
 use crate::api::{PortAllocation, PortPoolShard};
@@ -36,12 +34,11 @@ use crate::k8s::record::{ShardStore, read_pool};
 use crate::k8s::resources::POOLS;
 use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{
-    BatchItem, ItemOutcome, Operation, Outcome, Pass, PoolRecord, PoolSnapshot, Refusal, ShardKey,
-    ShardWrite, allocation_status, decide_pool_batch, known_shards, listed_shards, owner_of,
-    set_slot_copies, with_marks,
+    BatchItem, ItemOutcome, Operation, Pass, PoolRecord, PoolSnapshot, Refusal, ShardKey,
+    ShardWrite, decide_pool_batch, known_shards, listed_shards, owner_of, with_marks,
 };
 
-type ItemResult = Result<SyncReport, AllocateError>;
+pub(super) type ItemResult = Result<SyncReport, AllocateError>;
 
 /// Shard writes in flight at once.
 const WRITES_AT_ONCE: usize = 8;
@@ -53,6 +50,9 @@ const WRITES_AT_ONCE: usize = 8;
 /// A widening write is as small as a final one, so it goes as many at once.
 pub(super) const STATUS_WRITES_AT_ONCE: usize = 16;
 
+/// One shard write's result: the shard as written, or the error and what it was.
+pub(super) type ShardResult = Result<PortPoolShard, (kube::Error, crate::k8s::error::Target)>;
+
 /// An item decided and committed, waiting for its status write.
 pub(super) struct Done {
     pub(super) outcome: ItemOutcome,
@@ -60,6 +60,24 @@ pub(super) struct Done {
     /// Where its pods are spread over copies, the copy of each slot (else empty).
     pub(super) copies: BTreeMap<SlotKey, u16>,
     pub(super) written: bool,
+    /// The pool object's UID, as the round that committed it read it.
+    pub(super) pool_uid: String,
+}
+
+/// Which items of a pool's batch are committed, and where each goes as it is: its status is
+/// written at once (`finishing`).
+pub(super) struct Progress {
+    pub(super) done: Vec<bool>,
+    ready: futures::channel::mpsc::UnboundedSender<(usize, PortAllocation, Done)>,
+}
+
+impl Progress {
+    /// Item `i` (`pa`, as it now is) is committed.
+    pub(super) fn complete(&mut self, i: usize, pa: &PortAllocation, done: Done) {
+        self.done[i] = true;
+        // Nobody listening any more (the batch was dropped): nothing to write.
+        let _ = self.ready.unbounded_send((i, pa.clone(), done));
+    }
 }
 
 /// What a pool's rounds keep for after them: the pool's spec last read, and the home shards
@@ -106,56 +124,73 @@ impl Allocator {
             .collect()
     }
 
-    /// One pool's batch: rounds until every item is committed or refused, then the statuses.
+    /// One pool's batch: rounds until every item is committed or refused. Each item's status
+    /// is written as soon as the shards it is in are committed, [`STATUS_WRITES_AT_ONCE`] at a
+    /// time, while the rest are still decided and written.
     async fn sync_pool(&self, pool: &str, mut pas: Vec<PortAllocation>) -> Vec<ItemResult> {
-        let mut done: Vec<Option<Done>> = pas.iter().map(|_| None).collect();
+        let (ready, committed) = futures::channel::mpsc::unbounded();
+        let mut progress = Progress {
+            done: vec![false; pas.len()],
+            ready,
+        };
         let mut attempts = Attempts::new(self.policy);
         let label = format!("{} PortAllocations in pool {pool:?}", pas.len());
         let mut kept = Kept::default();
-        let stop = loop {
-            let open: Vec<usize> = (0..pas.len()).filter(|&i| done[i].is_none()).collect();
-            if open.is_empty() {
-                break None;
-            }
-            match self
-                .batch_round(
+        let rounds = async {
+            let stop = loop {
+                let open: Vec<usize> = (0..pas.len()).filter(|&i| !progress.done[i]).collect();
+                if open.is_empty() {
+                    break None;
+                }
+                let round = self.batch_round(
                     pool,
                     &mut pas,
                     &open,
-                    &mut done,
+                    &mut progress,
                     &mut kept,
                     &mut attempts,
                     &label,
-                )
-                .await
-            {
-                Round::Again => continue,
-                Round::Stop(stop) => break Some(stop),
-            }
-        };
-        let (attempts, conflicts) = (attempts.attempts, attempts.conflicts);
-        let pool_uid = kept
-            .pool
-            .as_ref()
-            .map(|p| p.uid.clone())
-            .unwrap_or_default();
-        let results: Vec<ItemResult> = stream::iter(pas.into_iter().zip(done))
-            .map(|(pa, done)| {
-                let stop = &stop;
-                let pool_uid = &pool_uid;
-                async move {
-                    let Some(done) = done else {
-                        return Err(self.stopped(&pa, stop.as_ref()).await);
-                    };
-                    let mut report = self.finish(pa, pool_uid, done).await?;
-                    report.attempts = attempts;
-                    report.conflicts = conflicts;
-                    Ok(report)
+                );
+                match round.await {
+                    Round::Again => continue,
+                    Round::Stop(stop) => break Some(stop),
                 }
-            })
-            .buffered(STATUS_WRITES_AT_ONCE)
-            .collect()
+            };
+            // No item is committed after this: the status writes end with those sent.
+            let done = std::mem::take(&mut progress.done);
+            drop(progress);
+            (stop, done)
+        };
+        let finishing = committed
+            .map(|(i, pa, done)| async move { (i, self.finish(pa, done).await) })
+            .buffer_unordered(STATUS_WRITES_AT_ONCE)
+            .collect::<Vec<_>>();
+        let ((stop, done), finished) = futures::join!(rounds, finishing);
+        let mut results: Vec<Option<ItemResult>> = pas.iter().map(|_| None).collect();
+        for (i, result) in finished {
+            results[i] = Some(result);
+        }
+        let left: Vec<usize> = (0..pas.len()).filter(|&i| !done[i]).collect();
+        let (all, stop) = (&pas, &stop);
+        let stopped = stream::iter(left)
+            .map(|i| async move { (i, self.stopped(&all[i], stop.as_ref()).await) })
+            .buffer_unordered(STATUS_WRITES_AT_ONCE)
+            .collect::<Vec<_>>()
             .await;
+        for (i, error) in stopped {
+            results[i] = Some(Err(error));
+        }
+        let results: Vec<ItemResult> = results
+            .into_iter()
+            .map(|r| r.expect("each item finished or stopped"))
+            .map(|r| {
+                r.map(|mut report| {
+                    report.attempts = attempts.attempts;
+                    report.conflicts = attempts.conflicts;
+                    report
+                })
+            })
+            .collect();
         // Home shards stop naming the owners whose statuses now name their shards.
         if let Some(snapshot) = &kept.pool {
             let named: BTreeSet<String> = results
@@ -176,7 +211,7 @@ impl Allocator {
         pool: &str,
         pas: &mut [PortAllocation],
         open: &[usize],
-        done: &mut [Option<Done>],
+        progress: &mut Progress,
         kept: &mut Kept,
         attempts: &mut Attempts,
         label: &str,
@@ -231,12 +266,14 @@ impl Allocator {
             match outcome {
                 Some(outcome) if shards.is_disjoint(&failed) || !changes(&outcome) => {
                     let written = changes(&outcome);
-                    done[open[n]] = Some(Done {
+                    let done = Done {
                         outcome,
                         shards,
                         copies,
                         written,
-                    });
+                        pool_uid: sharded.pool.uid.clone(),
+                    };
+                    progress.complete(open[n], &pas[open[n]], done);
                 }
                 None | Some(_) => {}
             }
@@ -254,7 +291,7 @@ impl Allocator {
             pool,
             pas,
             (&second, &rest),
-            done,
+            progress,
             decided,
             round,
             attempts,
@@ -303,162 +340,51 @@ impl Allocator {
         writes: &[ShardWrite],
         sharded: &PoolRecord,
         label: &str,
-    ) -> Vec<Result<PortPoolShard, (kube::Error, crate::k8s::error::Target)>> {
-        let store = ShardStore::new(self.client.clone());
-        let commits: Vec<_> = writes
-            .iter()
-            .map(|write| {
-                let (store, write, pool) = (store.clone(), write.clone(), sharded.pool.clone());
-                async move { store.commit(&pool, &write).await }
-            })
-            .collect();
-        let results: Vec<_> = stream::iter(commits)
-            .buffered(WRITES_AT_ONCE)
-            .collect()
-            .await;
-        for (write, result) in writes.iter().zip(&results) {
-            match result {
-                Ok(written) => self.shards.remember(&write.name, written),
-                Err(_) => self.shards.forget(&write.name),
-            }
+    ) -> Vec<ShardResult> {
+        let mut results: Vec<(usize, ShardResult)> =
+            self.commit_each(writes, sharded).collect().await;
+        results.sort_by_key(|(n, _)| *n);
+        let mut ordered: Vec<ShardResult> = Vec::with_capacity(results.len());
+        for (_, result) in results {
+            ordered.push(result);
         }
-        if !writes.is_empty() {
-            tracing::info!(
-                "{label}: {} shard writes, {} conflicts",
-                writes.len(),
-                results.iter().filter(|r| r.is_err()).count()
-            );
-        }
+        let results = ordered;
+        self.log_writes(
+            label,
+            writes.len(),
+            results.iter().filter(|r| r.is_err()).count(),
+        );
         results
     }
 
-    /// Write one committed item's status. A status write that fails goes the single way,
-    /// which re-reads and retries (the shard step is then a no-op for it).
-    async fn finish(&self, pa: PortAllocation, pool_uid: &str, done: Done) -> ItemResult {
-        let (holdings, allocated, released) = match done.outcome {
-            ItemOutcome::Refused { refusal, holdings } => {
-                self.record_refusal(&pa, &refusal, Some(holdings)).await;
-                return Err(refusal.into());
-            }
-            ItemOutcome::Unchanged(holdings) => (holdings, 0, 0),
-            ItemOutcome::Changed {
-                holdings,
-                allocated,
-                released,
-            } => (holdings, allocated, released),
-        };
-        let mut status = allocation_status(&pa, &holdings, Some(pool_uid), Outcome::Converged);
-        status.shards = crate::ledger::status_shards(&done.shards);
-        set_slot_copies(&mut status, &done.copies);
-        let report = |allocation, status_written| SyncReport {
-            namespace: pa.namespace().unwrap_or_default(),
-            name: pa.name_any(),
-            pool: pa.spec.pool.clone(),
-            holdings: holdings.clone(),
-            allocated,
-            released,
-            attempts: 1,
-            conflicts: 0,
-            pool_written: done.written,
-            status_written,
-            allocation,
-            configmap: None,
-        };
-        let mut report = if pa.status.as_ref() == Some(&status) {
-            report(pa.clone(), false)
-        } else {
-            let mut updated = pa.clone();
-            updated.status = Some(status);
-            match allocations(&self.client, &pa)
-                .replace_status(
-                    &pa.name_any(),
-                    &crate::k8s::client::write_params(),
-                    &updated,
-                )
-                .await
-            {
-                Ok(written) => report(crate::k8s::client::lean(written), true),
-                Err(e) => {
-                    tracing::info!(
-                        "{}: status write failed ({}); syncing it on its own",
-                        owner_of(&pa),
-                        error_chain(&e)
-                    );
-                    // The single path keeps the ConfigMap itself.
-                    return self.sync_or_record(pa).await.map(|mut one| {
-                        one.allocated += allocated;
-                        one.released += released;
-                        one.pool_written |= done.written;
-                        one
-                    });
+    /// Commit `writes` (one per shard), several at once, each result as it comes, with its
+    /// index into `writes`. A shard written is remembered, one not written forgotten.
+    pub(super) fn commit_each<'a>(
+        &'a self,
+        writes: &'a [ShardWrite],
+        sharded: &'a PoolRecord,
+    ) -> impl futures::Stream<Item = (usize, ShardResult)> + 'a {
+        let store = ShardStore::new(self.client.clone());
+        stream::iter(writes.iter().enumerate())
+            .map(move |(n, write)| {
+                let store = store.clone();
+                async move {
+                    let result = store.commit(&sharded.pool, write).await;
+                    match &result {
+                        Ok(written) => self.shards.remember(&write.name, written),
+                        Err(_) => self.shards.forget(&write.name),
+                    }
+                    (n, result)
                 }
-            }
-        };
-        // As the single path does after its status write: the env files follow the status.
-        report.configmap = keep_env_configmap(&self.client, &report.allocation, false).await;
-        Ok(report)
+            })
+            .buffer_unordered(WRITES_AT_ONCE)
     }
 
-    /// The error of an item a round could not serve; refusals are recorded on its status.
-    async fn stopped(&self, pa: &PortAllocation, stop: Option<&StopAll>) -> AllocateError {
-        match stop {
-            Some(StopAll::Refused(refusal)) => {
-                // Each item's refusal names its own PortAllocation.
-                let refusal = match refusal {
-                    Refusal::PoolNotFound { pool, .. } => Refusal::PoolNotFound {
-                        pool: pool.clone(),
-                        owner: owner_of(pa),
-                    },
-                    other => other.clone(),
-                };
-                self.record_refusal(pa, &refusal, None).await;
-                AllocateError::Refused(refusal)
-            }
-            Some(StopAll::Error(AllocateError::Exhausted {
-                pool,
-                attempts,
-                elapsed_ms,
-                conflicts,
-                last,
-                ..
-            })) => AllocateError::Exhausted {
-                owner: owner_of(pa),
-                pool: pool.clone(),
-                attempts: *attempts,
-                elapsed_ms: *elapsed_ms,
-                conflicts: *conflicts,
-                last: last.clone(),
-            },
-            Some(StopAll::Error(AllocateError::BlockedShard {
-                pool,
-                shard,
-                reason,
-                ..
-            })) => AllocateError::BlockedShard {
-                owner: owner_of(pa),
-                pool: pool.clone(),
-                shard: shard.clone(),
-                reason: reason.clone(),
-            },
-            // A final error of the server (Forbidden, say) for the batch as a whole: each item
-            // goes alone, so the server's answer stays with its own item.
-            Some(StopAll::Error(_)) | None => match self.sync_or_record(pa.clone()).await {
-                Ok(_) => unreachable_ok(pa),
-                Err(e) => e,
-            },
+    /// The `-v 1` line of a pass's shard writes (the envelope's cell reads it).
+    pub(super) fn log_writes(&self, label: &str, writes: usize, conflicts: usize) {
+        if writes > 0 {
+            tracing::info!("{label}: {writes} shard writes, {conflicts} conflicts");
         }
-    }
-}
-
-/// An item that a lone retry synced after all: reported as the conflict it first was (rare).
-fn unreachable_ok(pa: &PortAllocation) -> AllocateError {
-    AllocateError::Exhausted {
-        owner: owner_of(pa),
-        pool: pa.spec.pool.clone(),
-        attempts: 0,
-        elapsed_ms: 0,
-        conflicts: 0,
-        last: "synced alone after the batch failed; run the command again to see it".into(),
     }
 }
 

@@ -12,6 +12,7 @@ mod batch;
 mod commit;
 mod configmaps;
 mod elsewhere;
+mod finishing;
 mod group_commit;
 mod precheck;
 mod preview;

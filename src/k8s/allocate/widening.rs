@@ -10,13 +10,13 @@
 //! so it runs on a thread of its own and each widening's write starts as soon as it is
 //! decided. Pass 2's shard writes start only after every widening and every name is written.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use futures::StreamExt;
 use kube::ResourceExt;
 
 use super::allocator::{AllocateError, Allocator, allocations};
-use super::batch::{Done, Round, STATUS_WRITES_AT_ONCE, StopAll, changes, waited};
+use super::batch::{Done, Progress, Round, STATUS_WRITES_AT_ONCE, StopAll, changes, waited};
 use super::commit::blocked_shard;
 use super::elsewhere::{Marks, home_alone};
 use crate::api::PortAllocation;
@@ -92,7 +92,7 @@ impl Allocator {
         pool: &str,
         pas: &mut [PortAllocation],
         (second, rest): (&[usize], &[BatchItem]),
-        done: &mut [Option<Done>],
+        progress: &mut Progress,
         decided: SecondDecided,
         (sharded, written, marks): (&PoolRecord, &[ShardWrite], &mut Marks),
         attempts: &mut Attempts,
@@ -134,37 +134,73 @@ impl Allocator {
             marks.add(home, &rest[n].uid);
         }
         let writes = rebased(&batch.writes, written, sharded);
-        let committed = self.write_all(&writes, sharded, label).await;
-        let mut conflict = None;
-        // The writes that did not commit. (`sharded` is not updated with pass 2's writes, so
-        // `failed_shards` would take every one of them for failed, and their items would go
-        // round again: a whole read and decision more, each found unchanged.)
-        let mut failed = BTreeSet::new();
-        for (write, result) in writes.iter().zip(committed) {
-            if let Err(e) = result {
-                self.shards.forget(&write.name);
-                failed.insert(write.key);
-                conflict = Some(e);
-            }
-        }
+        // Each item is committed once the last of its shards is: its status goes then, while
+        // the other writes go on.
+        let index: HashMap<ShardKey, usize> = writes
+            .iter()
+            .enumerate()
+            .map(|(w, write)| (write.key, w))
+            .collect();
+        let mut waiting_on: Vec<Vec<usize>> = vec![Vec::new(); writes.len()];
+        let mut left: Vec<usize> = vec![0; rest.len()];
+        let mut pending: Vec<Option<Done>> = Vec::with_capacity(rest.len());
         let decided = batch
             .outcomes
             .into_iter()
             .zip(batch.shards)
             .zip(batch.copies);
         for (n, ((outcome, shards), copies)) in decided.enumerate() {
-            let Some(outcome) = outcome else { continue };
-            let touched: BTreeSet<ShardKey> = shards.union(&rest[n].known).copied().collect();
-            if touched.is_disjoint(&failed) || !changes(&outcome) {
-                let written = changes(&outcome);
-                done[second[n]] = Some(Done {
-                    outcome,
-                    shards,
-                    copies,
-                    written,
-                });
+            let Some(outcome) = outcome else {
+                pending.push(None);
+                continue;
+            };
+            let written = changes(&outcome);
+            if written {
+                for key in shards.union(&rest[n].known) {
+                    if let Some(&w) = index.get(key) {
+                        waiting_on[w].push(n);
+                        left[n] += 1;
+                    }
+                }
+            }
+            let done = Done {
+                outcome,
+                shards,
+                copies,
+                written,
+                pool_uid: sharded.pool.uid.clone(),
+            };
+            if left[n] == 0 {
+                progress.complete(second[n], &pas[second[n]], done);
+                pending.push(None);
+            } else {
+                pending.push(Some(done));
             }
         }
+        let mut conflict = None;
+        let mut conflicts = 0;
+        let mut results = self.commit_each(&writes, sharded);
+        while let Some((w, result)) = results.next().await {
+            if let Err(e) = result {
+                // Its items go round again.
+                conflicts += 1;
+                conflict = Some(e);
+                for &n in &waiting_on[w] {
+                    pending[n] = None;
+                }
+                continue;
+            }
+            for &n in &waiting_on[w] {
+                left[n] -= 1;
+                if left[n] == 0
+                    && let Some(done) = pending[n].take()
+                {
+                    progress.complete(second[n], &pas[second[n]], done);
+                }
+            }
+        }
+        drop(results);
+        self.log_writes(label, writes.len(), conflicts);
         match conflict {
             Some((e, target)) => waited(attempts.backoff(e, target, label).await, pool),
             None => Round::Again,
