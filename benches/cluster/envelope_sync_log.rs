@@ -57,12 +57,14 @@ pub struct Phases {
     /// Shard writes (PUT of a shard's status) and creates (POST), with their times.
     pub shard_writes: Vec<f64>,
     shard_creates: Vec<f64>,
-    /// PortAllocation status writes: before pass 2's shard writes end they widen statuses,
-    /// after them they are the final ones.
+    /// PortAllocation status writes: before pass 2's shard writes start they widen statuses,
+    /// after that they are the final ones.
     status_writes: Vec<f64>,
     pub conflicts: usize,
     /// How long pass 2's decision took (the `-v 1` line that says so).
     decided: Option<f64>,
+    /// How many status widenings it wrote meanwhile (the same line).
+    widenings: Option<usize>,
 }
 
 impl Phases {
@@ -77,6 +79,7 @@ impl Phases {
             else {
                 if let Some(took) = decision_time(line) {
                     p.decided = Some(took);
+                    p.widenings = widenings_written(line);
                 } else if line.contains("shard writes") {
                     p.passes
                         .push((at, line.trim_start_matches(" INFO ").trim().to_string()));
@@ -136,8 +139,19 @@ impl Phases {
             .filter(|&&t| t <= pass1_end)
             .count();
         let unnaming = between(&self.shard_writes, pass2_end, f64::MAX);
-        let (widen, fin): (Vec<f64>, Vec<f64>) =
-            self.status_writes.iter().partition(|&&t| t < pass2_end);
+        // The widenings are the first status writes (as many as the decision's line counts,
+        // else all before pass 2's shard writes); the final ones may start beside pass 2's
+        // shard writes (each once its shards are committed).
+        let pass2_start = pass2_shards.first().copied().unwrap_or(pass2_end);
+        let widenings = self.widenings.unwrap_or_else(|| {
+            self.status_writes
+                .iter()
+                .filter(|&&t| t < pass2_start)
+                .count()
+        });
+        let (widen, fin) = self
+            .status_writes
+            .split_at(widenings.min(self.status_writes.len()));
         let decision = match self.decided {
             Some(took) => format!("pass 2 decided in **{took:.1} s** (one thread)"),
             None => {
@@ -163,12 +177,12 @@ impl Phases {
             self.reads,
             if self.reads == 1 { "" } else { "s" },
             widen.len(),
-            span(&widen),
+            span(widen),
             pass2_creates.len(),
             pass2_writes,
             span(&pass2_shards),
             fin.len(),
-            span(&fin),
+            span(fin),
             unnaming.len(),
             span(&unnaming),
             wall.as_secs_f64(),
@@ -188,4 +202,11 @@ fn decision_time(line: &str) -> Option<f64> {
     let (_, after) = line.split_once("pass 2 decided for ")?;
     let (_, after) = after.split_once(" in ")?;
     after.split_once(" s")?.0.parse().ok()
+}
+
+/// How many status widenings the decision's line says were written while it ran
+/// (`..., W status widenings written meanwhile...`).
+fn widenings_written(line: &str) -> Option<usize> {
+    let (before, _) = line.split_once(" status widenings written")?;
+    before.rsplit(' ').next()?.parse().ok()
 }
