@@ -16,9 +16,11 @@ use crate::ledger::RepairPlan;
 /// live PortAllocation's status records against an earlier pool of the same name (the pool was
 /// deleted and created again) are restored where the port is still in the pool, still asked for
 /// and free. A shard that is missing where statuses record ports is recreated with those
-/// holdings; shards of an earlier pool of the same name are removed. Ports held twice, ports
-/// outside the pool, ports listed in the wrong shard or in two shards and stale statuses are
-/// reported, never moved.
+/// holdings; shards of an earlier pool of the same name are removed. A shard that still names a
+/// PortAllocation as placed in other shards (`status.elsewhere`, left by an interrupted `sync
+/// --all` or watcher) stops naming it once it is gone or its status names its shards. Ports held
+/// twice, ports outside the pool, ports listed in the wrong shard or in two shards and stale
+/// statuses are reported, never moved.
 ///
 /// Without --apply nothing is written and the exit code is 10 when there is anything to report.
 /// With --apply each changed shard is written with a compare-and-swap on the version listed (a
