@@ -136,33 +136,15 @@ impl Allocator {
         let writes = rebased(&batch.writes, written, sharded);
         // Each item is committed once the last of its shards is: its status goes then, while
         // the other writes go on.
-        let index: HashMap<ShardKey, usize> = writes
-            .iter()
-            .enumerate()
-            .map(|(w, write)| (write.key, w))
-            .collect();
-        let mut waiting_on: Vec<Vec<usize>> = vec![Vec::new(); writes.len()];
-        let mut left: Vec<usize> = vec![0; rest.len()];
-        let mut pending: Vec<Option<Done>> = Vec::with_capacity(rest.len());
+        let mut waiting = Waiting::new(&writes, rest.len());
         let decided = batch
             .outcomes
             .into_iter()
             .zip(batch.shards)
             .zip(batch.copies);
         for (n, ((outcome, shards), copies)) in decided.enumerate() {
-            let Some(outcome) = outcome else {
-                pending.push(None);
-                continue;
-            };
+            let Some(outcome) = outcome else { continue };
             let written = changes(&outcome);
-            if written {
-                for key in shards.union(&rest[n].known) {
-                    if let Some(&w) = index.get(key) {
-                        waiting_on[w].push(n);
-                        left[n] += 1;
-                    }
-                }
-            }
             let done = Done {
                 outcome,
                 shards,
@@ -170,32 +152,30 @@ impl Allocator {
                 written,
                 pool_uid: sharded.pool.uid.clone(),
             };
-            if left[n] == 0 {
-                progress.complete(second[n], &pas[second[n]], done);
-                pending.push(None);
+            let on = if written {
+                rest[n].known.union(&done.shards).copied().collect()
             } else {
-                pending.push(Some(done));
+                Vec::new()
+            };
+            if let Some(done) = waiting.add(n, &on, done) {
+                progress.complete(second[n], &pas[second[n]], done);
             }
         }
         let mut conflict = None;
         let mut conflicts = 0;
         let mut results = self.commit_each(&writes, sharded);
         while let Some((w, result)) = results.next().await {
-            if let Err(e) = result {
-                // Its items go round again.
-                conflicts += 1;
-                conflict = Some(e);
-                for &n in &waiting_on[w] {
-                    pending[n] = None;
+            match result {
+                Ok(_) => {
+                    for (n, done) in waiting.committed(w) {
+                        progress.complete(second[n], &pas[second[n]], done);
+                    }
                 }
-                continue;
-            }
-            for &n in &waiting_on[w] {
-                left[n] -= 1;
-                if left[n] == 0
-                    && let Some(done) = pending[n].take()
-                {
-                    progress.complete(second[n], &pas[second[n]], done);
+                Err(e) => {
+                    // Its items go round again.
+                    waiting.failed(w);
+                    conflicts += 1;
+                    conflict = Some(e);
                 }
             }
         }
@@ -312,4 +292,67 @@ pub(super) fn has_unloaded_shard(sharded: &PoolRecord) -> bool {
     sharded
         .all_anomalies()
         .any(|(_, a)| matches!(a, ShardAnomaly::NotLoaded { .. }))
+}
+
+/// Pass 2's items waiting for their shard writes (by index into the writes): each is
+/// committed once the last write it waits for is, and never when one of them fails.
+struct Waiting {
+    index: HashMap<ShardKey, usize>,
+    /// By write: the items waiting for it.
+    items_of: Vec<Vec<usize>>,
+    /// By item: how many writes it still waits for, and what it is once committed.
+    left: Vec<usize>,
+    pending: Vec<Option<Done>>,
+}
+
+impl Waiting {
+    fn new(writes: &[ShardWrite], items: usize) -> Waiting {
+        Waiting {
+            index: writes
+                .iter()
+                .enumerate()
+                .map(|(w, write)| (write.key, w))
+                .collect(),
+            items_of: vec![Vec::new(); writes.len()],
+            left: vec![0; items],
+            pending: (0..items).map(|_| None).collect(),
+        }
+    }
+
+    /// Item `n`, committed once the writes of shards `on` are (those without a write count
+    /// for nothing): `Some` when it waits for none.
+    fn add(&mut self, n: usize, on: &[ShardKey], done: Done) -> Option<Done> {
+        for key in on {
+            if let Some(&w) = self.index.get(key) {
+                self.items_of[w].push(n);
+                self.left[n] += 1;
+            }
+        }
+        if self.left[n] == 0 {
+            return Some(done);
+        }
+        self.pending[n] = Some(done);
+        None
+    }
+
+    /// Write `w` committed: the items it was the last wait of.
+    fn committed(&mut self, w: usize) -> Vec<(usize, Done)> {
+        let mut ready = Vec::new();
+        for &n in &self.items_of[w] {
+            self.left[n] -= 1;
+            if self.left[n] == 0
+                && let Some(done) = self.pending[n].take()
+            {
+                ready.push((n, done));
+            }
+        }
+        ready
+    }
+
+    /// Write `w` failed: its items are not committed.
+    fn failed(&mut self, w: usize) {
+        for &n in &self.items_of[w] {
+            self.pending[n] = None;
+        }
+    }
 }
