@@ -29,23 +29,34 @@ use crate::support::{self, cli};
 /// Windows 186 (47616-47871) and 187 (47872-48127).
 const RANGE: &str = "47616-48127";
 
-#[tokio::test]
-async fn a_client_killed_between_its_shard_writes_leaves_parts_the_next_sync_completes() {
+/// A client, a fresh namespace, and a pool of [`RANGE`] named after `prefix` (and its object).
+async fn pool_of_two_windows(prefix: &str) -> (kube::Client, String, String, PortPool) {
     let client = support::client().await;
-    let ns = support::namespace(&client, "killed-between").await;
-    let pool = support::unique_name("killed-between");
+    let ns = support::namespace(&client, prefix).await;
+    let pool = support::unique_name(prefix);
     support::create_pool(&pool, RANGE);
     let object = Api::<PortPool>::all(client.clone())
         .get(&pool)
         .await
         .unwrap();
+    (client, ns, pool, object)
+}
+
+/// A PortAllocation name in `ns` whose home is the upper window, 187.
+fn homed_in_upper_window(layout: &portalloc::ledger::WindowLayout, ns: &str) -> String {
+    (0..)
+        .map(|i| format!("o{i}"))
+        .find(|name| home_shard(layout, &format!("{ns}/{name}")) == Some(187))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_client_killed_between_its_shard_writes_leaves_parts_the_next_sync_completes() {
+    let (client, ns, pool, object) = pool_of_two_windows("killed-between").await;
     let layout = PoolSnapshot::of_pool(&object).layout().unwrap();
     // The owner's home is the upper window, so the part written first (window 186, in
     // ascending order) lies outside it.
-    let name = (0..)
-        .map(|i| format!("o{i}"))
-        .find(|name| home_shard(&layout, &format!("{ns}/{name}")) == Some(187))
-        .unwrap();
+    let name = homed_in_upper_window(&layout, &ns);
     // 76 ports free in 186 and 56 in 187: 120 ports span both.
     let low = create_allocation(&client, &ns, "low", &pool, 180).await;
     let low_ports: Vec<u16> = (47616..47796).collect();
@@ -115,19 +126,9 @@ async fn a_client_killed_between_its_shard_writes_leaves_parts_the_next_sync_com
 
 #[tokio::test]
 async fn a_batch_killed_after_naming_an_owner_in_its_home_leaves_parts_the_next_sync_keeps() {
-    let client = support::client().await;
-    let ns = support::namespace(&client, "killed-batch").await;
-    let pool = support::unique_name("killed-batch");
-    support::create_pool(&pool, RANGE);
-    let object = Api::<PortPool>::all(client.clone())
-        .get(&pool)
-        .await
-        .unwrap();
+    let (client, ns, pool, object) = pool_of_two_windows("killed-batch").await;
     let layout = PoolSnapshot::of_pool(&object).layout().unwrap();
-    let name = (0..)
-        .map(|i| format!("o{i}"))
-        .find(|name| home_shard(&layout, &format!("{ns}/{name}")) == Some(187))
-        .unwrap();
+    let name = homed_in_upper_window(&layout, &ns);
     // 56 ports free in its home (187), 76 in 186: its 60 go to 186 alone.
     let high = create_allocation(&client, &ns, "high", &pool, 200).await;
     let high_ports: Vec<u16> = (47872..48072).collect();
