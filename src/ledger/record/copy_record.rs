@@ -24,6 +24,7 @@ use super::holdings_across_shards::{
 use super::pool_snapshot::PoolSnapshot;
 use super::window_record::WindowRecord;
 use super::windows::{ShardKey, WindowLayout, shard_name, window, window_of};
+use super::windows_by_uid::WindowsByUid;
 
 /// One loaded shard, and what the decisions made since the read changed in it.
 ///
@@ -179,6 +180,8 @@ pub struct CopyRecord {
     /// when first asked and raised by each [`CopyRecord::set`] after: never lowered before the
     /// next load, so an owner that shrank still counts as it was, which errs on the safe side.
     largest_pod: OnceLock<u32>,
+    /// Where each owner's entries are, for [`CopyRecord::shards_of`].
+    windows_by_uid: WindowsByUid,
 }
 
 impl CopyRecord {
@@ -265,6 +268,7 @@ impl CopyRecord {
             shards: loaded,
             anomalies,
             largest_pod: OnceLock::new(),
+            windows_by_uid: WindowsByUid::default(),
         }
     }
 
@@ -301,6 +305,18 @@ impl CopyRecord {
 
     /// Shard `index` to change, loaded empty when it has no object yet (a write creates it).
     pub fn shard_mut(&mut self, index: u16) -> &mut ShardRecord {
+        // The caller may change its entries.
+        self.windows_by_uid.forget();
+        self.shard_kept_in_index(index)
+    }
+
+    /// Name `uid` (`owner`) in shard `index`'s `status.elsewhere`; its entries stay as they are.
+    pub fn mark_elsewhere(&mut self, index: u16, uid: &str, owner: &str) {
+        self.shard_kept_in_index(index).mark_elsewhere(uid, owner);
+    }
+
+    /// [`CopyRecord::shard_mut`] for a change that keeps `windows_by_uid` itself.
+    fn shard_kept_in_index(&mut self, index: u16) -> &mut ShardRecord {
         if !self.shards.contains_key(&index) {
             let record = load_shard(&self.pool, &self.layout, index, self.new_shard(index));
             let key = ShardKey::new(self.copy, index);
@@ -321,9 +337,14 @@ impl CopyRecord {
         for index in self.shards_of(uid) {
             parts.entry(index).or_default();
         }
+        let mut windows = Vec::new();
         for (index, part) in parts {
-            self.shard_mut(index).set(uid, owner, &part);
+            if !part.is_empty() {
+                windows.push(index);
+            }
+            self.shard_kept_in_index(index).set(uid, owner, &part);
         }
+        self.windows_by_uid.set(uid, windows);
     }
 
     /// One write per shard a decision changed, in ascending order (the order the per-shard
@@ -440,6 +461,7 @@ impl CopyRecord {
         self.shards
             .insert(index, Arc::new(ShardRecord::new(key, record)));
         self.largest_pod = OnceLock::new();
+        self.windows_by_uid.forget();
     }
 
     /// The most ports one pod of any holder in this copy has (0 when none holds any).
@@ -463,13 +485,13 @@ impl CopyRecord {
 
     /// The shards where `uid` has an entry, ascending.
     pub fn shards_of(&self, uid: &str) -> Vec<u16> {
-        self.shards
-            .iter()
-            .filter(|(_, s)| {
-                s.record.holders.contains_key(uid) || s.record.opaque.contains_key(uid)
+        self.windows_by_uid.windows_of(uid, || {
+            self.shards.iter().flat_map(|(&index, shard)| {
+                let record = &shard.record;
+                let uids = record.holders.keys().chain(record.opaque.keys());
+                uids.map(move |uid| (index, uid.as_str()))
             })
-            .map(|(index, _)| *index)
-            .collect()
+        })
     }
 
     /// A shard object for window `index` of this copy, with an empty record.

@@ -11,3 +11,4 @@ pub(super) mod pool_snapshot;
 pub(super) mod record_warnings;
 pub(super) mod window_record;
 pub(super) mod windows;
+pub(super) mod windows_by_uid;

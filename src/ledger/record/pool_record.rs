@@ -167,8 +167,7 @@ impl PoolRecord {
     /// [`crate::api::PortPoolShardStatus::elsewhere`]).
     pub fn mark_elsewhere(&mut self, key: ShardKey, uid: &str, owner: &str) {
         self.copy_mut(key.copy)
-            .shard_mut(key.window)
-            .mark_elsewhere(uid, owner);
+            .mark_elsewhere(key.window, uid, owner);
     }
 
     /// Whether shard `key` names `uid` in its `status.elsewhere`.
