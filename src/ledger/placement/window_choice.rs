@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 
 use rand::Rng;
 
-use crate::core::{Band, Holdings, Lean};
+use crate::core::{Band, Holdings, Lean, desired_slots};
 
 use super::block_end::{by_size, distance, end_of};
 use super::free_runs::FreeRuns;
@@ -38,6 +38,16 @@ pub(super) fn elsewhere(
     operation: &Operation,
     rng: &mut impl Rng,
 ) -> Result<Decision, Refusal> {
+    // Every place tried decides the same slots: worked out once here, not once a place.
+    let slots;
+    let operation = match operation {
+        Operation::Sync(demands) => {
+            slots = Operation::Slots(desired_slots(demands));
+            &slots
+        }
+        other => other,
+    };
+    let blocks = operation.asks_for_blocks();
     let order = work.layout.home_order(owner);
     // An owner with nothing in this copy that names no port of its own needs as many free
     // ports as it asks for: a record with fewer would refuse it for room, so none is built or
@@ -65,14 +75,14 @@ pub(super) fn elsewhere(
         // Only a block can need the edge: a single port fits in one window or not at all, and
         // building a pair's record is the dear part of placing an owner in a full pool.
         let pairs = neighbours(work, present.first().copied())
-            .filter(|_| operation.asks_for_blocks())
+            .filter(|_| blocks)
             .filter(|pair| roomy(pair.iter().map(|&index| work.window_free(index)).sum()))
             .map(|pair| Cow::Owned(work.pair_record(&pair)));
         // The whole copy as one record: its best fit may lie across a window edge that no
         // pair joins, or at the end of a run where a window's own best fit would cut it.
         // In a pool that sorts owners by block length, toward the end of their size.
         let end = by_size(&work.pool).then(|| end_of(operation));
-        let whole = operation.asks_for_blocks().then(|| {
+        let whole = blocks.then(|| {
             let mut record = work.union_record();
             record.state = record.state.leaning(end.unwrap_or(Lean::Low));
             Cow::Owned(record)
@@ -88,8 +98,11 @@ pub(super) fn elsewhere(
             return Ok(decision);
         }
     }
-    // Spanning: the fullest windows first (dynamic before static), for the reason above.
+    // Spanning: the fullest windows first (dynamic before static), for the reason above. A
+    // window with no free port adds nothing but the cost of joining its entries: only the
+    // owner's own windows and those with room are joined, the whole copy last.
     let mut order = order;
+    order.retain(|&index| work.window_free(index) > 0 && !present.contains(&index));
     order.sort_by_cached_key(|&index| {
         let free = work
             .shards
@@ -99,21 +112,25 @@ pub(super) fn elsewhere(
         (is_static, free.unwrap_or(u32::MAX))
     });
     let mut take = 2;
-    while take < order.len() {
+    loop {
+        let every = take >= order.len();
         let windows: BTreeSet<u16> = present
             .iter()
             .chain(order.iter().take(take))
             .copied()
             .collect();
-        if !roomy(windows.iter().map(|&index| work.window_free(index)).sum()) {
-            take *= 2;
-            continue;
+        if roomy(windows.iter().map(|&index| work.window_free(index)).sum()) {
+            match decide(&work.union_record_of(&windows), uid, owner, operation, rng) {
+                Err(Refusal::Core { .. }) => {}
+                other => return other,
+            }
         }
-        match decide(&work.union_record_of(&windows), uid, owner, operation, rng) {
-            Err(Refusal::Core { .. }) => take *= 2,
-            other => return other,
+        if every {
+            break;
         }
+        take *= 2;
     }
+    // Refused by every window with room: the whole copy says why, naming its holders.
     decide(&work.union_record(), uid, owner, operation, rng)
 }
 
