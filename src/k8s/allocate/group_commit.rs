@@ -3,7 +3,8 @@
 //! leads: it syncs everything queued for that pool with [`Allocator::sync_many`] (one write per
 //! changed shard) and goes round again while more has queued meanwhile. The others wait for
 //! their own result. Nobody waits for a batch to fill: a lone caller is a batch of one, so a
-//! quiet watcher syncs with no added latency. At most `concurrency` pools run a batch at once;
+//! quiet watcher syncs with no added latency (a round only lets a queue that is still growing
+//! settle, for a few turns of the runtime). At most `concurrency` pools run a batch at once;
 //! a leader waiting its turn keeps gathering its pool's callers.
 //!
 //! Up to a thousand callers wait at once (the watcher's reconciles in flight), so what each
@@ -98,6 +99,7 @@ impl Leader<'_> {
         loop {
             // Never closed, so the permit always comes.
             let _turn = self.group_commit.rounds.acquire().await;
+            self.settle().await;
             let batch = {
                 let mut queues = self.group_commit.lock();
                 match queues.get_mut(self.pool) {
@@ -121,6 +123,33 @@ impl Leader<'_> {
         }
     }
 }
+
+impl Leader<'_> {
+    /// Let the queue stop growing before a round takes it. The callers a round answered are
+    /// followed by the next ones at once (a watcher starts a reconcile as each ends), but they
+    /// arrive over the next few turns of the runtime: a round taken at once got one of them
+    /// and the next round the rest, a whole round of writes for one object. A queue that does
+    /// not grow over a turn (a lone caller) is taken then; a growing one within
+    /// [`SETTLE_TURNS`] turns.
+    async fn settle(&self) {
+        let queued = || {
+            let queues = self.group_commit.lock();
+            queues.get(self.pool).map_or(0, |queue| queue.waiting.len())
+        };
+        let mut seen = queued();
+        for _ in 0..SETTLE_TURNS {
+            tokio::task::yield_now().await;
+            let now = queued();
+            if now == seen {
+                return;
+            }
+            seen = now;
+        }
+    }
+}
+
+/// How many turns of the runtime a round waits at most for its queue to stop growing.
+const SETTLE_TURNS: usize = 64;
 
 impl Drop for Leader<'_> {
     fn drop(&mut self) {
