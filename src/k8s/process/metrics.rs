@@ -219,6 +219,7 @@ struct Activity {
     watch_restarts: IntCounterVec,
     pool_refresh_errors: IntCounter,
     guard_binds: IntCounterVec,
+    events_dropped: IntCounter,
 }
 
 impl Activity {
@@ -261,6 +262,10 @@ impl Activity {
             pool_refresh_errors: r.counter(
                 "portalloc_pool_refresh_errors_total",
                 "Pools whose shards could not be read for these metrics.",
+            ),
+            events_dropped: r.counter(
+                "portalloc_events_dropped_total",
+                "Events not sent because as many as the watcher keeps were already waiting.",
             ),
             // Pools and verdicts appear as binds are seen: no series made up front.
             guard_binds: r.register(
@@ -436,6 +441,11 @@ impl Metrics {
     /// The pools could not be listed: the gauges keep their last values.
     pub fn record_pool_list_error(&self) {
         self.0.activity.pool_refresh_errors.inc();
+    }
+
+    /// An Event was dropped: too many were waiting to be sent.
+    pub fn record_event_dropped(&self) {
+        self.0.activity.events_dropped.inc();
     }
 
     /// The text exposition format, version 0.0.4.

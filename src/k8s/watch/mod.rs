@@ -120,6 +120,8 @@ struct Context {
     allocator: Allocator,
     /// Requests a reconcile sends on its own, beside its pool's batch: `--concurrency` at once.
     requests: tokio::sync::Semaphore,
+    /// Events waiting to be sent, at most [`EVENTS_WAITING`].
+    events_waiting: Arc<tokio::sync::Semaphore>,
     synced_lately: SyncedLately,
     /// Syncs go through it: reconciles of one pool in flight together share one write per shard
     /// they change.
@@ -320,6 +322,7 @@ async fn work(
     let context = Arc::new(Context {
         group_commit: GroupCommit::new(allocator.clone(), usize::from(options.concurrency)),
         requests: tokio::sync::Semaphore::new(usize::from(options.concurrency.max(1))),
+        events_waiting: Arc::new(tokio::sync::Semaphore::new(EVENTS_WAITING)),
         synced_lately: SyncedLately::default(),
         allocator,
         resync: options.resync,
@@ -445,16 +448,31 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
 /// sends on its own). A reconcile that waited for them kept its place among those in flight:
 /// after a round of ~1,000 syncs of one pool, the next round started with almost nothing
 /// while their Events went out 4 at a time (cell 2s).
+///
+/// Events are best effort, as client-go's recorder makes them: with [`EVENTS_WAITING`] already
+/// waiting, this one is dropped and counted (`portalloc_events_dropped_total`). A watcher
+/// syncing 15,000 new PortAllocations would otherwise post 15,000 Events, as many writes as
+/// the statuses, behind and then between its rounds of syncs; the status says the same.
 fn publish_aside<F>(ctx: &Arc<Context>, publish: impl FnOnce(Events) -> F + Send + 'static)
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let Ok(waiting) = ctx.events_waiting.clone().try_acquire_owned() else {
+        ctx.metrics.record_event_dropped();
+        tracing::debug!("an Event dropped: {EVENTS_WAITING} are waiting to be sent");
+        return;
+    };
     let ctx = ctx.clone();
     tokio::spawn(async move {
+        let _waiting = waiting;
         let _permit = ctx.requests.acquire().await;
         publish(ctx.events.clone()).await;
     });
 }
+
+/// Events kept waiting to be sent at most; client-go's broadcaster keeps as many
+/// (`maxQueuedEvents`) and drops the rest too.
+const EVENTS_WAITING: usize = 1000;
 
 /// Log what keeping the ConfigMap did. Transport trouble is retried soon; a lasting failure
 /// (an env that does not resolve, Forbidden, a name another object controls) waits for the
