@@ -351,3 +351,89 @@ fn a_rival_object_for_a_window_never_hides_the_shard_named_for_it() {
         record.anomalies
     );
 }
+
+/// What `shards_of` must say: every shard whose holders or undecodable entries list `uid`.
+fn shards_listing(record: &CopyRecord, uid: &str) -> Vec<u16> {
+    record
+        .shards
+        .iter()
+        .filter(|(_, s)| s.record.holders.contains_key(uid) || s.record.opaque.contains_key(uid))
+        .map(|(&index, _)| index)
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// `set` an owner's holdings on the record.
+    Set(usize, Holdings),
+    /// `set` on a clone, which then replaces the record (the clone shares the index).
+    SetOnClone(usize, Holdings),
+    /// A shard replaced by what another client stored: its write, less one owner's entry.
+    Replace(u16, usize),
+}
+
+fn arb_step() -> impl Strategy<Value = Step> {
+    let block = (30000u16..=30767, 1u32..=40)
+        .prop_filter_map("inside the pool", |(first, count)| {
+            PortBlock::new(first, count).filter(|b| b.last() <= 30767)
+        });
+    let inside =
+        prop::collection::btree_map(("[a-b]", "[p-q]", 0u32..2), block, 0..4).prop_map(|slots| {
+            slots
+                .into_iter()
+                .map(|((role, port, index), block)| (SlotKey::new(role, port, index), block))
+                .collect::<Holdings>()
+        });
+    prop_oneof![
+        (0usize..4, inside.clone()).prop_map(|(owner, h)| Step::Set(owner, h)),
+        (0usize..4, inside).prop_map(|(owner, h)| Step::SetOnClone(owner, h)),
+        (117u16..=120, 0usize..4).prop_map(|(index, owner)| Step::Replace(index, owner)),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn shards_of_agrees_with_a_search_of_every_shard(steps in prop::collection::vec(arb_step(), 1..12)) {
+        const OWNERS: [&str; 4] = ["a", "b", "c", "d"];
+        let mut record = CopyRecord::load(
+            PoolSnapshot::of_pool(&pool()),
+            vec![
+                shard(117, vec![holder("a", "big.blk=30200-30207"), holder("d", "not a port")]),
+                shard(118, vec![holder("a", "big.blk=30208-30215"), holder("b", "db.sql=30300")]),
+            ],
+        )
+        .expect("a valid pool");
+        for step in steps {
+            // Asked before each step, so the index is built and must be kept or forgotten.
+            for uid in OWNERS {
+                prop_assert_eq!(record.shards_of(uid), shards_listing(&record, uid));
+            }
+            match step {
+                Step::Set(owner, decided) => record.set(OWNERS[owner], "ns/x", &decided),
+                Step::SetOnClone(owner, decided) => {
+                    let mut clone = record.clone();
+                    clone.set(OWNERS[owner], "ns/x", &decided);
+                    for uid in OWNERS {
+                        prop_assert_eq!(record.shards_of(uid), shards_listing(&record, uid));
+                    }
+                    record = clone;
+                }
+                Step::Replace(index, owner) => {
+                    let written = record.shards.get(&index).map(|s| {
+                        let mut status = s.write(&record.pool, false).status;
+                        status.holders.retain(|h| h.uid != OWNERS[owner]);
+                        let mut object = s.record.shard.clone();
+                        object.status = Some(status);
+                        object
+                    });
+                    if let Some(object) = written {
+                        record.replace(object);
+                    }
+                }
+            }
+        }
+        for uid in OWNERS {
+            prop_assert_eq!(record.shards_of(uid), shards_listing(&record, uid));
+        }
+    }
+}
