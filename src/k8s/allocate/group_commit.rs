@@ -7,7 +7,7 @@
 //! settle, for a few turns of the runtime). At most `concurrency` pools run a batch at once;
 //! a leader waiting its turn keeps gathering its pool's callers.
 //!
-//! Up to a thousand callers wait at once (the watcher's reconciles in flight), so what each
+//! Up to 4,096 callers wait at once (the watcher's reconciles in flight), so what each
 //! waiting one holds counts: its object is shared with the watcher's cache (an `Arc`, cloned
 //! only into the batch that syncs it), and the batch it may lead, or the sync it may run alone,
 //! is boxed, so a waiting caller's future stays small rather than sized for a whole batch.

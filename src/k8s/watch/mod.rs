@@ -386,7 +386,7 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
         // The ports need nothing, the ConfigMap may (deleted or edited by hand, or an earlier
         // write failed): one read, and a write only if it differs.
         let _permit = ctx.requests.acquire().await;
-        // Boxed: a reconcile's future is as large as its largest step, and a thousand of them
+        // Boxed: a reconcile's future is as large as its largest step, and up to 4,096 of them
         // wait in their pools' group commits.
         let outcome = Box::pin(ctx.allocator.keep_configmap(&pa)).await;
         return configmap_outcome(&owner, outcome, requeue);
