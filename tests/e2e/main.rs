@@ -51,3 +51,4 @@ mod webhook_cache;
 mod webhook_cleanup;
 mod webhook_ha;
 mod webhook_record;
+mod webhook_shard_watch;

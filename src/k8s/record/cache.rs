@@ -137,6 +137,20 @@ impl<T: Clone + Serialize + DeserializeOwned> ObjectCache<T> {
         }
     }
 
+    /// Replace the copy of `name` held in memory, if there is one and `replaces` approves
+    /// (a watch event newer than the copy); the file, if any, waits for the next `remember`.
+    pub fn refresh(&self, name: &str, object: &T, replaces: impl FnOnce(&T) -> bool) -> bool {
+        let mut copies = self.lock();
+        match copies.get_mut(name) {
+            Some((copy, at)) if replaces(copy) => {
+                *copy = object.clone();
+                *at = Some(Instant::now());
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn forget(&self, name: &str) {
         self.lock().remove(name);
         if let Some(path) = self.file(name) {

@@ -7,6 +7,7 @@ mod listing;
 mod pool_change;
 mod pool_view;
 mod pools;
+mod shard_watch;
 mod shards;
 
 pub use cache::{ObjectCache, PoolCache, ShardCache, cluster_cache_dir};
@@ -18,4 +19,5 @@ pub use pools::{
     Applied, DeletedPool, PoolError, carry_spec, create_or_keep_pool, create_pool, delete_pool,
     get_pool, list_pools, list_pools_matching, pool_overlaps_of, pool_ports,
 };
+pub use shard_watch::{ShardVersions, keep_copies_current};
 pub use shards::ShardStore;

@@ -19,6 +19,7 @@ use crate::api::{POD_ALLOCATION_LABEL, PortAllocation, declares_ports, pod_patch
 use crate::k8s::allocate::{AllocateError, Allocator};
 use crate::k8s::error::KubeError;
 use crate::k8s::process::Metrics;
+use crate::k8s::record::ShardVersions;
 use crate::k8s::resources::ALLOCATIONS;
 use crate::ledger::is_current;
 use crate::ledger::owner_of;
@@ -29,14 +30,22 @@ pub struct PodWebhook {
     client: kube::Client,
     allocator: Allocator,
     metrics: Metrics,
+    /// What the watch of the shards has seen: which remembered copies are current.
+    shard_versions: ShardVersions,
 }
 
 impl PodWebhook {
-    pub fn new(client: kube::Client, allocator: Allocator, metrics: Metrics) -> Self {
+    pub fn new(
+        client: kube::Client,
+        allocator: Allocator,
+        metrics: Metrics,
+        shard_versions: ShardVersions,
+    ) -> Self {
         Self {
             client,
             allocator,
             metrics,
+            shard_versions,
         }
     }
 
@@ -148,7 +157,12 @@ impl PodWebhook {
         pa: &PortAllocation,
     ) -> Result<Option<json_patch::Patch>, Denial> {
         let injection = pa.pod_injection(pod)?;
-        record_check::check(&self.client, &self.allocator, pa, &injection).await?;
+        let record = record_check::Record {
+            client: &self.client,
+            allocator: &self.allocator,
+            versions: &self.shard_versions,
+        };
+        record.check(pa, &injection).await?;
         let protocol = if declares_ports(pod) {
             Some(self.protocol(pa).await?)
         } else {

@@ -2,13 +2,14 @@
 //! record, not only in the PortAllocation's status, which its tenant may write
 //! (docs/webhook-record-check.md). The decision is the ledger's ([`unheld_ports`]); here the
 //! shards of the windows the pod's ports lie in are read, from the Allocator's remembered copies
-//! when recent, so an admission usually costs no request: the webhook's own sync of the
-//! PortAllocation has just remembered the shards it wrote.
+//! when recent or kept current by the webhook's watch of the shards ([`ShardVersions`]), so an
+//! admission usually costs no request.
 //!
 //! A remembered copy may be older than the status (another client allocated since), so a port
 //! it does not give the owner is read again before the pod is denied. A copy that does give it
-//! is trusted for [`MAX_AGE`] only: a port the owner released and someone else was given since
-//! would otherwise pass for as long as the copy stays remembered.
+//! is trusted for [`MAX_AGE`] only, unless the watch vouches for it: a port the owner released
+//! and someone else was given since would otherwise pass for as long as the copy stays
+//! remembered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
@@ -18,7 +19,7 @@ use super::denial::RecordCheckError;
 use crate::api::{PodInjection, PortAllocation, PortPoolShard};
 use crate::k8s::allocate::Allocator;
 use crate::k8s::error::KubeError;
-use crate::k8s::record::ShardStore;
+use crate::k8s::record::{ShardStore, ShardVersions};
 use crate::ledger::{
     RecordDenial, ShardKey, owner_of, pod_port_shards, pod_ports, shard_name, unheld_ports,
 };
@@ -33,16 +34,35 @@ pub const RECORD_CHECK_ENV: &str = "PORTALLOC_WEBHOOK_RECORD_CHECK";
 static ENABLED: LazyLock<bool> =
     LazyLock::new(|| std::env::var(RECORD_CHECK_ENV).map_or(true, |v| v != "off"));
 
-/// `Ok` when every port `injection` gives the pod is `pa`'s in the record; else the denial.
-pub(super) async fn check(
+/// Where the check reads the record from.
+pub(super) struct Record<'a> {
+    pub client: &'a kube::Client,
+    pub allocator: &'a Allocator,
+    pub versions: &'a ShardVersions,
+}
+
+impl Record<'_> {
+    /// `Ok` when every port `injection` gives the pod is `pa`'s in the record; else the
+    /// denial.
+    pub(super) async fn check(
+        &self,
+        pa: &PortAllocation,
+        injection: &PodInjection,
+    ) -> Result<(), RecordCheckError> {
+        if !*ENABLED {
+            return Ok(());
+        }
+        check(self.client, self.allocator, self.versions, pa, injection).await
+    }
+}
+
+async fn check(
     client: &kube::Client,
     allocator: &Allocator,
+    versions: &ShardVersions,
     pa: &PortAllocation,
     injection: &PodInjection,
 ) -> Result<(), RecordCheckError> {
-    if !*ENABLED {
-        return Ok(());
-    }
     let started = Instant::now();
     let ports = pod_ports(pa, injection)?;
     let keys = pod_port_shards(&ports);
@@ -51,7 +71,12 @@ pub(super) async fn check(
     let mut shards: BTreeMap<ShardKey, Option<PortPoolShard>> = keys
         .iter()
         .filter_map(|&key| {
-            let copy = copies.get_recent(&shard_name(pool, key), MAX_AGE)?;
+            let name = shard_name(pool, key);
+            let copy = copies.get_recent(&name, MAX_AGE).or_else(|| {
+                copies
+                    .get(&name)
+                    .filter(|copy| versions.vouches_for(&name, copy))
+            })?;
             Some((key, Some(copy)))
         })
         .collect();

@@ -45,6 +45,8 @@ pub struct WebhookServer {
     in_flight: Arc<AtomicUsize>,
     /// Keeps the certificate and the configuration current (Service mode only).
     pub(super) keeper: Option<JoinHandle<()>>,
+    /// Keeps the remembered shard copies current for the record check.
+    pub(super) shard_watch: Option<JoinHandle<()>>,
     pub(super) delay: Duration,
     /// Registered by URL: the registration to withdraw at shutdown (behind a Service it stays,
     /// for the other replicas).
@@ -103,6 +105,7 @@ pub(super) async fn serve(
         ended,
         in_flight,
         keeper: None,
+        shard_watch: None,
         delay: Duration::ZERO,
         registration: None,
     };
@@ -178,14 +181,29 @@ impl Connection {
     }
 }
 
+/// A server dropped without draining (its start failed after it was bound) stops its tasks.
+impl Drop for WebhookServer {
+    fn drop(&mut self) {
+        for task in [self.keeper.take(), self.shard_watch.take()]
+            .into_iter()
+            .flatten()
+        {
+            task.abort();
+        }
+    }
+}
+
 impl WebhookServer {
     /// Stop as the module's comment says: answer everything that still comes for the shutdown
     /// delay, then finish what is in flight. The caller has made `/readyz` fail already.
     /// Registered by URL, it first withdraws its registration (so the API server stops calling
     /// it before it stops answering) and returns what became of it.
     pub async fn drain(mut self) -> Option<Withdrawn> {
-        if let Some(keeper) = self.keeper.take() {
-            keeper.abort();
+        for task in [self.keeper.take(), self.shard_watch.take()]
+            .into_iter()
+            .flatten()
+        {
+            task.abort();
         }
         let withdrawn = match self.registration.take() {
             Some((client, config)) => Some(withdraw_registration(&client, &config).await),

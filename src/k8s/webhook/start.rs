@@ -15,6 +15,7 @@ use super::upkeep::keep_current;
 use crate::k8s::allocate::Allocator;
 use crate::k8s::error::KubeError;
 use crate::k8s::process::Metrics;
+use crate::k8s::record::{ShardVersions, keep_copies_current};
 
 /// What the webhook is started with (`sync --watch`'s webhook flags, parsed).
 #[derive(Clone, Debug)]
@@ -117,8 +118,22 @@ pub async fn start_webhook(
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
     let slot = CertSlot::new(provider.clone(), &pems).map_err(StartError::Unusable)?;
     let slot = Arc::new(slot);
-    let webhook = PodWebhook::new(client.clone(), allocator, metrics);
-    let (mut server, bound) = serve(options.address, provider, slot.clone(), webhook).await?;
+    let versions = ShardVersions::default();
+    let shard_watch = tokio::spawn(keep_copies_current(
+        client.clone(),
+        allocator.shard_copies().clone(),
+        versions.clone(),
+        metrics.clone(),
+    ));
+    let webhook = PodWebhook::new(client.clone(), allocator, metrics, versions);
+    let (mut server, bound) = match serve(options.address, provider, slot.clone(), webhook).await {
+        Ok(served) => served,
+        Err(e) => {
+            shard_watch.abort();
+            return Err(e.into());
+        }
+    };
+    server.shard_watch = Some(shard_watch);
     let config = options.client_config();
     register_webhook(client, pems.ca.as_deref(), &config).await?;
     if options.url.is_some() {
