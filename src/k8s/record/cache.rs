@@ -139,15 +139,12 @@ impl<T: Clone + Serialize + DeserializeOwned> ObjectCache<T> {
 
     /// Replace the copy of `name` held in memory, if there is one and `replaces` approves
     /// (a watch event newer than the copy); the file, if any, waits for the next `remember`.
-    pub fn refresh(&self, name: &str, object: &T, replaces: impl FnOnce(&T) -> bool) -> bool {
-        let mut copies = self.lock();
-        match copies.get_mut(name) {
-            Some((copy, at)) if replaces(copy) => {
-                *copy = object.clone();
-                *at = Some(Instant::now());
-                true
-            }
-            _ => false,
+    pub fn refresh(&self, name: &str, object: &T, replaces: impl FnOnce(&T) -> bool) {
+        if let Some((copy, at)) = self.lock().get_mut(name)
+            && replaces(copy)
+        {
+            *copy = object.clone();
+            *at = Some(Instant::now());
         }
     }
 

@@ -20,6 +20,7 @@ use kube::{Client, ResourceExt};
 
 use super::ShardCache;
 use crate::api::PortPoolShard;
+use crate::k8s::client::lean;
 use crate::k8s::error::error_chain;
 use crate::k8s::process::Metrics;
 
@@ -130,7 +131,7 @@ pub async fn keep_copies_current(
                 Ok(Event::Init) => versions.relisting(),
                 Ok(Event::InitApply(shard)) => {
                     versions.listed_one(&shard.name_any(), version(&shard));
-                    refresh(&copies, &shard);
+                    refresh(&copies, lean(shard));
                 }
                 Ok(Event::InitDone) => {
                     let listed = versions.listed();
@@ -145,7 +146,7 @@ pub async fn keep_copies_current(
                 }
                 Ok(Event::Apply(shard)) => {
                     versions.changed(&shard.name_any(), version(&shard));
-                    refresh(&copies, &shard);
+                    refresh(&copies, lean(shard));
                 }
                 Ok(Event::Delete(shard)) => {
                     let name = shard.name_any();
@@ -172,12 +173,13 @@ pub async fn keep_copies_current(
 }
 
 /// Replace the remembered copy of `shard` by this newer one (an event may arrive after the
-/// copy of a later write was remembered).
-fn refresh(copies: &ShardCache, shard: &PortPoolShard) {
-    let Some(new) = version(shard) else {
+/// copy of a later write was remembered). Kept without its `managedFields`, as every kept
+/// object is.
+fn refresh(copies: &ShardCache, shard: PortPoolShard) {
+    let Some(new) = version(&shard) else {
         return;
     };
-    copies.refresh(&shard.name_any(), shard, |copy| {
+    copies.refresh(&shard.name_any(), &shard, |copy| {
         version(copy).is_none_or(|old| old < new)
     });
 }
@@ -248,16 +250,16 @@ mod tests {
     #[test]
     fn an_event_replaces_an_older_copy_never_a_newer_one_nor_adds_one() {
         let copies = ShardCache::default();
-        refresh(&copies, &shard("5"));
+        refresh(&copies, shard("5"));
         assert!(
             copies.get("gpu-0-30000").is_none(),
             "not remembered: left out"
         );
         copies.remember("gpu-0-30000", &shard("8"));
-        refresh(&copies, &shard("6"));
+        refresh(&copies, shard("6"));
         let kept = copies.get("gpu-0-30000").unwrap();
         assert_eq!(kept.metadata.resource_version.as_deref(), Some("8"));
-        refresh(&copies, &shard("9"));
+        refresh(&copies, shard("9"));
         let kept = copies.get("gpu-0-30000").unwrap();
         assert_eq!(kept.metadata.resource_version.as_deref(), Some("9"));
     }
