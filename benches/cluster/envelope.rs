@@ -48,6 +48,10 @@ struct Size {
     cli_runs: usize,
     /// How long the watcher may take before the cell reports how far it got.
     watcher_deadline: Duration,
+    /// How often the watcher's `/metrics` is read while it syncs (a local, cheap request).
+    probe: Duration,
+    /// How often the PortAllocations are listed for the trace before the watcher says it has
+    /// synced them all (each LIST of 15,000 costs the server about a second).
     poll: Duration,
 }
 
@@ -61,6 +65,7 @@ impl Size {
                 burst: 20,
                 cli_runs: 1,
                 watcher_deadline: Duration::from_secs(120),
+                probe: Duration::from_millis(50),
                 poll: Duration::from_millis(200),
             }
         } else {
@@ -71,7 +76,8 @@ impl Size {
                 burst: 1_000,
                 cli_runs: 3,
                 watcher_deadline: Duration::from_secs(15 * 60),
-                poll: Duration::from_secs(5),
+                probe: Duration::from_millis(250),
+                poll: Duration::from_secs(15),
             }
         }
     }
@@ -334,6 +340,7 @@ async fn watcher_row(
         created_b.as_secs_f64()
     );
     let watcher_log = watcher_log();
+    let requests_before = metrics::scrape(admin).await?;
     let started = Instant::now();
     let mut watcher = WebhookCommand::new(&plane.kubeconfig)
         .watch_namespace(ns_b)
@@ -347,17 +354,44 @@ async fn watcher_row(
     watcher.wait_registered(admin).await?;
     let registered = started.elapsed();
     let pid = watcher.pid();
+    // The PortAllocations are listed when the watcher's count of syncs says all may be Ready
+    // (then until they are), and every `poll` for the trace: a LIST every few seconds both
+    // loaded the server the watcher writes to and rounded its time up to the next one.
     let mut ready_b = 0;
     let mut progress = Vec::new();
+    let mut listed = Instant::now();
     while started.elapsed() < size.watcher_deadline {
-        tokio::time::sleep(size.poll).await;
+        tokio::time::sleep(size.probe).await;
+        let synced = metric(
+            &watcher.get("/metrics").unwrap_or_default(),
+            "portalloc_syncs_total",
+        );
+        if synced < size.owners as f64 && listed.elapsed() < size.poll {
+            continue;
+        }
         ready_b = count_ready(admin, ns_b).await?;
+        listed = Instant::now();
         progress.push((started.elapsed(), ready_b));
         if ready_b == size.owners {
             break;
         }
     }
+    // Taken when the LIST that found them all Ready had ended.
     let all_ready = started.elapsed();
+    let requests_after = metrics::scrape(admin).await?;
+    let grew = |verb: &str, group: &str, resource: &str, subresource: &str| {
+        let key = (
+            verb.into(),
+            group.into(),
+            resource.into(),
+            subresource.into(),
+        );
+        let count = |c: &metrics::Counts| c.get(&key).copied().unwrap_or(0.0);
+        count(&requests_after) - count(&requests_before)
+    };
+    // Events created meanwhile (core and events.k8s.io): writes as the statuses are.
+    let events = grew("POST", "", "events", "") + grew("POST", "events.k8s.io", "events", "");
+    let status_writes = grew("PUT", "portalloc.dev", "portallocations", "status");
     let memory_after_sync = memory_kib(pid);
     // The first count after each whole minute.
     let mut minute = 0;
@@ -381,6 +415,7 @@ async fn watcher_row(
         ),
         ours: format!(
             "{} in **{:.1} s** (webhook registered after {:.1} s){}; syncs {:.0}, 409s {:.0}; \
+             meanwhile {status_writes:.0} status writes and {events:.0} Events created; \
              **VmHWM {:.0} MiB**, VmRSS {:.0} MiB",
             if ready_b == size.owners {
                 format!("all {ready_b} Ready")

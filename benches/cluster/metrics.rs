@@ -15,7 +15,8 @@ pub async fn scrape(client: &Client) -> anyhow::Result<Counts> {
     Ok(parse(&fetch(client).await?, "apiserver_request_total"))
 }
 
-async fn fetch(client: &Client) -> anyhow::Result<String> {
+/// The API server's whole `/metrics` text.
+pub async fn fetch(client: &Client) -> anyhow::Result<String> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
     Ok(client.request_text(request).await?)
 }

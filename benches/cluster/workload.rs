@@ -77,6 +77,12 @@ impl Cell {
         sorted[rank.min(sorted.len()) - 1].as_secs_f64() * 1e3
     }
 
+    /// The mean latency in ms (NaN when there is none).
+    pub fn mean_ms(&self) -> f64 {
+        let total: Duration = self.latencies.iter().sum();
+        total.as_secs_f64() * 1e3 / self.latencies.len() as f64
+    }
+
     /// Retried attempts: every attempt after the first of each operation.
     pub fn retries(&self) -> u64 {
         self.attempts.saturating_sub(self.ops)
