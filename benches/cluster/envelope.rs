@@ -379,19 +379,15 @@ async fn watcher_row(
     // Taken when the LIST that found them all Ready had ended.
     let all_ready = started.elapsed();
     let requests_after = metrics::scrape(admin).await?;
-    let grew = |verb: &str, group: &str, resource: &str, subresource: &str| {
-        let key = (
-            verb.into(),
-            group.into(),
-            resource.into(),
-            subresource.into(),
-        );
-        let count = |c: &metrics::Counts| c.get(&key).copied().unwrap_or(0.0);
-        count(&requests_after) - count(&requests_before)
-    };
+    let (before, after) = (&requests_before, &requests_after);
     // Events created meanwhile (core and events.k8s.io): writes as the statuses are.
-    let events = grew("POST", "", "events", "") + grew("POST", "events.k8s.io", "events", "");
-    let status_writes = grew("PUT", "portalloc.dev", "portallocations", "status");
+    let events = metrics::grew(before, after, ("POST", "", "events", ""))
+        + metrics::grew(before, after, ("POST", "events.k8s.io", "events", ""));
+    let status_writes = metrics::grew(
+        before,
+        after,
+        ("PUT", "portalloc.dev", "portallocations", "status"),
+    );
     let memory_after_sync = memory_kib(pid);
     // The first count after each whole minute.
     let mut minute = 0;

@@ -36,6 +36,20 @@ pub async fn scrape_durations(client: &Client) -> anyhow::Result<Durations> {
     })
 }
 
+/// How much one request kind's figure, (verb, group, resource, subresource), grew between two
+/// scrapes.
+pub fn grew(before: &Counts, after: &Counts, request: (&str, &str, &str, &str)) -> f64 {
+    let (verb, group, resource, subresource) = request;
+    let key = (
+        verb.into(),
+        group.into(),
+        resource.into(),
+        subresource.into(),
+    );
+    let at = |counts: &Counts| counts.get(&key).copied().unwrap_or(0.0);
+    at(after) - at(before)
+}
+
 /// Mean server-side milliseconds and number of `verb resource[/subresource]` requests between
 /// two scrapes.
 pub fn mean_duration_ms(
@@ -46,17 +60,9 @@ pub fn mean_duration_ms(
     resource: &str,
     subresource: &str,
 ) -> (f64, u64) {
-    let key = (
-        verb.to_string(),
-        group.to_string(),
-        resource.to_string(),
-        subresource.to_string(),
-    );
-    let grew = |a: &Counts, b: &Counts| {
-        b.get(&key).copied().unwrap_or(0.0) - a.get(&key).copied().unwrap_or(0.0)
-    };
-    let count = grew(&before.counts, &after.counts);
-    let seconds = grew(&before.sums, &after.sums);
+    let request = (verb, group, resource, subresource);
+    let count = grew(&before.counts, &after.counts, request);
+    let seconds = grew(&before.sums, &after.sums, request);
     (seconds * 1e3 / count.max(1.0), count.round() as u64)
 }
 
