@@ -355,12 +355,11 @@ async fn watcher_row(
     let registered = started.elapsed();
     let pid = watcher.pid();
     // The PortAllocations are listed only once the watcher's count of syncs says all may be
-    // Ready (then every `poll` until they are, or at the deadline); the trace is that count.
-    // Listing 15,000 of them every 15 s for the trace cost the server ~1 s of a core and this
-    // process ~1 s each, on the 2 cores the watcher and its server share (cell 2s: 5.7-5.9 s
-    // of this process's CPU in the watcher's ~100 s); every 5 s before that, and the finish
-    // was rounded up to the next LIST.
-    let mut progress = Vec::new();
+    // Ready (then every `poll` until they are, or at the deadline); the trace is that count,
+    // as it stood after each whole minute. Listing 15,000 of them every 15 s for the trace cost
+    // the server ~1 s of a core each, and this process 5.7-5.9 CPU-s in the watcher's ~100 s,
+    // on the 2 cores the watcher and its server share.
+    let mut marks = Vec::new();
     let mut listed: Option<Instant> = None;
     let ready_b = loop {
         tokio::time::sleep(size.probe).await;
@@ -368,7 +367,10 @@ async fn watcher_row(
             &watcher.get("/metrics").unwrap_or_default(),
             "portalloc_syncs_total",
         );
-        progress.push((started.elapsed(), synced));
+        let at = started.elapsed();
+        if at.as_secs() / 60 > marks.len() as u64 {
+            marks.push(format!("{synced:.0} at {:.0} s", at.as_secs_f64()));
+        }
         let late = started.elapsed() >= size.watcher_deadline;
         let may_be_ready =
             synced >= size.owners as f64 && listed.is_none_or(|at| at.elapsed() >= size.poll);
@@ -394,15 +396,6 @@ async fn watcher_row(
         ("PUT", "portalloc.dev", "portallocations", "status"),
     );
     let memory_after_sync = memory_kib(pid);
-    // The watcher's count after each whole minute.
-    let mut minute = 0;
-    let mut marks = Vec::new();
-    for (t, n) in &progress {
-        if t.as_secs() / 60 > minute {
-            minute = t.as_secs() / 60;
-            marks.push(format!("{n:.0} at {:.0} s", t.as_secs_f64()));
-        }
-    }
     let trace = marks.join(", ");
     let metrics_text = watcher.get("/metrics").unwrap_or_default();
     let family = |name: &str| metric(&metrics_text, name);
