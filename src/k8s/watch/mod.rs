@@ -112,8 +112,8 @@ impl Replica {
 /// with 4,096, 4 rounds and 97.9 s, for 18 MiB more at the peak (342 MiB): each round names
 /// the owners it moves in every home shard, ~105 writes, whatever its size. What stays at
 /// `--concurrency`: the pools synced at once ([`GroupCommit`]; a batch writes its statuses as
-/// `sync --all` does), and what each reconcile sends on its own (ConfigMap reads, Events;
-/// [`Context::requests`]).
+/// `sync --all` does), and what each reconcile sends on its own (ConfigMap reads;
+/// [`Context::requests`]). Events go one at a time ([`publish_aside`]).
 const RECONCILES_IN_FLIGHT: u16 = 4096;
 
 struct Context {
@@ -122,6 +122,8 @@ struct Context {
     requests: tokio::sync::Semaphore,
     /// Events waiting to be sent, at most [`EVENTS_WAITING`].
     events_waiting: Arc<tokio::sync::Semaphore>,
+    /// The one Event being sent.
+    event_lane: tokio::sync::Semaphore,
     synced_lately: SyncedLately,
     /// Syncs go through it: reconciles of one pool in flight together share one write per shard
     /// they change.
@@ -323,6 +325,7 @@ async fn work(
         group_commit: GroupCommit::new(allocator.clone(), usize::from(options.concurrency)),
         requests: tokio::sync::Semaphore::new(usize::from(options.concurrency.max(1))),
         events_waiting: Arc::new(tokio::sync::Semaphore::new(EVENTS_WAITING)),
+        event_lane: tokio::sync::Semaphore::new(1),
         synced_lately: SyncedLately::default(),
         allocator,
         resync: options.resync,
@@ -383,6 +386,13 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
     }
     let owner = owner_of(&pa);
     if is_current(&pa) {
+        if pa.spec.config_map.is_none() {
+            // Nothing to keep. Taking a request permit would queue this reconcile behind the
+            // Events waiting for one (up to 1,000, 4 at a time): after a round of ~4,000 syncs
+            // their own status writes brought them back, and they held the reconcile slots for
+            // seconds while the next round gathered a few hundred callers (cell 2s).
+            return Ok(requeue);
+        }
         // The ports need nothing, the ConfigMap may (deleted or edited by hand, or an earlier
         // write failed): one read, and a write only if it differs.
         let _permit = ctx.requests.acquire().await;
@@ -444,10 +454,12 @@ async fn reconcile(pa: Arc<PortAllocation>, ctx: Arc<Context>) -> Result<Action,
     }
 }
 
-/// Send a reconcile's Events beside the next reconciles (`--concurrency` at once, as all it
-/// sends on its own). A reconcile that waited for them kept its place among those in flight:
-/// after a round of ~1,000 syncs of one pool, the next round started with almost nothing
-/// while their Events went out 4 at a time (cell 2s).
+/// Send a reconcile's Events beside the next reconciles, one at a time, as client-go's
+/// recorder sends them (one sink, in order). A reconcile that waited for them kept its place
+/// among those in flight: after a round of ~1,000 syncs of one pool, the next round started
+/// with almost nothing while their Events went out (cell 2s). Nor do they share the
+/// reconciles' request permits: 4 at a time beside a pool's shard and status writes, they
+/// kept ConfigMap reads waiting behind up to 1,000 of them.
 ///
 /// Events are best effort, as client-go's recorder makes them: with [`EVENTS_WAITING`] already
 /// waiting, this one is dropped and counted (`portalloc_events_dropped_total`). A watcher
@@ -465,7 +477,7 @@ where
     let ctx = ctx.clone();
     tokio::spawn(async move {
         let _waiting = waiting;
-        let _permit = ctx.requests.acquire().await;
+        let _lane = ctx.event_lane.acquire().await;
         publish(ctx.events.clone()).await;
     });
 }
