@@ -4,8 +4,9 @@
 //! changed shard) and goes round again while more has queued meanwhile. The others wait for
 //! their own result. Nobody waits for a batch to fill: a lone caller is a batch of one, so a
 //! quiet watcher syncs with no added latency (a round only lets a queue that is still growing
-//! settle, for a few turns of the runtime). At most `concurrency` pools run a batch at once;
-//! a leader waiting its turn keeps gathering its pool's callers.
+//! settle: a few turns of the runtime, or until the callers the last round answered are
+//! back). At most `concurrency` pools run a batch at once; a leader waiting its turn keeps
+//! gathering its pool's callers.
 //!
 //! Up to 4,096 callers wait at once (the watcher's reconciles in flight), so what each
 //! waiting one holds counts: its object is shared with the watcher's cache (an `Arc`, cloned
@@ -15,6 +16,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -96,10 +98,12 @@ struct Leader<'a> {
 
 impl Leader<'_> {
     async fn drain(&self) {
+        // Callers the last round answered plus those queued behind it: how many may come.
+        let mut expected = 0;
         loop {
             // Never closed, so the permit always comes.
             let _turn = self.group_commit.rounds.acquire().await;
-            self.settle().await;
+            self.settle(expected).await;
             let batch = {
                 let mut queues = self.group_commit.lock();
                 match queues.get_mut(self.pool) {
@@ -117,6 +121,7 @@ impl Leader<'_> {
                 .map(|(pa, reply)| (Arc::unwrap_or_clone(pa), reply))
                 .unzip();
             let results = self.group_commit.allocator.sync_many(pas).await;
+            expected = replies.len() + self.queued();
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
@@ -127,29 +132,93 @@ impl Leader<'_> {
 impl Leader<'_> {
     /// Let the queue stop growing before a round takes it. The callers a round answered are
     /// followed by the next ones at once (a watcher starts a reconcile as each ends), but they
-    /// arrive over the next few turns of the runtime: a round taken at once got one of them
-    /// and the next round the rest, a whole round of writes for one object. A queue that does
-    /// not grow over a turn (a lone caller) is taken then; a growing one within
-    /// [`SETTLE_TURNS`] turns.
-    async fn settle(&self) {
-        let queued = || {
-            let queues = self.group_commit.lock();
-            queues.get(self.pool).map_or(0, |queue| queue.waiting.len())
-        };
-        let mut seen = queued();
-        for _ in 0..SETTLE_TURNS {
-            tokio::task::yield_now().await;
-            let now = queued();
-            if now == seen {
-                return;
+    /// arrive a few at each turn of the runtime: a round taken at once got one of them and the
+    /// next round the rest, a whole round of writes for one object; and once split, rounds
+    /// stay split (each comes back while the other is written). So a growing queue is taken
+    /// when it holds the `expected` callers (the last round's and those queued behind it), or
+    /// stops growing, or after [`SETTLE_MAX`]. A queue that does not grow over a turn and
+    /// expects no more (a lone caller) is taken then.
+    async fn settle(&self, expected: usize) {
+        let started = Instant::now();
+        let mut settling = Settling::new(expected, self.queued());
+        let mut step = Step::Turn;
+        loop {
+            match step {
+                Step::Take => return,
+                Step::Turn => tokio::task::yield_now().await,
+                Step::Sleep => tokio::time::sleep(SETTLE_QUIET).await,
             }
-            seen = now;
+            step = settling.look(self.queued(), started.elapsed());
         }
+    }
+
+    fn queued(&self) -> usize {
+        let queues = self.group_commit.lock();
+        queues.get(self.pool).map_or(0, |queue| queue.waiting.len())
     }
 }
 
-/// How many turns of the runtime a round waits at most for its queue to stop growing.
+/// How many turns of the runtime a round with nobody expected waits at most for its queue
+/// to stop growing.
 const SETTLE_TURNS: usize = 64;
+/// How long a round waits at most for the callers it expects. A round of thousands takes
+/// seconds to write, so a quarter of a second is little beside it; a lone caller never waits
+/// it (its queue does not grow).
+const SETTLE_MAX: Duration = Duration::from_millis(250);
+/// A quiet spell that ends the wait for expected callers: the rest may be behind a timer tick.
+const SETTLE_QUIET: Duration = Duration::from_millis(2);
+
+/// What a leader does next while its queue settles.
+#[derive(Debug, PartialEq)]
+enum Step {
+    /// Take the queue as it is.
+    Take,
+    /// Look again after a turn of the runtime.
+    Turn,
+    /// Look again after [`SETTLE_QUIET`].
+    Sleep,
+}
+
+/// The settling rule, apart from the runtime so that it can be tested.
+struct Settling {
+    expected: usize,
+    seen: usize,
+    turns: usize,
+    quiet: bool,
+}
+
+impl Settling {
+    fn new(expected: usize, queued: usize) -> Settling {
+        Settling {
+            expected,
+            seen: queued,
+            turns: 0,
+            quiet: false,
+        }
+    }
+
+    /// The next step, given the queue's length now and the time since settling began.
+    fn look(&mut self, queued: usize, elapsed: Duration) -> Step {
+        let grew = queued != self.seen;
+        self.seen = queued;
+        let short = queued < self.expected && elapsed < SETTLE_MAX;
+        if !grew {
+            // Quiet over a turn: take it, unless callers are expected and no quiet spell
+            // has been waited out yet.
+            if short && !self.quiet {
+                self.quiet = true;
+                return Step::Sleep;
+            }
+            return Step::Take;
+        }
+        self.quiet = false;
+        self.turns += 1;
+        if !short && self.turns >= SETTLE_TURNS {
+            return Step::Take;
+        }
+        Step::Turn
+    }
+}
 
 impl Drop for Leader<'_> {
     fn drop(&mut self) {
@@ -158,5 +227,61 @@ impl Drop for Leader<'_> {
         if !self.handed_back.load(Ordering::Relaxed) {
             self.group_commit.lock().remove(self.pool);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: Duration = Duration::ZERO;
+
+    #[test]
+    fn a_lone_caller_is_taken_after_one_quiet_turn() {
+        let mut settling = Settling::new(0, 1);
+        assert_eq!(settling.look(1, NOW), Step::Take);
+    }
+
+    #[test]
+    fn with_nobody_expected_a_growing_queue_waits_at_most_settle_turns() {
+        let mut settling = Settling::new(0, 0);
+        for turn in 1..SETTLE_TURNS {
+            assert_eq!(settling.look(turn * 8, NOW), Step::Turn, "turn {turn}");
+        }
+        assert_eq!(settling.look(SETTLE_TURNS * 8, NOW), Step::Take);
+    }
+
+    #[test]
+    fn expected_callers_are_waited_for_past_settle_turns() {
+        // 4,096 answered, coming back eight a turn: the old rule took 512 of them.
+        let mut settling = Settling::new(4096, 0);
+        let mut queued = 0;
+        while queued < 4096 - 8 {
+            queued += 8;
+            assert_eq!(settling.look(queued, NOW), Step::Turn, "at {queued}");
+        }
+        assert_eq!(settling.look(4096, NOW), Step::Take);
+    }
+
+    #[test]
+    fn a_quiet_turn_short_of_expected_waits_one_quiet_spell() {
+        let mut settling = Settling::new(100, 40);
+        assert_eq!(settling.look(40, NOW), Step::Sleep);
+        // More came in the spell: go on.
+        assert_eq!(settling.look(60, NOW), Step::Turn);
+        assert_eq!(settling.look(60, NOW), Step::Sleep);
+        // Nothing came in the spell: the rest are not coming soon.
+        assert_eq!(settling.look(60, NOW), Step::Take);
+    }
+
+    #[test]
+    fn expected_callers_are_not_waited_for_past_settle_max() {
+        let mut settling = Settling::new(4096, 0);
+        for turn in 1..=SETTLE_TURNS {
+            assert_eq!(settling.look(turn, NOW), Step::Turn);
+        }
+        assert_eq!(settling.look(SETTLE_TURNS + 1, SETTLE_MAX), Step::Take);
+        let mut quiet = Settling::new(4096, 10);
+        assert_eq!(quiet.look(10, SETTLE_MAX), Step::Take);
     }
 }
