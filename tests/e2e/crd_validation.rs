@@ -363,6 +363,15 @@ async fn invalid_manifests_are_rejected_by_the_api_server() {
             ],
         ),
         (
+            "env name on two ports of a role",
+            allocation(
+                "env-dup-ports",
+                one_role(role(json!({
+                "ports": [{"name": "rpc", "env": "PORT"}, {"name": "http", "env": "PORT"}]}))),
+            ),
+            &["spec.roles[0]", "env names must be unique within a role"],
+        ),
+        (
             "env name used twice in a role",
             allocation(
                 "env-dup",
