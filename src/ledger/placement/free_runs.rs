@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use crate::core::{Holdings, PoolState};
 
 use crate::ledger::record::copy_record::CopyRecord;
-use crate::ledger::record::windows::window_of;
+use crate::ledger::record::windows::WINDOW_PORTS;
 
 /// Free runs, ascending, as (first port, length).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -21,33 +21,42 @@ pub struct FreeRuns {
 
 impl FreeRuns {
     /// The free runs of `copy`: a port is free when it is a pool port that its window's shard
-    /// does not hold (a window without a shard is all free).
+    /// does not hold (a window without a shard is all free). Worked out once for each owner
+    /// placed in a copy, so a window with no shard or no free port counts as one step, not
+    /// port by port.
     pub fn of(copy: &CopyRecord) -> FreeRuns {
-        // The shard of the window last looked at: ports come in order, so it changes once
-        // per window rather than being looked up for each port.
-        let mut current: Option<(u16, Option<&PoolState>)> = None;
-        let mut held = |port: u16| {
-            let window = window_of(port);
-            let state = match current {
-                Some((seen, state)) if seen == window => state,
-                _ => {
-                    let state = copy.shards.get(&window).map(|shard| &shard.record.state);
-                    current = Some((window, state));
-                    state
-                }
-            };
-            state.is_some_and(|state| state.is_held(port))
-        };
         let mut runs = Vec::new();
         for range in copy.ports.ranges() {
             let mut open: Option<(u16, u32)> = None;
-            for port in range.first..=range.last {
-                match (held(port), open.as_mut()) {
-                    (false, Some((_, len))) => *len += 1,
-                    (false, None) => open = Some((port, 1)),
-                    (true, Some(_)) => runs.extend(open.take()),
-                    (true, None) => {}
+            let mut port = u32::from(range.first);
+            let last = u32::from(range.last);
+            while port <= last {
+                let window = (port / WINDOW_PORTS) as u16;
+                // This window's part of the range.
+                let end = last.min((u32::from(window) + 1) * WINDOW_PORTS - 1);
+                let state = copy.shards.get(&window).map(|shard| &shard.record.state);
+                match state {
+                    None => match open.as_mut() {
+                        Some((_, len)) => *len += end - port + 1,
+                        None => open = Some((port as u16, end - port + 1)),
+                    },
+                    // Every port of the part is one this shard records, and it holds them all.
+                    Some(state) if state.free_count() == 0 && covers(state, port, end) => {
+                        runs.extend(open.take())
+                    }
+                    Some(state) => {
+                        for p in port..=end {
+                            let p = p as u16;
+                            match (state.is_held(p), open.as_mut()) {
+                                (false, Some((_, len))) => *len += 1,
+                                (false, None) => open = Some((p, 1)),
+                                (true, Some(_)) => runs.extend(open.take()),
+                                (true, None) => {}
+                            }
+                        }
+                    }
                 }
+                port = end + 1;
             }
             runs.extend(open);
         }
@@ -61,6 +70,21 @@ impl FreeRuns {
             Some((first, len)) if u32::from(port) < u32::from(first) + len => len,
             _ => 0,
         }
+    }
+
+    /// The shortest free run with a port in `first..=last`; `None` when no port there is
+    /// free. Every new port placed there lies in one of these runs, so no placement there fits
+    /// tighter than this ([`FreeRuns::fit`] of a new owner is at least it).
+    pub fn shortest_within(&self, first: u16, last: u16) -> Option<u32> {
+        // Runs are ascending and disjoint: those ending before `first` come first.
+        let start = self
+            .runs
+            .partition_point(|&(run_first, len)| u32::from(run_first) + len <= u32::from(first));
+        self.runs[start..]
+            .iter()
+            .take_while(|&&(run_first, _)| run_first <= last)
+            .map(|&(_, len)| len)
+            .min()
     }
 
     /// How many of the new blocks in `after` (slots `before` did not hold as they are) lie
@@ -95,6 +119,16 @@ impl FreeRuns {
     }
 }
 
+/// Whether `state` records every port of `first..=last` (a shard written under an older spec
+/// of the pool may not).
+fn covers(state: &PoolState, first: u32, last: u32) -> bool {
+    state
+        .ports()
+        .ranges()
+        .iter()
+        .any(|range| u32::from(range.first) <= first && last <= u32::from(range.last))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +154,26 @@ mod tests {
         assert_eq!(runs.around(30251), 49, "30251-30299: the exclusion ends it");
         assert_eq!(runs.around(30301), 163);
         assert_eq!(runs.around(29999), 0, "not a pool port");
+    }
+
+    #[test]
+    fn the_shortest_run_within_a_span_counts_runs_that_cross_its_edges() {
+        let pool = pool_of(&["30000-30463"], &["30300"]);
+        let record = sharded(
+            &pool,
+            vec![
+                shard_of(&pool, 117, holders(&[("a", "r.p=30000-30099")])),
+                shard_of(&pool, 118, holders(&[("b", "r.p=30250")])),
+            ],
+        );
+        // Runs: 30100-30249 (150), 30251-30299 (49), 30301-30463 (163).
+        let runs = FreeRuns::of(record.first());
+        assert_eq!(runs.shortest_within(30000, 30099), None, "all held");
+        assert_eq!(runs.shortest_within(30000, 30100), Some(150));
+        assert_eq!(runs.shortest_within(30240, 30260), Some(49));
+        assert_eq!(runs.shortest_within(30299, 30301), Some(49));
+        assert_eq!(runs.shortest_within(30400, 30463), Some(163));
+        assert_eq!(runs.shortest_within(30300, 30300), None, "not a pool port");
     }
 
     #[test]
