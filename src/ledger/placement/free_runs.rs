@@ -134,9 +134,9 @@ mod tests {
     use super::*;
     use crate::ledger::fixtures::{holders, pool_of, shard_of, sharded};
 
-    #[test]
-    fn runs_join_across_window_edges_and_stop_at_gaps_and_held_ports() {
-        // Windows 117 (30000-30207) and 118 (30208-30463), 30300 excluded.
+    /// Windows 117 (30000-30207) and 118 (30208-30463), 30300 excluded; 30000-30099 and
+    /// 30250 held.
+    fn two_windows_with_a_gap() -> FreeRuns {
         let pool = pool_of(&["30000-30463"], &["30300"]);
         let record = sharded(
             &pool,
@@ -145,7 +145,12 @@ mod tests {
                 shard_of(&pool, 118, holders(&[("b", "r.p=30250")])),
             ],
         );
-        let runs = FreeRuns::of(record.first());
+        FreeRuns::of(record.first())
+    }
+
+    #[test]
+    fn runs_join_across_window_edges_and_stop_at_gaps_and_held_ports() {
+        let runs = two_windows_with_a_gap();
         // 30100-30249 crosses the edge at 30207/30208.
         assert_eq!(runs.around(30100), 150);
         assert_eq!(runs.around(30207), 150);
@@ -158,16 +163,8 @@ mod tests {
 
     #[test]
     fn the_shortest_run_within_a_span_counts_runs_that_cross_its_edges() {
-        let pool = pool_of(&["30000-30463"], &["30300"]);
-        let record = sharded(
-            &pool,
-            vec![
-                shard_of(&pool, 117, holders(&[("a", "r.p=30000-30099")])),
-                shard_of(&pool, 118, holders(&[("b", "r.p=30250")])),
-            ],
-        );
         // Runs: 30100-30249 (150), 30251-30299 (49), 30301-30463 (163).
-        let runs = FreeRuns::of(record.first());
+        let runs = two_windows_with_a_gap();
         assert_eq!(runs.shortest_within(30000, 30099), None, "all held");
         assert_eq!(runs.shortest_within(30000, 30100), Some(150));
         assert_eq!(runs.shortest_within(30240, 30260), Some(49));
