@@ -246,9 +246,9 @@ pub struct PortAllocationStatus {
     /// The PortPoolShards where this object may have entries, written before any entry outside
     /// them, so a sync killed half-way finds every part again (docs/record-at-scale.md): the
     /// window for the pool's first copy, `copy * 256 + window` for a copy beyond it (a pool with
-    /// `nodeReuse`, whose ports other pods hold on other nodes too).
+    /// `nodeReuse`, whose ports other pods hold on other nodes too). Atomic, as `assignments`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(merge_strategy = ListMerge::Set)]
+    #[x_kube(merge_strategy = ListMerge::Atomic)]
     pub shards: Vec<i32>,
 
     /// The roles with their replicas, e.g. `router:1,prefill:2`, for `kubectl get`.
@@ -259,9 +259,12 @@ pub struct PortAllocationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ports: Option<String>,
 
-    /// The allocated ports, per role and port name, values in pod-index order.
+    /// The allocated ports, per role and port name, values in pod-index order. An atomic list:
+    /// only the allocator writes it, always whole, and a keyed list would make the server track
+    /// every field of every assignment in managedFields, which every status write then decodes,
+    /// checks and writes again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(merge_strategy = ListMerge::Map(vec!["role".into(), "port".into()]))]
+    #[x_kube(merge_strategy = ListMerge::Atomic)]
     pub assignments: Vec<PortAssignment>,
 
     /// `Allocated` with a reason such as `PoolFull`, `PortHeld`, `PoolNotFound`.
@@ -376,4 +379,30 @@ pub struct PortAssignment {
     /// value is in the copy `shards` names first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<i32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    /// What only the allocator writes, whole, is atomic, so the server tracks no field of it
+    /// in managedFields; the spec, which people apply, keeps its keyed lists.
+    #[test]
+    fn the_status_lists_are_atomic_and_the_spec_lists_keyed() {
+        let crd = PortAllocation::crd();
+        let schema = crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .expect("a structural schema");
+        let schema = serde_json::to_value(schema).unwrap();
+        let status = &schema["properties"]["status"]["properties"];
+        for list in ["assignments", "shards"] {
+            assert_eq!(status[list]["x-kubernetes-list-type"], "atomic", "{list}");
+        }
+        assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
+        let roles = &schema["properties"]["spec"]["properties"]["roles"];
+        assert_eq!(roles["x-kubernetes-list-type"], "map");
+    }
 }
