@@ -58,6 +58,7 @@ pub use allocation_status::{
     allocation_status, recorded_copies, recorded_holdings, set_slot_copies,
 };
 pub use decision::{Decision, Operation, decide, precheck};
+pub use placement::batch_steps::{BatchSteps, step_ends};
 pub use placement::home_fit::loose_in_window;
 pub use placement::shard_choice::{
     BatchItem, ItemOutcome, Pass, Placed, PoolBatch, decide_pool_batch, decide_pool_batch_telling,

@@ -25,6 +25,7 @@ use rand::Rng;
 
 use crate::core::{Holdings, SlotKey};
 
+use super::batch_steps::BatchSteps;
 use super::home_fit::loose_in_window;
 use super::spread;
 use super::window_choice::elsewhere;
@@ -89,7 +90,7 @@ pub enum Pass {
 }
 
 /// The decision for a batch against one read of a pool's shards.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct PoolBatch {
     /// One per item, in order; `None`: left for the second pass.
     pub outcomes: Vec<Option<ItemOutcome>>,
@@ -133,37 +134,39 @@ pub fn decide_pool_batch_telling(
     (pass, homes): (Pass, &[Option<ShardKey>]),
     propagate: bool,
     rng: &mut impl Rng,
-    mut widened: impl FnMut(usize, &BTreeSet<ShardKey>),
+    widened: impl FnMut(usize, &BTreeSet<ShardKey>),
 ) -> PoolBatch {
-    let mut work = sharded.clone();
-    let mut batch = PoolBatch {
-        outcomes: Vec::with_capacity(items.len()),
-        shards: Vec::with_capacity(items.len()),
-        copies: Vec::with_capacity(items.len()),
-        widen: Vec::new(),
-        marked: Vec::new(),
-        writes: Vec::new(),
-    };
-    for (i, item) in items.iter().enumerate() {
-        let decided = decide_item(&mut work, item, pass, rng);
-        if let Some((_, Some(shards))) = &decided {
-            match homes.get(i).copied().flatten() {
-                Some(home) => {
-                    work.mark_elsewhere(home, &item.uid, &item.owner);
-                    batch.marked.push((i, home));
-                }
-                None => {
-                    widened(i, shards);
-                    batch.widen.push((i, shards.clone()));
-                }
+    let mut steps = BatchSteps::new(sharded, items, (pass, homes));
+    steps.decide_to(items.len(), rng, widened);
+    steps.step(propagate)
+}
+
+/// One item decided against `work` (a batch's or a step's), recorded in `batch`; `i` is its
+/// index in the batch, `home` where it may be named instead of widened.
+pub(super) fn decide_into(
+    work: &mut PoolRecord,
+    batch: &mut PoolBatch,
+    (i, item, home): (usize, &BatchItem, Option<ShardKey>),
+    pass: Pass,
+    rng: &mut impl Rng,
+    widened: &mut impl FnMut(usize, &BTreeSet<ShardKey>),
+) {
+    let decided = decide_item(work, item, pass, rng);
+    if let Some((_, Some(shards))) = &decided {
+        match home {
+            Some(home) => {
+                work.mark_elsewhere(home, &item.uid, &item.owner);
+                batch.marked.push((i, home));
+            }
+            None => {
+                widened(i, shards);
+                batch.widen.push((i, shards.clone()));
             }
         }
-        batch.shards.push(work.shards_of(&item.uid));
-        batch.copies.push(work.spread_copies(&item.uid));
-        batch.outcomes.push(decided.map(|(outcome, _)| outcome));
     }
-    batch.writes = work.writes(propagate);
-    batch
+    batch.shards.push(work.shards_of(&item.uid));
+    batch.copies.push(work.spread_copies(&item.uid));
+    batch.outcomes.push(decided.map(|(outcome, _)| outcome));
 }
 
 /// One owner, decided wherever it fits (the whole-pool path of a single allocation).

@@ -358,6 +358,17 @@ impl CopyRecord {
             .collect()
     }
 
+    /// [`CopyRecord::writes`], after which the shards written count as unchanged.
+    pub fn cut_writes(&mut self, propagate: bool) -> Vec<ShardWrite> {
+        let writes = self.writes(propagate);
+        for shard in self.shards.values_mut() {
+            if shard.changed {
+                Arc::make_mut(shard).changed = false;
+            }
+        }
+        writes
+    }
+
     /// The writes that make `uid`'s holdings exactly `decided` (one per shard whose part
     /// changes, ascending), this record left as read.
     pub fn writes_for(&self, uid: &str, owner: &str, decided: &Holdings) -> Vec<ShardWrite> {

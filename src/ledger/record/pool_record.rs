@@ -264,6 +264,16 @@ impl PoolRecord {
             .collect()
     }
 
+    /// [`PoolRecord::writes`], after which the shards written count as unchanged: the next
+    /// cut holds only the shards changed after this one (each write still carries every change
+    /// since the read).
+    pub fn cut_writes(&mut self, propagate: bool) -> Vec<ShardWrite> {
+        self.copies
+            .values_mut()
+            .flat_map(|copy| copy.cut_writes(propagate))
+            .collect()
+    }
+
     /// Shard `written` as the server returned it after a write.
     pub fn replace(&mut self, written: PortPoolShard) {
         if let Ok(copy) = u16::try_from(written.spec.copy) {
