@@ -65,6 +65,8 @@ pub struct Phases {
     decided: Option<f64>,
     /// How many status widenings it wrote meanwhile (the same line).
     widenings: Option<usize>,
+    /// In how many steps, each written while the next was decided (the same line).
+    steps: Option<usize>,
 }
 
 impl Phases {
@@ -80,6 +82,7 @@ impl Phases {
                 if let Some(took) = decision_time(line) {
                     p.decided = Some(took);
                     p.widenings = widenings_written(line);
+                    p.steps = steps_of(line);
                 } else if line.contains("shard writes") {
                     p.passes
                         .push((at, line.trim_start_matches(" INFO ").trim().to_string()));
@@ -153,7 +156,13 @@ impl Phases {
             .status_writes
             .split_at(widenings.min(self.status_writes.len()));
         let decision = match self.decided {
-            Some(took) => format!("pass 2 decided in **{took:.1} s** (one thread)"),
+            Some(took) => match self.steps {
+                Some(steps) => format!(
+                    "pass 2 decided in **{took:.1} s** (one thread, in {steps} steps, each \
+                     written while the next was decided)"
+                ),
+                None => format!("pass 2 decided in **{took:.1} s** (one thread)"),
+            },
             None => {
                 let start = widen
                     .first()
@@ -202,6 +211,12 @@ fn decision_time(line: &str) -> Option<f64> {
     let (_, after) = line.split_once("pass 2 decided for ")?;
     let (_, after) = after.split_once(" in ")?;
     after.split_once(" s")?.0.parse().ok()
+}
+
+/// In how many steps the decision's line says pass 2 went (`..., in N steps each written...`).
+fn steps_of(line: &str) -> Option<usize> {
+    let (before, _) = line.split_once(" steps each written")?;
+    before.rsplit(' ').next()?.parse().ok()
 }
 
 /// How many status widenings the decision's line says were written while it ran

@@ -6,6 +6,7 @@ mod support;
 mod allocation;
 mod bad_input;
 mod batch;
+mod batch_steps;
 mod blocks;
 mod concurrency;
 mod configmap;

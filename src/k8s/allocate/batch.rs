@@ -10,9 +10,14 @@
 //!    kill safe; each written as soon as its owner is decided, see `widening`), then one write
 //!    per changed shard.
 //!
-//! Each shard is written at most once per pass, by one task, starting from the version the
-//! round read or pass 1 wrote, so a batch never conflicts with itself; every write carries at
-//! most one 256-port window's entries, so none can outgrow what the API server and etcd take.
+//! A pass 2 of more than one step (over 256 owners) goes in steps instead (`stepped`): the
+//! names go with pass 1 before it is decided, and each step is written while the next is
+//! decided.
+//!
+//! Each shard is written at most once per pass (or step), by one task, starting from the
+//! version the round read or the write before it made, so a batch never conflicts with
+//! itself; every write carries at most one 256-port window's entries, so none can outgrow what
+//! the API server and etcd take.
 //! A shard that another client wrote meanwhile (409) is the only thing a new round redoes: the
 //! items of the shards that committed are done. A refusal the ledger decides (pool full, port
 //! held, invalid spec) stays with its item. The shard writes are the commit point; the
@@ -26,7 +31,9 @@ use kube::ResourceExt;
 
 use super::allocator::{AllocateError, Allocator, exhausted_error};
 use super::elsewhere::Marks;
+use super::stepped::Versions;
 use super::sync::SyncReport;
+use super::widening::has_unloaded_shard;
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::core::SlotKey;
 use crate::k8s::process::cpu_bound;
@@ -34,8 +41,9 @@ use crate::k8s::record::{ShardStore, read_pool};
 use crate::k8s::resources::POOLS;
 use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{
-    BatchItem, ItemOutcome, Operation, Pass, PoolRecord, PoolSnapshot, Refusal, ShardKey,
-    ShardWrite, decide_pool_batch, known_shards, listed_shards, owner_of, with_marks,
+    BatchItem, ItemOutcome, Operation, Pass, PoolBatch, PoolRecord, PoolSnapshot, Refusal,
+    ShardKey, ShardWrite, decide_pool_batch, known_shards, listed_shards, owner_of, step_ends,
+    with_marks,
 };
 
 pub(super) type ItemResult = Result<SyncReport, AllocateError>;
@@ -51,7 +59,10 @@ const WRITES_AT_ONCE: usize = 8;
 pub(super) const STATUS_WRITES_AT_ONCE: usize = 16;
 
 /// One shard write's result: the shard as written, or the error and what it was.
-pub(super) type ShardResult = Result<PortPoolShard, (kube::Error, crate::k8s::error::Target)>;
+pub(super) type ShardResult = Result<PortPoolShard, ShardError>;
+
+/// A shard write's error, and what it was.
+pub(super) type ShardError = (kube::Error, crate::k8s::error::Target);
 
 /// An item decided and committed, waiting for its status write.
 pub(super) struct Done {
@@ -234,9 +245,18 @@ impl Allocator {
             .collect();
         let rest: Vec<BatchItem> = left.iter().map(|&n| items[n].clone()).collect();
         let second: Vec<usize> = left.iter().map(|&n| open[n]).collect();
+        if step_ends(rest.len()).len() > 1 && !has_unloaded_shard(&sharded) {
+            let round = (sharded, first, &mut kept.marks);
+            let pass = (open, progress, attempts, label);
+            return self
+                .round_in_steps(pool, pas, round, (&second, &rest), pass)
+                .await;
+        }
         // Pass 2 is decided against the shards as pass 1's writes leave them, before those are
-        // written, so that the same writes name in their home shards the owners it places
-        // elsewhere (`elsewhere`); its own writes wait for them.
+        // written, so that the same writes name in their home shards exactly the owners it
+        // places elsewhere (`elsewhere`); its own writes wait for them. Pass 2 goes in steps
+        // (`stepped`) only when it takes more than one, and on a record whose every shard
+        // loaded (else it may refuse the whole batch, and then writes nothing).
         let decided = match rest.is_empty() {
             true => None,
             false => Some(
@@ -248,15 +268,55 @@ impl Allocator {
             Some(decided) => with_marks(&first.writes, &decided.marking),
             None => first.writes.clone(),
         };
-        let committed = self.write_all(&writes, &sharded, label).await;
+        let (conflict, _) = self
+            .write_first(&writes, &mut sharded, first, (open, progress, &*pas), label)
+            .await;
+        if let Some((e, target)) = conflict {
+            // Some shard was written by another client meanwhile: its items go round again,
+            // with pass 2, after a fresh read.
+            return waited(attempts.backoff(e, target, label).await, pool);
+        }
+        let Some(decided) = decided else {
+            return Round::Again;
+        };
+        let round = (&sharded, writes.as_slice(), &mut kept.marks);
+        self.second_pass(
+            pool,
+            pas,
+            (&second, &rest),
+            progress,
+            decided,
+            round,
+            attempts,
+            label,
+        )
+        .await
+    }
+
+    /// Commit pass 1's `writes` (the names of the owners pass 2 moves among them) and complete
+    /// the items of pass 1 (`first`) whose shards committed. Returns a conflict, if a shard
+    /// was written by another client meanwhile, and the version each shard written now has.
+    pub(super) async fn write_first(
+        &self,
+        writes: &[ShardWrite],
+        sharded: &mut PoolRecord,
+        first: PoolBatch,
+        (open, progress, pas): (&[usize], &mut Progress, &[PortAllocation]),
+        label: &str,
+    ) -> (Option<ShardError>, Versions) {
+        let committed = self.write_all(writes, sharded, label).await;
         let mut conflict = None;
-        for result in committed {
+        let mut versions = Versions::new();
+        for (write, result) in writes.iter().zip(committed) {
             match result {
-                Ok(written) => replace_shard(&mut sharded, written),
+                Ok(written) => {
+                    versions.insert(write.key, written.metadata.resource_version.clone());
+                    replace_shard(sharded, written);
+                }
                 Err(e) => conflict = Some(e),
             }
         }
-        let failed: BTreeSet<ShardKey> = failed_shards(&writes, &sharded);
+        let failed: BTreeSet<ShardKey> = failed_shards(writes, sharded);
         let outcomes = first
             .outcomes
             .into_iter()
@@ -278,26 +338,7 @@ impl Allocator {
                 None | Some(_) => {}
             }
         }
-        if let Some((e, target)) = conflict {
-            // Some shard was written by another client meanwhile: its items go round again,
-            // with pass 2, after a fresh read.
-            return waited(attempts.backoff(e, target, label).await, pool);
-        }
-        let Some(decided) = decided else {
-            return Round::Again;
-        };
-        let round = (&sharded, writes.as_slice(), &mut kept.marks);
-        self.second_pass(
-            pool,
-            pas,
-            (&second, &rest),
-            progress,
-            decided,
-            round,
-            attempts,
-            label,
-        )
-        .await
+        (conflict, versions)
     }
 
     /// Read the pool and its shards once; a round's answer (`Err`) when that fails.

@@ -34,6 +34,8 @@ pub(super) fn home_alone(pa: &PortAllocation, item: &BatchItem) -> Option<ShardK
 #[derive(Default)]
 pub(super) struct Marks {
     by_home: BTreeMap<ShardKey, BTreeSet<String>>,
+    /// Owners named in their home in vain: refused, with no entry outside it.
+    needless: BTreeSet<String>,
 }
 
 impl Marks {
@@ -43,6 +45,12 @@ impl Marks {
             .entry(home)
             .or_default()
             .insert(uid.to_string());
+    }
+
+    /// `uid` was named in its home before it was decided, and holds nothing outside it now:
+    /// its name goes whatever its status says.
+    pub(super) fn needless(&mut self, uid: &str) {
+        self.needless.insert(uid.to_string());
     }
 
     /// The marks of `items` that `sharded` carries already (a batch stopped before unmarking).
@@ -59,7 +67,7 @@ impl Marks {
 
 impl Allocator {
     /// Stop naming, in each home shard of `marks`, the owners whose status now names their
-    /// shards (`written`: by UID). A shard written meanwhile is read again; one that keeps
+    /// shards (`written`: by UID), and those named in vain. A shard written meanwhile is read again; one that keeps
     /// failing keeps its names, which the next batch or `repair` removes.
     pub(super) async fn unmark(
         &self,
@@ -71,7 +79,10 @@ impl Allocator {
         let work: Vec<(ShardKey, BTreeSet<String>)> = marks
             .by_home
             .into_iter()
-            .map(|(home, uids)| (home, uids.intersection(written).cloned().collect()))
+            .map(|(home, uids)| {
+                let gone = |uid: &&String| written.contains(*uid) || marks.needless.contains(*uid);
+                (home, uids.iter().filter(gone).cloned().collect())
+            })
             .filter(|(_, uids): &(ShardKey, BTreeSet<String>)| !uids.is_empty())
             .collect();
         if work.is_empty() {

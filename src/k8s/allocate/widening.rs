@@ -267,7 +267,7 @@ impl Allocator {
     }
 
     /// Write `status.shards = shards` before entries outside the known shards are written.
-    async fn widen(&self, pa: PortAllocation, shards: &BTreeSet<ShardKey>) -> Widened {
+    pub(super) async fn widen(&self, pa: PortAllocation, shards: &BTreeSet<ShardKey>) -> Widened {
         let mut updated = pa.clone();
         let mut status = updated.status.take().unwrap_or_default();
         status.shards = crate::ledger::status_shards(shards);
@@ -296,7 +296,7 @@ pub(super) fn has_unloaded_shard(sharded: &PoolRecord) -> bool {
 
 /// Pass 2's items waiting for their shard writes (by index into the writes): each is
 /// committed once the last write it waits for is, and never when one of them fails.
-struct Waiting {
+pub(super) struct Waiting {
     index: HashMap<ShardKey, usize>,
     /// By write: the items waiting for it.
     items_of: Vec<Vec<usize>>,
@@ -306,7 +306,7 @@ struct Waiting {
 }
 
 impl Waiting {
-    fn new(writes: &[ShardWrite], items: usize) -> Waiting {
+    pub(super) fn new(writes: &[ShardWrite], items: usize) -> Waiting {
         Waiting {
             index: writes
                 .iter()
@@ -321,7 +321,7 @@ impl Waiting {
 
     /// Item `n`, committed once the writes of shards `on` are (those without a write count
     /// for nothing): `Some` when it waits for none.
-    fn add(&mut self, n: usize, on: &[ShardKey], done: Done) -> Option<Done> {
+    pub(super) fn add(&mut self, n: usize, on: &[ShardKey], done: Done) -> Option<Done> {
         for key in on {
             if let Some(&w) = self.index.get(key) {
                 self.items_of[w].push(n);
@@ -336,7 +336,7 @@ impl Waiting {
     }
 
     /// Write `w` committed: the items it was the last wait of.
-    fn committed(&mut self, w: usize) -> Vec<(usize, Done)> {
+    pub(super) fn committed(&mut self, w: usize) -> Vec<(usize, Done)> {
         let mut ready = Vec::new();
         for &n in &self.items_of[w] {
             self.left[n] -= 1;
@@ -350,7 +350,7 @@ impl Waiting {
     }
 
     /// Write `w` failed: its items are not committed.
-    fn failed(&mut self, w: usize) {
+    pub(super) fn failed(&mut self, w: usize) {
         for &n in &self.items_of[w] {
             self.pending[n] = None;
         }
