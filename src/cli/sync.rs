@@ -126,7 +126,7 @@ pub async fn run(global: &GlobalArgs, args: SyncArgs) -> anyhow::Result<()> {
         }
         one
     } else {
-        session.allocator.sync_many(targets).await
+        session.allocator.sync_all(targets).await
     };
     for result in results {
         match result {
