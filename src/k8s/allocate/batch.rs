@@ -31,9 +31,7 @@ use kube::ResourceExt;
 
 use super::allocator::{AllocateError, Allocator, exhausted_error};
 use super::elsewhere::Marks;
-use super::stepped::Versions;
 use super::sync::SyncReport;
-use super::widening::has_unloaded_shard;
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::core::SlotKey;
 use crate::k8s::process::cpu_bound;
@@ -42,8 +40,8 @@ use crate::k8s::resources::POOLS;
 use crate::k8s::retry::{Attempts, Stop};
 use crate::ledger::{
     BatchItem, ItemOutcome, Operation, Pass, PoolBatch, PoolRecord, PoolSnapshot, Refusal,
-    ShardKey, ShardWrite, decide_pool_batch, known_shards, listed_shards, owner_of, step_ends,
-    with_marks,
+    ShardAnomaly, ShardKey, ShardWrite, decide_pool_batch, known_shards, listed_shards, owner_of,
+    step_ends, with_marks,
 };
 
 pub(super) type ItemResult = Result<SyncReport, AllocateError>;
@@ -63,6 +61,9 @@ pub(super) type ShardResult = Result<PortPoolShard, ShardError>;
 
 /// A shard write's error, and what it was.
 pub(super) type ShardError = (kube::Error, crate::k8s::error::Target);
+
+/// The version each shard a round wrote has now (`None`: not created yet).
+pub(super) type Versions = std::collections::HashMap<ShardKey, Option<String>>;
 
 /// An item decided and committed, waiting for its status write.
 pub(super) struct Done {
@@ -493,4 +494,11 @@ pub(super) fn waited(result: Result<(), Stop>, pool: &str) -> Round {
             Round::Stop(StopAll::Error(exhausted_error(exhausted, pool, "")))
         }
     }
+}
+
+/// Whether some shard of the record could not be loaded (see [`ShardAnomaly::NotLoaded`]).
+pub(super) fn has_unloaded_shard(sharded: &PoolRecord) -> bool {
+    sharded
+        .all_anomalies()
+        .any(|(_, a)| matches!(a, ShardAnomaly::NotLoaded { .. }))
 }

@@ -11,14 +11,16 @@
 //! written in each, the later from the version the earlier made, so a batch still never
 //! conflicts with itself.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 
 use super::allocator::Allocator;
-use super::batch::{Done, Progress, Round, STATUS_WRITES_AT_ONCE, ShardError, changes, waited};
+use super::batch::{
+    Done, Progress, Round, STATUS_WRITES_AT_ONCE, ShardError, Versions, changes, waited,
+};
 use super::elsewhere::{Marks, home_alone};
 use super::widening::Waiting;
 use crate::api::PortAllocation;
@@ -27,9 +29,6 @@ use crate::ledger::{
     BatchItem, BatchSteps, ItemOutcome, Pass, PoolBatch, PoolRecord, ShardKey, ShardWrite,
     marking_writes, step_ends, with_marks,
 };
-
-/// The version each shard this round wrote has now (`None`: not created yet).
-pub(super) type Versions = HashMap<ShardKey, Option<String>>;
 
 /// A step of pass 2 as the deciding thread hands it over: its first item, and what it decided.
 type Step = (usize, PoolBatch);

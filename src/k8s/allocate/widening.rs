@@ -16,7 +16,9 @@ use futures::StreamExt;
 use kube::ResourceExt;
 
 use super::allocator::{AllocateError, Allocator, allocations};
-use super::batch::{Done, Progress, Round, STATUS_WRITES_AT_ONCE, StopAll, changes, waited};
+use super::batch::{
+    Done, Progress, Round, STATUS_WRITES_AT_ONCE, StopAll, changes, has_unloaded_shard, waited,
+};
 use super::commit::blocked_shard;
 use super::elsewhere::{Marks, home_alone};
 use crate::api::PortAllocation;
@@ -24,8 +26,8 @@ use crate::k8s::error::Target;
 use crate::k8s::resources::ALLOCATION_STATUS;
 use crate::k8s::retry::Attempts;
 use crate::ledger::{
-    BatchItem, Pass, PoolBatch, PoolRecord, ShardAnomaly, ShardKey, ShardWrite,
-    decide_pool_batch_telling, marking_writes, rebased,
+    BatchItem, Pass, PoolBatch, PoolRecord, ShardKey, ShardWrite, decide_pool_batch_telling,
+    marking_writes, rebased,
 };
 
 /// A widening status write's result: the object as written, or the error and what it was.
@@ -285,13 +287,6 @@ impl Allocator {
                 )
             })
     }
-}
-
-/// Whether some shard of the record could not be loaded (see [`ShardAnomaly::NotLoaded`]).
-pub(super) fn has_unloaded_shard(sharded: &PoolRecord) -> bool {
-    sharded
-        .all_anomalies()
-        .any(|(_, a)| matches!(a, ShardAnomaly::NotLoaded { .. }))
 }
 
 /// Pass 2's items waiting for their shard writes (by index into the writes): each is

@@ -25,7 +25,6 @@ use rand::Rng;
 
 use crate::core::{Holdings, SlotKey};
 
-use super::batch_steps::BatchSteps;
 use super::home_fit::loose_in_window;
 use super::spread;
 use super::window_choice::elsewhere;
@@ -134,14 +133,26 @@ pub fn decide_pool_batch_telling(
     (pass, homes): (Pass, &[Option<ShardKey>]),
     propagate: bool,
     rng: &mut impl Rng,
-    widened: impl FnMut(usize, &BTreeSet<ShardKey>),
+    mut widened: impl FnMut(usize, &BTreeSet<ShardKey>),
 ) -> PoolBatch {
-    let mut steps = BatchSteps::new(sharded, items, (pass, homes));
-    steps.decide_to(items.len(), rng, widened);
-    steps.step(propagate)
+    let mut work = sharded.clone();
+    let mut batch = PoolBatch::default();
+    for (i, item) in items.iter().enumerate() {
+        let home = homes.get(i).copied().flatten();
+        decide_into(
+            &mut work,
+            &mut batch,
+            (i, item, home),
+            pass,
+            rng,
+            &mut widened,
+        );
+    }
+    batch.writes = work.writes(propagate);
+    batch
 }
 
-/// One item decided against `work` (a batch's or a step's), recorded in `batch`; `i` is its
+/// One item decided against `work` (a batch's, or a step's in `batch_steps`), recorded in `batch`; `i` is its
 /// index in the batch, `home` where it may be named instead of widened.
 pub(super) fn decide_into(
     work: &mut PoolRecord,
