@@ -7,9 +7,9 @@ use crate::api::{
 use crate::core::{PortDemand, Scope};
 
 use super::decision::Operation;
-use super::record::copy_record::new_shard;
 use super::record::pool_record::PoolRecord;
 use super::record::pool_snapshot::PoolSnapshot;
+use super::record::shard_record::new_shard;
 use super::record::window_record::WindowRecord;
 use super::record::windows::ShardKey;
 

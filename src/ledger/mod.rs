@@ -3,7 +3,8 @@
 //! - [`PoolRecord`]: a pool as read — a snapshot of its spec ([`PoolSnapshot`]) and its
 //!   PortPoolShards, one per 256-port window ([`WindowLayout`]) in each copy of its ports
 //!   (`nodeReuse`, [`ShardKey`]) — and the per-shard writes that commit a decision; every pool,
-//!   whatever its size, is recorded this way. [`CopyRecord`] is one copy's windows.
+//!   whatever its size, is recorded this way. [`CopyRecord`] is one copy's windows, and
+//!   [`ShardRecord`] one shard of it with what the decisions since the read changed.
 //! - [`WindowRecord`]: one shard (or several windows joined), decoded into the core's pool state
 //!   plus its holders, and turned back into the shard status to write.
 //! - [`decide`]: what one owner holds after a sync, a release or its removal; [`Refusal`] when
@@ -72,9 +73,7 @@ pub use pools::{
     PoolOverlap, SharedPorts, all_overlaps, may_share, overlapping_pool, ranges_of, shared_ports,
 };
 pub use preview::{PortChanges, Previewed, preview};
-pub use record::copy_record::{
-    CopyRecord, ShardRecord, ShardWrite, load_shard, new_shard, newest_snapshot,
-};
+pub use record::copy_record::{CopyRecord, newest_snapshot};
 pub use record::elsewhere::{marking_writes, rebased, unmarking_write, with_marks};
 pub use record::holdings_across_shards::{ShardAnomaly, split_by_shard};
 pub use record::known_shards::{
@@ -84,6 +83,7 @@ pub use record::node_bound::{CopyBound, CopyRefusal, InUse, NodeCount};
 pub use record::pool_record::PoolRecord;
 pub use record::pool_snapshot::PoolSnapshot;
 pub use record::record_warnings::record_warnings;
+pub use record::shard_record::{ShardRecord, ShardWrite, load_shard, new_shard};
 pub use record::window_record::{Anomaly, HolderEntry, WindowRecord, counted_status};
 pub use record::windows::{
     ShardKey, WINDOW_PORTS, WindowLayout, WindowSpan, fnv1a, shard_name, window, window_of,

@@ -8,8 +8,8 @@ use rand::Rng;
 use crate::core::{Holdings, PortBlock, SlotKey};
 
 use super::placement::shard_choice::{BatchItem, ItemOutcome, place};
-use super::record::copy_record::{ShardWrite, new_shard};
 use super::record::pool_record::PoolRecord;
+use super::record::shard_record::{ShardWrite, new_shard};
 
 /// The ports one item would take, keep and free.
 #[derive(Clone, Debug, Default, PartialEq)]

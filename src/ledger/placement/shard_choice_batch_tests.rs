@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 
 use super::*;
 use crate::ledger::fixtures::{allocation, pool_of, sharded};
-use crate::ledger::record::copy_record::new_shard;
+use crate::ledger::record::shard_record::new_shard;
 use crate::ledger::{Operation, known_shards, owner_of};
 
 /// `writes` as the API server would return them: each shard at a new version.

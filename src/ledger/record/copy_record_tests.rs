@@ -1,7 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::api::{PoolHolder, PortPool, PortPoolSpec, StaticBandSetting};
+use crate::api::{PoolHolder, PortPool, PortPoolShardStatus, PortPoolSpec, StaticBandSetting};
 use crate::core::{PortBlock, SlotKey};
 use crate::ledger::Anomaly;
 

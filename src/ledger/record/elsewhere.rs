@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{PlacedElsewhere, PortPoolShard};
 
-use super::copy_record::{ShardRecord, ShardWrite, load_shard};
 use super::pool_record::PoolRecord;
 use super::pool_snapshot::PoolSnapshot;
+use super::shard_record::{ShardRecord, ShardWrite, load_shard};
 use super::windows::ShardKey;
 
 impl ShardRecord {

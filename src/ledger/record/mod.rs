@@ -9,6 +9,7 @@ pub mod node_bound;
 pub(super) mod pool_record;
 pub(super) mod pool_snapshot;
 pub(super) mod record_warnings;
+pub(super) mod shard_record;
 pub(super) mod window_record;
 pub(super) mod windows;
 pub(super) mod windows_by_uid;

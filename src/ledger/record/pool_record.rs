@@ -18,10 +18,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::api::{PortPoolShard, SpecError};
 use crate::core::{Holdings, PortSet, SlotKey};
 
-use super::copy_record::{CopyRecord, ShardWrite, new_shard, newest_snapshot};
+use super::copy_record::{CopyRecord, newest_snapshot};
 use super::holdings_across_shards::ShardAnomaly;
 use super::node_bound::{CopyBound, CopyRefusal, InUse};
 use super::pool_snapshot::PoolSnapshot;
+use super::shard_record::{ShardWrite, new_shard};
 use super::windows::{ShardKey, WindowLayout};
 
 /// The pool and all of its shards, by copy.

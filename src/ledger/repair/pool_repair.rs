@@ -31,9 +31,10 @@ use super::repair_outcome::{Change, Finding, RepairPlan, RepairScope, Restored};
 use super::repair_plan::plan_repair_scoped;
 use crate::api::{PortAllocation, PortPoolShard};
 use crate::ledger::allocation_status::{recorded_copy_set, recorded_holdings_in};
-use crate::ledger::record::copy_record::{CopyRecord, ShardWrite, load_shard, new_shard};
+use crate::ledger::record::copy_record::CopyRecord;
 use crate::ledger::record::holdings_across_shards::ShardAnomaly;
 use crate::ledger::record::pool_record::PoolRecord;
+use crate::ledger::record::shard_record::{ShardWrite, load_shard, new_shard};
 use crate::ledger::record::windows::{ShardKey, shard_name, window, window_of};
 
 /// A shard object left by an earlier pool object of the same name: deleted before the writes
