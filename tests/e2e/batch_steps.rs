@@ -60,6 +60,25 @@ async fn named_elsewhere(client: &Client, pool: &str) -> Vec<String> {
         .collect()
 }
 
+/// A namespace of [`OWNERS`] owners in a new pool of 8 copies of `range`.
+async fn owners_in_pool(client: &Client, name: &str, range: &str) -> (String, String) {
+    let ns = support::namespace(client, name).await;
+    let pool = support::unique_name(name);
+    reuse_pool(&pool, range);
+    create_owners(client, &ns, &pool, "job").await;
+    (ns, pool)
+}
+
+/// Every owner holds its 4 ports in an exact record and is Ready, and no home names anyone.
+async fn assert_complete(client: &Client, ns: &str, pool: &str) {
+    let held = assert_consistent(client, pool).await;
+    assert_eq!(held.len(), OWNERS);
+    assert!(held.values().all(|h| h.len() == 4), "{held:?}");
+    assert_eq!(ready(client, ns).await, OWNERS);
+    let named = named_elsewhere(client, pool).await;
+    assert!(named.is_empty(), "homes still name {named:?}");
+}
+
 /// The Ready PortAllocations of `ns`.
 async fn ready(client: &Client, ns: &str) -> usize {
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), ns);
@@ -80,10 +99,7 @@ async fn ready(client: &Client, ns: &str) -> usize {
 #[tokio::test]
 async fn a_pass_two_in_steps_ends_exact_and_names_nobody_the_refused_owner_included() {
     let client = support::client().await;
-    let ns = support::namespace(&client, "steps").await;
-    let pool = support::unique_name("steps");
-    reuse_pool(&pool, "42240-42495");
-    create_owners(&client, &ns, &pool, "job").await;
+    let (ns, pool) = owners_in_pool(&client, "steps", "42240-42495").await;
     // More ports than the copies have left (8 x 256 - 1,600): refused, after its home named it
     // with the others.
     let api: Api<PortAllocation> = Api::namespaced(client.clone(), &ns);
@@ -101,12 +117,7 @@ async fn a_pass_two_in_steps_ends_exact_and_names_nobody_the_refused_owner_inclu
         run.stderr.contains("huge") && run.stderr.contains("pool is full"),
         "{run}"
     );
-    let held = assert_consistent(&client, &pool).await;
-    assert_eq!(held.len(), OWNERS);
-    assert!(held.values().all(|h| h.len() == 4), "{held:?}");
-    assert_eq!(ready(&client, &ns).await, OWNERS);
-    let named = named_elsewhere(&client, &pool).await;
-    assert!(named.is_empty(), "homes still name {named:?}");
+    assert_complete(&client, &ns, &pool).await;
     // Pass 1 (its owners and the names), the two steps, the unnaming: at most four writes of any
     // shard.
     let put = format!("PUT /apis/portalloc.dev/v1alpha1/portpoolshards/{pool}-");
@@ -134,10 +145,7 @@ async fn a_pass_two_in_steps_ends_exact_and_names_nobody_the_refused_owner_inclu
 #[tokio::test]
 async fn a_sync_all_killed_while_its_steps_are_written_leaves_what_the_next_completes() {
     let client = support::client().await;
-    let ns = support::namespace(&client, "steps-killed").await;
-    let pool = support::unique_name("steps-killed");
-    reuse_pool(&pool, "43264-43519");
-    create_owners(&client, &ns, &pool, "job").await;
+    let (ns, pool) = owners_in_pool(&client, "steps-killed", "43264-43519").await;
 
     // Killed once the first step's second shard write is answered: pass 1 (its owners and the
     // names) is committed, and part of the first step, some of whose owners may have their
@@ -175,10 +183,5 @@ async fn a_sync_all_killed_while_its_steps_are_written_leaves_what_the_next_comp
 
     let run = cli::run(&["sync", "--all", "-n", &ns]);
     assert!(run.ok(), "{run}");
-    let held = assert_consistent(&client, &pool).await;
-    assert_eq!(held.len(), OWNERS);
-    assert!(held.values().all(|h| h.len() == 4), "{held:?}");
-    assert_eq!(ready(&client, &ns).await, OWNERS);
-    let named = named_elsewhere(&client, &pool).await;
-    assert!(named.is_empty(), "homes still name {named:?}");
+    assert_complete(&client, &ns, &pool).await;
 }

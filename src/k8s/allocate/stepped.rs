@@ -122,17 +122,8 @@ impl Allocator {
         attempts: &mut Attempts,
     ) -> Result<(), Round> {
         let (second, rest, label) = (pass.second, pass.rest, pass.label);
-        let widenings: Vec<_> = step
-            .widen
-            .iter()
-            .map(|(n, shards)| {
-                let (n, pa) = (*n, pas[second[*n]].clone());
-                async move { (n, self.widen(pa, shards).await) }
-            })
-            .collect();
-        let widened: Vec<_> = futures::stream::iter(widenings)
-            .buffer_unordered(STATUS_WRITES_AT_ONCE)
-            .collect()
+        let widened = self
+            .widen_all(&step.widen, (&*pas, second), STATUS_WRITES_AT_ONCE)
             .await;
         let mut widen_failed = None;
         for (n, result) in widened {

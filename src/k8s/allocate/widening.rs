@@ -117,7 +117,8 @@ impl Allocator {
         }
         let owners = (&*pas, second);
         let widened = if has_unloaded_shard(sharded) {
-            self.widen_all(&batch, owners, STATUS_WRITES_AT_ONCE).await
+            self.widen_all(&batch.widen, owners, STATUS_WRITES_AT_ONCE)
+                .await
         } else {
             early
         };
@@ -246,16 +247,16 @@ impl Allocator {
         (batch, widened)
     }
 
-    /// The widenings of a batch decided without writing them ([`Allocator::decide_widening`]
-    /// on a record with a shard it could not load), `at_once` at a time.
-    async fn widen_all(
+    /// Widenings decided without writing them, `at_once` at a time: a batch's, on a record
+    /// with a shard it could not load ([`Allocator::decide_widening`]), or a step's
+    /// (`stepped`). Each is `(n, shards)`: the owner `pas[second[n]]` and its shards.
+    pub(super) async fn widen_all(
         &self,
-        batch: &PoolBatch,
+        widen: &[(usize, BTreeSet<ShardKey>)],
         (pas, second): (&[PortAllocation], &[usize]),
         at_once: usize,
     ) -> Vec<(usize, Widened)> {
-        let widens: Vec<_> = batch
-            .widen
+        let widens: Vec<_> = widen
             .iter()
             .map(|(n, shards)| {
                 let (n, pa, shards) = (*n, pas[second[*n]].clone(), shards.clone());
