@@ -26,8 +26,13 @@ const TRIALS: usize = 400;
 const PROCESSES_PER_TRIAL: usize = 4;
 /// Trials run this many at a time.
 const PARALLEL_TRIALS: usize = 4;
-/// A process is killed after 0..=this many ms; an uncontended command takes 20-60 ms here.
+/// A process is killed after 0..=this many ms until some have finished; an uncontended
+/// command takes 20-60 ms here in a debug build.
 const MAX_KILL_DELAY_MS: u64 = 400;
+/// Then after 0..=twice the median time the finished ones took (at most
+/// [`MAX_KILL_DELAY_MS`]), so that kills land mid-flight in a release build too, whose
+/// commands end sooner: with the fixed 400 ms, 339 of 1,600 did there.
+const KILL_WITHIN_MEDIANS: u32 = 2;
 const NAMES: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
 
 struct PoolUnderTest {
@@ -132,6 +137,7 @@ enum Outcome {
         code: i32,
         args: Vec<String>,
         stderr: String,
+        took: Duration,
     },
 }
 
@@ -145,18 +151,23 @@ fn run_and_kill(kubeconfig: &std::path::Path, args: Vec<String>, delay: Duration
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn kubectl-portalloc");
-    std::thread::sleep(delay);
-    if child.try_wait().expect("try_wait").is_none() {
-        // std's kill is SIGKILL: no destructor, no flush, no cleanup.
-        let _ = child.kill();
-        let _ = child.wait();
-        return Outcome::Killed;
+    let started = Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if started.elapsed() >= delay {
+            // std's kill is SIGKILL: no destructor, no flush, no cleanup.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Outcome::Killed;
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
+    let took = started.elapsed();
     let output = child.wait_with_output().expect("wait");
     Outcome::Exited {
         code: output.status.code().unwrap_or(-1),
         args,
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        took,
     }
 }
 
@@ -239,13 +250,23 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
     let mut codes: BTreeMap<i32, usize> = BTreeMap::new();
     let mut unexpected = Vec::new();
     let mut trial = 0;
+    let mut took = Vec::new();
     while trial < TRIALS {
+        let kill_within = match took.is_empty() {
+            true => Duration::from_millis(MAX_KILL_DELAY_MS),
+            false => {
+                took.sort();
+                let median: Duration = took[took.len() / 2];
+                (median * KILL_WITHIN_MEDIANS).min(Duration::from_millis(MAX_KILL_DELAY_MS))
+            }
+        };
+        let kill_within = kill_within.as_millis() as u64;
         let mut handles = Vec::new();
         for _ in 0..PARALLEL_TRIALS.min(TRIALS - trial) {
             let pool = &POOLS[trial % POOLS.len()];
             for _ in 0..PROCESSES_PER_TRIAL {
                 let args = random_command(pool, dir.path(), &mut rng);
-                let delay = Duration::from_millis(rng.random_range(0..=MAX_KILL_DELAY_MS));
+                let delay = Duration::from_millis(rng.random_range(0..=kill_within));
                 let kubeconfig = cluster.kubeconfig.clone();
                 handles.push(std::thread::spawn(move || {
                     run_and_kill(&kubeconfig, args, delay)
@@ -256,8 +277,14 @@ async fn clients_killed_at_random_instants_never_share_a_port_and_repair_restore
         for handle in handles {
             match handle.join().unwrap() {
                 Outcome::Killed => killed += 1,
-                Outcome::Exited { code, args, stderr } => {
+                Outcome::Exited {
+                    code,
+                    args,
+                    stderr,
+                    took: this_took,
+                } => {
                     finished += 1;
+                    took.push(this_took);
                     *codes.entry(code).or_default() += 1;
                     // 0 done, 3 deleted by a concurrent delete, 4 refused (full, held),
                     // 6 retriable. Anything else is a bug worth a look.
