@@ -22,7 +22,7 @@ use super::batch::{
     Done, Progress, Round, STATUS_WRITES_AT_ONCE, ShardError, Versions, changes, waited,
 };
 use super::elsewhere::{Marks, home_alone};
-use super::widening::Waiting;
+use super::widening::{Waiting, take_widened};
 use crate::api::PortAllocation;
 use crate::k8s::retry::Attempts;
 use crate::ledger::{
@@ -125,14 +125,7 @@ impl Allocator {
         let widened = self
             .widen_all(&step.widen, (&*pas, second), STATUS_WRITES_AT_ONCE)
             .await;
-        let mut widen_failed = None;
-        for (n, result) in widened {
-            match result {
-                Ok(pa) => pas[second[n]] = pa,
-                Err(e) => widen_failed = Some(e),
-            }
-        }
-        if let Some((e, target)) = widen_failed {
+        if let Some((e, target)) = take_widened(widened, pas, second) {
             // A PortAllocation changed meanwhile: decide pass 2 again from a fresh read.
             return Err(waited(attempts.backoff(e, target, label).await, pass.pool));
         }

@@ -122,14 +122,7 @@ impl Allocator {
         } else {
             early
         };
-        let mut widen_failed = None;
-        for (n, result) in widened {
-            match result {
-                Ok(pa) => pas[second[n]] = pa,
-                Err(e) => widen_failed = Some(e),
-            }
-        }
-        if let Some((e, target)) = widen_failed {
+        if let Some((e, target)) = take_widened(widened, pas, second) {
             // A PortAllocation changed meanwhile: decide pass 2 again from a fresh read.
             return waited(attempts.backoff(e, target, label).await, pool);
         }
@@ -288,6 +281,23 @@ impl Allocator {
                 )
             })
     }
+}
+
+/// Keep each widened PortAllocation as written (`pas[second[n]]`), so its next write starts
+/// from that version; the last failure, if any widening failed.
+pub(super) fn take_widened(
+    widened: Vec<(usize, Widened)>,
+    pas: &mut [PortAllocation],
+    second: &[usize],
+) -> Option<(kube::Error, Target)> {
+    let mut failed = None;
+    for (n, result) in widened {
+        match result {
+            Ok(pa) => pas[second[n]] = pa,
+            Err(e) => failed = Some(e),
+        }
+    }
+    failed
 }
 
 /// Pass 2's items waiting for their shard writes (by index into the writes): each is
